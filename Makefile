@@ -1,0 +1,33 @@
+# Two commands do everything on a fresh machine (Python 3.11):
+#   make demo   create .venv, install pooler, embed a few sentences with all-MiniLM-L6-v2
+#   make test   create .venv, install pooler and the reference libraries, run the tests
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q -c constraints.txt
+
+.PHONY: install demo test bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PIP) torch==2.13.0
+	$(PIP) -e ".[test]"
+	# PyLate pins old libraries and a CUDA torch through fast-plaid: take it without its deps.
+	$(PY) -m pip install -q --no-deps pylate==1.6.0
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/pooler embed --model sentence-transformers/all-MiniLM-L6-v2 \
+		"pooler serves embedding models" "The cat sat on the mat." "A feline rested on a rug."
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(VENV)/bin/pooler bench
+
+clean:
+	rm -rf $(VENV)

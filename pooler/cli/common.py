@@ -1,0 +1,70 @@
+"""Shared CLI pieces: engine options and reading inputs from arguments, files or stdin."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Iterable
+
+from pooler.model_folder import DEFAULT_MODEL
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="model folder, installed model package name, or HF cache name "
+                             f"(default: {DEFAULT_MODEL})")
+    parser.add_argument("--task", default=None,
+                        help="embed | classify | token_embed | token_classify (default: model's)")
+    parser.add_argument("--runner", default="native", choices=["native", "transformers"],
+                        help="native engine, or the transformers fallback")
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    parser.add_argument("--device", default="auto", help="cpu | cuda | auto")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="token budget of one forward pass")
+    parser.add_argument("--max-num-seqs", type=int, default=256,
+                        help="most sequences in one forward pass")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def engine_from_args(args: argparse.Namespace):
+    from pooler import Engine
+
+    return Engine(args.model, task=args.task, runner=args.runner, dtype=args.dtype,
+                  device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
+                  max_num_seqs=args.max_num_seqs, num_threads=args.threads)
+
+
+def add_input_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("texts", nargs="*", help="texts; none means read --input or stdin")
+    parser.add_argument("--input", "-i", default=None,
+                        help="file with one text per line, or JSONL with a 'text' field "
+                             "('-' for stdin)")
+
+
+def read_texts(args: argparse.Namespace) -> list[str]:
+    if args.texts:
+        return list(args.texts)
+    if args.input in (None, "-"):
+        if args.input is None and sys.stdin.isatty():
+            raise ValueError("no input: pass texts as arguments, --input FILE, or pipe stdin.")
+        return list(parse_lines(sys.stdin))
+    with open(args.input, encoding="utf-8") as f:
+        return list(parse_lines(f))
+
+
+def parse_lines(lines: Iterable[str]) -> Iterable[str]:
+    """One text per line; a line that is a JSON object takes its 'text' field."""
+    for number, line in enumerate(lines, 1):
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"line {number}: invalid JSON ({exc}).") from exc
+            if "text" not in record or not isinstance(record["text"], str):
+                raise ValueError(f"line {number}: JSON line needs a string 'text' field.")
+            yield record["text"]
+        else:
+            yield line

@@ -1,0 +1,48 @@
+"""`pooler embed`: texts in, embeddings out as JSONL (stdout or file) or .npy."""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from pooler.cli.common import add_engine_args, add_input_args, engine_from_args, read_texts
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("embed", help="embed texts", description="Embed texts; one JSON line "
+                       "per input ({index, text, embedding}) or a .npy matrix.")
+    add_engine_args(p)
+    add_input_args(p)
+    p.add_argument("--output", "-o", default="-",
+                   help="'-' for JSONL on stdout, a .jsonl path, or a .npy path")
+    p.add_argument("--dimensions", type=int, default=None, help="Matryoshka truncation")
+    p.add_argument("--no-normalize", action="store_true", help="skip L2 normalization")
+    p.add_argument("--no-truncate", action="store_true",
+                   help="fail on over-long inputs instead of truncating them")
+    p.add_argument("--prompt-name", default=None, help="a prompt the model declares")
+    p.add_argument("--prompt", default=None, help="a literal prefix for every text")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    texts = read_texts(args)
+    engine = engine_from_args(args)
+    outputs = engine.embed(texts, dimensions=args.dimensions,
+                           normalize=False if args.no_normalize else None,
+                           truncate=not args.no_truncate, prompt=args.prompt,
+                           prompt_name=args.prompt_name)
+    if args.output.endswith(".npy"):
+        np.save(args.output, np.stack([o.embedding for o in outputs]))
+        print(f"wrote {len(outputs)} x {outputs[0].embedding.shape[0]} to {args.output}",
+              file=sys.stderr)
+        return 0
+    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    try:
+        for i, (text, o) in enumerate(zip(texts, outputs)):
+            out.write(json.dumps({"index": i, "text": text,
+                                  "embedding": [round(float(x), 7) for x in o.embedding]}) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0

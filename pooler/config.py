@@ -1,0 +1,177 @@
+"""Engine configuration: what the model folder declares plus the user's choices."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
+                                 read_sentence_transformer_layout, resolve_model_path)
+from pooler.models import registry
+from pooler.tasks import TASK_PREFERENCE, check_task
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+RUNNERS = ("native", "transformers")
+
+
+@dataclass
+class ModelConfig:
+    model: str = DEFAULT_MODEL
+    task: str | None = None
+    runner: str = "native"
+    dtype: str = "float32"
+    device: str = "auto"
+    max_model_len: int | None = None
+    hf_overrides: dict[str, Any] | None = None
+    quantization: str | None = None
+
+    # Derived from the folder in __post_init__.
+    path: Path = field(init=False)
+    hf_config: dict[str, Any] = field(init=False)
+    architecture: str = field(init=False)
+    head: str = field(init=False)
+    attn_type: str = field(init=False)
+    st: SentenceTransformerLayout | None = field(init=False)
+    tokenizer_config: dict[str, Any] = field(init=False)
+
+    def __post_init__(self):
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {list(RUNNERS)}, got {self.runner!r}.")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}.")
+        if self.task is not None:
+            check_task(self.task)
+        self.path = resolve_model_path(self.model)
+        hf_config = read_json(self.path / "config.json")
+        if hf_config is None:
+            raise FileNotFoundError(f"{self.path} has no config.json; is it a model folder?")
+        hf_config.update(self.hf_overrides or {})
+        self.hf_config = hf_config
+        self.architecture = registry.architecture_of(hf_config)
+        if self.runner == "native":
+            spec = registry.get_arch_spec(self.architecture)
+            self.head, self.attn_type = spec.head, spec.attn_type
+        else:
+            self.head, self.attn_type = _fallback_head(self.architecture, hf_config)
+        self.st = read_sentence_transformer_layout(self.path)
+        self.tokenizer_config = read_json(self.path / "tokenizer_config.json") or {}
+        self.max_model_len = self._derive_max_model_len()
+
+    # ---- derived facts ------------------------------------------------------------------
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.hf_config.get("hidden_size") or self.hf_config["d_model"])
+
+    @property
+    def model_tasks(self) -> frozenset[str]:
+        return registry.HEAD_TASKS[self.head]
+
+    @property
+    def selected_task(self) -> str:
+        """An explicit task wins; else token_classify for token classifiers; else by preference."""
+        if self.task is not None:
+            return self.task
+        if self.architecture.endswith("ForTokenClassification"):
+            return "token_classify"
+        for task in TASK_PREFERENCE:
+            if task in self.model_tasks:
+                return task
+        raise ValueError(f"{self.architecture} declares no pooling task.")
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        raw = self.hf_config.get("id2label") or {}
+        return {int(k): v for k, v in raw.items()}
+
+    def _derive_max_model_len(self) -> int:
+        limits = []
+        positions = self.hf_config.get("max_position_embeddings")
+        if positions:
+            # RoBERTa-style models offset positions by padding_idx + 1.
+            offset = self.hf_config.get("pad_token_id", 1) + 1 if self.hf_config.get(
+                "model_type") in ("roberta", "xlm-roberta") else 0
+            limits.append(int(positions) - offset)
+        tok_max = self.tokenizer_config.get("model_max_length")
+        if isinstance(tok_max, int) and tok_max < 10**9:
+            limits.append(tok_max)
+        if self.st is not None and self.st.max_seq_length:
+            # sentence-transformers truncates at max_seq_length on every call.
+            limits.append(int(self.st.max_seq_length))
+        derived = min(limits) if limits else 512
+        if self.max_model_len is None:
+            return derived
+        if self.max_model_len <= 0:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
+        if positions and self.max_model_len > derived and self.attn_type == "encoder_only":
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds what the model supports "
+                f"({derived}); use a value <= {derived}.")
+        return self.max_model_len
+
+
+def _fallback_head(architecture: str, hf_config: dict) -> tuple[str, str]:
+    """Head kind and attention type for the transformers fallback runner."""
+    if architecture.endswith("ForTokenClassification"):
+        head = "token_cls"
+    elif architecture.endswith("ForSequenceClassification"):
+        head = "seq_cls"
+    elif architecture.endswith("ForMaskedLM"):
+        head = "mlm"
+    else:
+        head = "base"
+    decoder = bool(hf_config.get("is_decoder")) or architecture.endswith("ForCausalLM") or \
+        hf_config.get("model_type") in ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2")
+    return head, "decoder" if decoder else "encoder_only"
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+
+    @classmethod
+    def for_model(cls, model_config: ModelConfig, max_num_batched_tokens: int | None = None,
+                  max_num_seqs: int = 256) -> "SchedulerConfig":
+        """Default token budget: 8192, raised to the model's max length if that is longer."""
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max(8192, model_config.max_model_len)
+        return cls(max_num_batched_tokens, max_num_seqs)
+
+    def __post_init__(self):
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError("max_num_batched_tokens must be positive, "
+                             f"got {self.max_num_batched_tokens}.")
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}.")
+
+
+@dataclass
+class EngineConfig:
+    model_config: ModelConfig
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    num_threads: int | None = None
+
+    def __post_init__(self):
+        if self.scheduler_config.max_num_batched_tokens < self.model_config.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.scheduler_config.max_num_batched_tokens}) must be "
+                f">= max_model_len ({self.model_config.max_model_len}) so that the longest "
+                "input fits in one step.")
+        if self.num_threads is None and os.environ.get("POOLER_NUM_THREADS"):
+            self.num_threads = int(os.environ["POOLER_NUM_THREADS"])

@@ -1,0 +1,161 @@
+"""Validates user inputs and turns them into token ids for the engine core."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence, Union
+
+from pooler.config import ModelConfig
+from pooler.engine.tokenizer import TextTokenizer
+
+# One input: a text, or token ids the caller already made.
+PromptInput = Union[str, Sequence[int], dict]
+
+
+@dataclass
+class ProcessedInput:
+    prompt_token_ids: list[int]
+    token_type_ids: list[int] | None = None
+    special_tokens_mask: list[int] | None = None
+    num_prompt_tokens: int = 0
+    text: str | None = None
+    offsets: list[tuple[int, int]] | None = None
+    word_ids: list[int | None] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TruncationOptions:
+    """truncate: cut over-long inputs (False makes them an error).
+    truncate_prompt_tokens: cut to this many tokens instead of the model's maximum.
+    direction: "right" keeps the start of the text, "left" keeps its end."""
+    truncate: bool = True
+    truncate_prompt_tokens: int | None = None
+    direction: str = "right"
+
+
+def normalize_inputs(inputs: Any, field_name: str = "inputs") -> list[str | list[int]]:
+    """Accept a text, a list of texts, token ids, a list of token-id lists, or
+    {"prompt_token_ids": [...]} / {"prompt": "..."} dicts; return one entry per input."""
+    if isinstance(inputs, (str, dict)):
+        inputs = [inputs]
+    if not isinstance(inputs, (list, tuple)):
+        raise ValueError(f"{field_name} must be a string, a list of strings or token ids, "
+                         f"got {type(inputs).__name__}.")
+    if len(inputs) == 0:
+        raise ValueError(f"{field_name} is empty: pass at least one text or token-id list.")
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in inputs):
+        return [list(inputs)]  # a single token-id input
+    out: list[str | list[int]] = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, dict):
+            if "prompt_token_ids" in item:
+                item = item["prompt_token_ids"]
+            elif "prompt" in item:
+                item = item["prompt"]
+            else:
+                raise ValueError(f"{field_name}[{i}] is a dict without 'prompt' or "
+                                 "'prompt_token_ids'.")
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, (list, tuple)) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in item):
+            if len(item) == 0:
+                raise ValueError(f"{field_name}[{i}] is an empty token-id list.")
+            out.append(list(item))
+        else:
+            raise ValueError(f"{field_name}[{i}] must be a string or a list of token ids, "
+                             f"got {type(item).__name__}.")
+    return out
+
+
+class InputProcessor:
+    def __init__(self, model_config: ModelConfig, tokenizer: TextTokenizer):
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.max_model_len = model_config.max_model_len
+
+    # ---- prompts (sentence-transformers `prompts` / `default_prompt_name`) ----------------
+    def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        if prompt is not None and prompt_name is not None:
+            raise ValueError("Pass either prompt or prompt_name, not both.")
+        if prompt is not None:
+            return prompt
+        st = self.model_config.st
+        prompts = st.prompts if st is not None else {}
+        if prompt_name is not None:
+            if prompt_name not in prompts:
+                raise ValueError(f"prompt_name {prompt_name!r} is not declared by the model; "
+                                 f"declared prompts: {sorted(prompts) or 'none'}.")
+            return prompts[prompt_name]
+        if st is not None and st.default_prompt_name:
+            return prompts.get(st.default_prompt_name)
+        return None
+
+    def _num_prompt_tokens(self, prompt: str) -> int:
+        # As sentence-transformers: the tokenized prompt without its trailing special token.
+        encoded = self.tokenizer.encode_batch([prompt])[0]
+        trailing = 1 if encoded.special_tokens_mask and encoded.special_tokens_mask[-1] else 0
+        return len(encoded.input_ids) - trailing
+
+    # ---- main entry ---------------------------------------------------------------------
+    def max_length_for(self, truncation: TruncationOptions) -> int:
+        limit = truncation.truncate_prompt_tokens
+        if limit is None:
+            return self.max_model_len
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise ValueError(f"truncate_prompt_tokens must be a positive integer, got {limit!r}.")
+        if limit > self.max_model_len:
+            raise ValueError(f"truncate_prompt_tokens={limit} exceeds the model's maximum input "
+                             f"length {self.max_model_len}.")
+        return limit
+
+    def process(self, inputs: list[str | list[int]], *, pairs: list[str] | None = None,
+                truncation: TruncationOptions | None = None,
+                prompt: str | None = None) -> list[ProcessedInput]:
+        truncation = truncation or TruncationOptions()
+        if truncation.direction not in ("right", "left"):
+            raise ValueError(f"truncation_direction must be 'right' or 'left', "
+                             f"got {truncation.direction!r}.")
+        max_length = self.max_length_for(truncation)
+        results: list[ProcessedInput | None] = [None] * len(inputs)
+        text_indices = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+        if pairs is not None and len(text_indices) != len(inputs):
+            raise ValueError("Sentence pairs must be given as texts, not token ids.")
+        for i, item in enumerate(inputs):
+            if not isinstance(item, str):
+                results[i] = self._process_token_ids(i, item, max_length, truncation)
+        if text_indices:
+            texts = [inputs[i] for i in text_indices]
+            num_prompt_tokens = 0
+            if prompt:
+                texts = [prompt + t for t in texts]
+                num_prompt_tokens = self._num_prompt_tokens(prompt)
+            encoded = self.tokenizer.encode_batch(
+                texts, pairs, max_length=max_length if truncation.truncate else None,
+                direction=truncation.direction)
+            for i, text, enc in zip(text_indices, texts, encoded):
+                if not truncation.truncate and len(enc.input_ids) > max_length:
+                    raise ValueError(
+                        f"Input {i} has {len(enc.input_ids)} tokens, more than the maximum of "
+                        f"{max_length}. Shorten it, or allow truncation (truncate=True).")
+                results[i] = ProcessedInput(
+                    prompt_token_ids=enc.input_ids, token_type_ids=enc.token_type_ids,
+                    special_tokens_mask=enc.special_tokens_mask,
+                    num_prompt_tokens=min(num_prompt_tokens, len(enc.input_ids)),
+                    text=text, offsets=enc.offsets, word_ids=enc.word_ids)
+        return results  # type: ignore[return-value]
+
+    def _process_token_ids(self, index: int, ids: list[int], max_length: int,
+                           truncation: TruncationOptions) -> ProcessedInput:
+        vocab_size = self.tokenizer.vocab_size
+        bad = [t for t in ids if t < 0 or t >= vocab_size]
+        if bad:
+            raise ValueError(f"Input {index} has token ids outside the vocabulary "
+                             f"[0, {vocab_size}): {bad[:5]}.")
+        if len(ids) > max_length:
+            if not truncation.truncate:
+                raise ValueError(
+                    f"Input {index} has {len(ids)} tokens, more than the maximum of "
+                    f"{max_length}. Shorten it, or allow truncation (truncate=True).")
+            ids = ids[:max_length] if truncation.direction == "right" else ids[-max_length:]
+        return ProcessedInput(prompt_token_ids=list(ids))

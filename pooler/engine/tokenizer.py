@@ -1,0 +1,111 @@
+"""Text -> token ids with the `tokenizers` library, configured the way the reference libraries do.
+
+A `tokenizer.json` can carry its own padding and truncation (all-MiniLM-L6-v2's pads everything
+to 128): we always clear both and truncate per request ourselves.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Encoding, Tokenizer
+
+
+@dataclass
+class TokenizedInput:
+    input_ids: list[int]
+    token_type_ids: list[int]
+    special_tokens_mask: list[int]        # 1 where the token is [CLS]/[SEP]/<s>...
+    offsets: list[tuple[int, int]]        # character span of each token in its text
+    word_ids: list[int | None]
+    truncated: bool                       # tokens were cut to fit max_length
+
+
+class TextTokenizer:
+    """Thread-safe wrapper: one immutable `Tokenizer` per truncation setting."""
+
+    def __init__(self, path: Path, tokenizer_config: dict, lowercase: bool = False):
+        tokenizer_file = path / "tokenizer.json"
+        if tokenizer_file.is_file():
+            base = Tokenizer.from_file(str(tokenizer_file))
+        elif (path / "vocab.txt").is_file():
+            from tokenizers.implementations import BertWordPieceTokenizer
+            base = BertWordPieceTokenizer(
+                str(path / "vocab.txt"),
+                lowercase=bool(tokenizer_config.get("do_lower_case", True)))._tokenizer
+        else:
+            raise FileNotFoundError(f"{path} has neither tokenizer.json nor vocab.txt.")
+        base.no_padding()
+        base.no_truncation()
+        # sentence_bert_config.json's do_lower_case lowercases the text before tokenizing.
+        self._lowercase = lowercase
+        self._base = base
+        self._serialized = base.to_str()
+        self._truncating: dict[tuple[int, str], Tokenizer] = {}
+        self._lock = threading.Lock()
+        self.config = tokenizer_config
+
+    @property
+    def vocab_size(self) -> int:
+        return self._base.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._base.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._base.id_to_token(token_id)
+
+    def special_token_id(self, name: str) -> int | None:
+        """Id of e.g. `cls_token`, `sep_token`, `mask_token`, `pad_token` as the config names it."""
+        token = self.config.get(name)
+        if isinstance(token, dict):
+            token = token.get("content")
+        return self._base.token_to_id(token) if token else None
+
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        encoding = self._base.encode("", "" if pair else None)
+        return sum(encoding.special_tokens_mask)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._base.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def _tokenizer_for(self, max_length: int | None, direction: str) -> Tokenizer:
+        if max_length is None:
+            return self._base
+        key = (max_length, direction)
+        tokenizer = self._truncating.get(key)
+        if tokenizer is None:
+            with self._lock:
+                tokenizer = self._truncating.get(key)
+                if tokenizer is None:
+                    tokenizer = Tokenizer.from_str(self._serialized)
+                    tokenizer.enable_truncation(max_length, direction=direction)
+                    self._truncating[key] = tokenizer
+        return tokenizer
+
+    def encode_batch(self, texts: list[str], pairs: list[str] | None = None, *,
+                     max_length: int | None = None, direction: str = "right",
+                     add_special_tokens: bool = True) -> list[TokenizedInput]:
+        """Tokenize; when max_length is given, truncate to it (counting special tokens)."""
+        if self._lowercase:
+            texts = [t.lower() for t in texts]
+            pairs = [p.lower() for p in pairs] if pairs is not None else None
+        if max_length is not None and max_length < self.num_special_tokens_to_add(pairs is not None):
+            raise ValueError(f"truncation length {max_length} leaves no room for the "
+                             "model's special tokens.")
+        tokenizer = self._tokenizer_for(max_length, direction)
+        batch = list(zip(texts, pairs)) if pairs is not None else texts
+        encodings = tokenizer.encode_batch(batch, add_special_tokens=add_special_tokens)
+        return [_to_input(e) for e in encodings]
+
+
+def _to_input(encoding: Encoding) -> TokenizedInput:
+    return TokenizedInput(
+        input_ids=list(encoding.ids),
+        token_type_ids=list(encoding.type_ids),
+        special_tokens_mask=list(encoding.special_tokens_mask),
+        offsets=list(encoding.offsets),
+        word_ids=list(encoding.word_ids),
+        truncated=bool(encoding.overflowing),
+    )

@@ -1,0 +1,68 @@
+"""Attention over packed sequences: never computes a padded position.
+
+CPU: scaled_dot_product_attention per sequence (sequences of equal length share one call).
+CUDA: torch's varlen flash kernel when present, else the same per-sequence path.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+try:  # torch >= 2.9 ships a varlen flash-attention entry point (CUDA only).
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+except ImportError:  # pragma: no cover - older torch
+    _varlen_attn = None
+
+
+@lru_cache(maxsize=64)
+def _band_mask(seq_len: int, half_window: int, device_type: str) -> torch.Tensor:
+    """[seq_len, seq_len] bool mask, True where |i - j| <= half_window (local attention)."""
+    idx = torch.arange(seq_len)
+    return ((idx[:, None] - idx[None, :]).abs() <= half_window).to(device_type)
+
+
+def packed_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    seq_lens: list[int],
+    cu_seqlens: torch.Tensor,  # [num_seqs + 1] int32
+    max_seqlen: int,
+    *,
+    causal: bool = False,
+    half_window: int | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    if (_varlen_attn is not None and q.is_cuda and half_window is None
+            and num_heads == num_kv_heads and q.dtype in (torch.float16, torch.bfloat16)):
+        return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                            is_causal=causal, scale=scale)
+    out = torch.empty_like(q)
+    enable_gqa = num_heads != num_kv_heads
+    start = 0
+    i = 0
+    n = len(seq_lens)
+    while i < n:
+        length = seq_lens[i]
+        # Consecutive sequences of the same length run as one batched call.
+        j = i + 1
+        while j < n and seq_lens[j] == length:
+            j += 1
+        count = j - i
+        end = start + count * length
+        # [count, heads, length, head_dim]
+        qs = q[start:end].view(count, length, num_heads, -1).transpose(1, 2)
+        ks = k[start:end].view(count, length, num_kv_heads, -1).transpose(1, 2)
+        vs = v[start:end].view(count, length, num_kv_heads, -1).transpose(1, 2)
+        mask = _band_mask(length, half_window, q.device.type) if half_window is not None \
+            else None
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
+                                           is_causal=causal and mask is None, scale=scale,
+                                           enable_gqa=enable_gqa)
+        out[start:end] = o.transpose(1, 2).reshape(count * length, num_heads, -1)
+        start = end
+        i = j
+    return out

@@ -1,0 +1,149 @@
+"""BERT, RoBERTa and XLM-RoBERTa encoders on packed batches.
+
+RoBERTa-family models differ from BERT only in position ids (offset by padding_idx + 1) and in
+having a single token type; both come from the config, so one implementation serves all three.
+Heads (pooler dense, classifiers, MLM) live in pooler/pooling, never here.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pooler.layers.activations import get_activation
+from pooler.layers.attention import packed_attention
+from pooler.models.inputs import ModelInputs
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+    pad_token_id: int = 0
+    position_offset: int = 0  # RoBERTa: padding_idx + 1
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BertConfig":
+        roberta = d.get("model_type") in ("roberta", "xlm-roberta", "camembert")
+        pad = int(d.get("pad_token_id", 1 if roberta else 0) or 0)
+        if d.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError("Only absolute position embeddings are supported for BERT models, "
+                             f"got {d['position_embedding_type']!r}.")
+        return cls(
+            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=d["num_attention_heads"],
+            intermediate_size=d["intermediate_size"],
+            max_position_embeddings=d.get("max_position_embeddings", 512),
+            type_vocab_size=d.get("type_vocab_size", 2),
+            layer_norm_eps=d.get("layer_norm_eps", 1e-12),
+            hidden_act=d.get("hidden_act", "gelu"), pad_token_id=pad,
+            position_offset=pad + 1 if roberta else 0)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.qkv_proj = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.o_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.act = get_activation(cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor, inputs: ModelInputs) -> torch.Tensor:
+        # x: [num_tokens, hidden]
+        qkv = self.qkv_proj(x).view(x.shape[0], 3, self.num_heads, self.head_dim)
+        attn = packed_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], inputs.seq_lens,
+                                inputs.cu_seqlens, inputs.max_seqlen)
+        x = self.attn_norm(x + self.o_proj(attn.reshape(x.shape[0], -1)))
+        return self.mlp_norm(x + self.down_proj(self.act(self.up_proj(x))))
+
+
+# HF parameter name (after the model prefix) -> (our name, slot in a fused q/k/v weight).
+_RENAMES = [
+    (r"^embeddings\.LayerNorm\.(weight|bias)$", r"embed_norm.\1", None),
+    (r"^embeddings\.(word|position|token_type)_embeddings\.weight$", r"\1_embeddings.weight", None),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.query\.(weight|bias)$", r"layers.\1.qkv_proj.\2", 0),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.key\.(weight|bias)$", r"layers.\1.qkv_proj.\2", 1),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.value\.(weight|bias)$", r"layers.\1.qkv_proj.\2", 2),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.(weight|bias)$", r"layers.\1.o_proj.\2", None),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.(weight|bias)$", r"layers.\1.attn_norm.\2", None),
+    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.(weight|bias)$", r"layers.\1.up_proj.\2", None),
+    (r"^encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)$", r"layers.\1.down_proj.\2", None),
+    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)$", r"layers.\1.mlp_norm.\2", None),
+]
+_RENAMES = [(re.compile(p), r, s) for p, r, s in _RENAMES]
+
+
+class BertModel(nn.Module):
+    # Checkpoint prefixes of the task models (BertForX keeps the encoder under `bert.`).
+    weight_prefixes = ("bert.", "roberta.", "model.")
+
+    def __init__(self, hf_config: dict):
+        super().__init__()
+        cfg = self.config = BertConfig.from_dict(hf_config)
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
+        self.embed_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.word_embeddings
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+        positions = inputs.positions + self.config.position_offset
+        x = self.word_embeddings(inputs.input_ids) + self.position_embeddings(positions)
+        if inputs.token_type_ids is not None:
+            x = x + self.token_type_embeddings(inputs.token_type_ids)
+        else:
+            x = x + self.token_type_embeddings.weight[0]
+        x = self.embed_norm(x)
+        for layer in self.layers:
+            x = layer(x, inputs)
+        return x
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy matching checkpoint tensors in; returns the checkpoint names consumed."""
+        params = dict(self.named_parameters())
+        consumed, loaded = set(), set()
+        for name, tensor in weights:
+            for pattern, repl, slot in _RENAMES:
+                if pattern.match(name):
+                    target = pattern.sub(repl, name)
+                    param = params[target]
+                    with torch.no_grad():
+                        if slot is None:
+                            param.copy_(tensor)
+                        else:
+                            size = param.shape[0] // 3
+                            param[slot * size:(slot + 1) * size].copy_(tensor)
+                    consumed.add(name)
+                    loaded.add(target if slot is None else f"{target}#{slot}")
+                    break
+        expected = {n for n in params if "qkv_proj" not in n} | {
+            f"{n}#{s}" for n in params if "qkv_proj" in n for s in range(3)}
+        missing = expected - loaded
+        if missing:
+            raise ValueError(f"Checkpoint is missing weights for: {sorted(missing)[:10]}"
+                             f"{' ...' if len(missing) > 10 else ''}")
+        return consumed

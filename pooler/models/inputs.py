@@ -1,0 +1,20 @@
+"""The flat, unpadded batch every native model consumes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ModelInputs:
+    input_ids: torch.Tensor             # [num_tokens] int64, all sequences concatenated
+    positions: torch.Tensor             # [num_tokens] int64, index of each token in its sequence
+    token_type_ids: torch.Tensor | None  # [num_tokens] int64, segment of each token (pairs)
+    cu_seqlens: torch.Tensor            # [num_seqs + 1] int32, sequence boundaries
+    seq_lens: list[int]                 # [num_seqs] on the host, for per-sequence kernels
+    max_seqlen: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]

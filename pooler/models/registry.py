@@ -1,0 +1,79 @@
+"""Which architectures the native runner implements, and what each can do.
+
+Each architecture name (the `architectures[0]` of config.json) maps to a model family file in
+`pooler/models/`, a head kind that decides the pooling tasks, and an attention type.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    family: str      # module under pooler.models
+    backbone: str    # class in that module; returns hidden states, never pools
+    head: str        # "base" | "seq_cls" | "token_cls" | "mlm"
+    attn_type: str   # "encoder_only" | "decoder"
+
+
+def _encoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> dict[str, ArchSpec]:
+    heads = {"Model": "base", "ForSequenceClassification": "seq_cls",
+             "ForTokenClassification": "token_cls", "ForMaskedLM": "mlm"}
+    return {prefix + suffix: ArchSpec(family, backbone, head, "encoder_only")
+            for prefix in prefixes for suffix, head in heads.items()}
+
+
+def _decoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> dict[str, ArchSpec]:
+    heads = {"Model": "base", "ForCausalLM": "base", "ForSequenceClassification": "seq_cls"}
+    return {prefix + suffix: ArchSpec(family, backbone, head, "decoder")
+            for prefix in prefixes for suffix, head in heads.items()}
+
+
+NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
+    **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta")),
+}
+
+# Tasks each head kind can serve before the runner's gating by attention type.
+HEAD_TASKS: dict[str, frozenset[str]] = {
+    "base": frozenset({"embed", "token_embed"}),
+    "seq_cls": frozenset({"classify"}),
+    "token_cls": frozenset({"token_classify"}),
+    "mlm": frozenset({"embed", "token_embed"}),
+}
+
+# model_type -> architecture, for configs that carry no `architectures` list.
+_MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
+                        "xlm-roberta": "XLMRobertaModel"}
+
+
+def architecture_of(hf_config: dict) -> str:
+    architectures = hf_config.get("architectures") or []
+    if architectures:
+        return architectures[0]
+    model_type = hf_config.get("model_type", "")
+    if model_type in _MODEL_TYPE_DEFAULTS:
+        return _MODEL_TYPE_DEFAULTS[model_type]
+    raise ValueError(
+        f"config.json names no architecture and model_type {model_type!r} is unknown. "
+        f"Supported architectures: {supported_architectures()}.")
+
+
+def supported_architectures() -> list[str]:
+    return sorted(NATIVE_ARCHITECTURES)
+
+
+def get_arch_spec(architecture: str) -> ArchSpec:
+    spec = NATIVE_ARCHITECTURES.get(architecture)
+    if spec is None:
+        raise ValueError(
+            f"Architecture {architecture!r} is not implemented by the native runner. "
+            f"Supported architectures: {supported_architectures()}. "
+            "To run it anyway through transformers, pass runner='transformers' "
+            "(`--runner transformers` on the CLI).")
+    return spec
+
+
+def load_backbone_class(spec: ArchSpec):
+    module = importlib.import_module(f"pooler.models.{spec.family}")
+    return getattr(module, spec.backbone)

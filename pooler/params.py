@@ -1,0 +1,73 @@
+"""Per-request pooling parameters; `verify()` checks them against the model and fills defaults."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from pooler.tasks import check_task
+
+if TYPE_CHECKING:
+    from pooler.config import ModelConfig
+
+LATE_INTERACTION_MODES = ("cache_query", "score_doc")
+
+
+@dataclass
+class LateInteractionParams:
+    """ColBERT scoring role of a request: cache a query, or score a doc against a cached one."""
+    mode: str
+    query_key: str
+    query_uses: int | None = None  # cache_query only; None means 1
+
+    def __post_init__(self):
+        if self.mode not in LATE_INTERACTION_MODES:
+            raise ValueError(f"late_interaction.mode must be one of "
+                             f"{list(LATE_INTERACTION_MODES)}, got {self.mode!r}.")
+        if not isinstance(self.query_key, str) or not self.query_key:
+            raise ValueError("late_interaction.query_key must be a non-empty string.")
+        if self.mode == "cache_query":
+            uses = 1 if self.query_uses is None else self.query_uses
+            if isinstance(uses, bool) or not isinstance(uses, int):
+                raise ValueError("late_interaction.query_uses must be an integer, "
+                                 f"got {self.query_uses!r}.")
+            self.query_uses = max(1, uses)
+
+
+@dataclass
+class PoolingParams:
+    """What to compute for one request.
+
+    task: which pooling task; None takes the model's selected task.
+    dimensions: Matryoshka truncation of an embedding (re-normalized when `normalize`).
+    normalize: L2-normalize embeddings; None follows the model (sentence-transformers Normalize).
+    use_activation: apply the classifier's activation (softmax/sigmoid); False gives raw logits.
+    skip_special_tokens: token tasks only; drop [CLS]/[SEP]-like positions from the output.
+    """
+    task: str | None = None
+    dimensions: int | None = None
+    normalize: bool | None = None
+    use_activation: bool | None = None
+    skip_special_tokens: bool = False
+    late_interaction: LateInteractionParams | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def clone(self) -> "PoolingParams":
+        return replace(self, extra=dict(self.extra))
+
+    def verify(self, model_config: "ModelConfig", default_task: str) -> "PoolingParams":
+        """Return a copy with the task and model defaults filled in; raise ValueError on misuse."""
+        params = self.clone()
+        params.task = check_task(params.task or default_task)
+        if params.dimensions is not None:
+            if params.task not in ("embed", "token_embed"):
+                raise ValueError(f"dimensions is only valid for embed tasks, not {params.task!r}.")
+            if isinstance(params.dimensions, bool) or not isinstance(params.dimensions, int) \
+                    or params.dimensions <= 0:
+                raise ValueError(
+                    f"dimensions must be a positive integer, got {params.dimensions!r}.")
+        if params.normalize is None and params.task in ("embed", "token_embed"):
+            st = model_config.st
+            params.normalize = st.normalize if st is not None and st.module_types else True
+        if params.use_activation is None:
+            params.use_activation = True
+        return params

@@ -1,0 +1,64 @@
+"""Builds the model's pooler and routes each request to the pooler of its task."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from pooler.config import ModelConfig
+from pooler.pooling.heads import DenseProjector
+from pooler.pooling.metadata import PoolingMetadata
+from pooler.pooling.poolers import EmbeddingPooler, TokenEmbeddingPooler
+
+
+class DispatchPooler(nn.Module):
+    def __init__(self, poolers: dict[str, nn.Module]):
+        super().__init__()
+        self.poolers = nn.ModuleDict(poolers)
+
+    def get_supported_tasks(self) -> frozenset[str]:
+        return frozenset(self.poolers.keys())
+
+    def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
+        """hidden: [num_tokens, hidden] -> one output tensor per request, in request order."""
+        by_task: dict[str, list[int]] = {}
+        for i, params in enumerate(metadata.pooling_params):
+            by_task.setdefault(params.task, []).append(i)
+        outputs: list[torch.Tensor | None] = [None] * metadata.num_reqs
+        for task, indices in by_task.items():
+            if task not in self.poolers:
+                raise ValueError(f"Unsupported task: {task!r}. "
+                                 f"Supported tasks: {sorted(self.poolers.keys())}")
+            sub = metadata if len(indices) == metadata.num_reqs else metadata.subset(indices)
+            for i, out in zip(indices, self.poolers[task](hidden, sub)):
+                outputs[i] = out
+        return outputs  # type: ignore[return-value]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
+                     model_config: ModelConfig) -> set[str]:
+        """Offer checkpoint tensors the backbone did not take to the task heads."""
+        weights = list(weights)
+        consumed: set[str] = set()
+        for pooler in self.poolers.values():
+            loader = getattr(pooler, "load_weights", None)
+            if loader is not None:
+                consumed |= loader(weights)
+        return consumed
+
+
+def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPooler:
+    poolers: dict[str, nn.Module] = {}
+    tasks = model_config.model_tasks
+    st = model_config.st
+    if "embed" in tasks:
+        if st is not None and st.pooling is not None:
+            mode, include_prompt = st.pooling.mode, st.pooling.include_prompt
+        else:
+            mode, include_prompt = ("lasttoken" if model_config.attn_type == "decoder"
+                                    else "cls"), True
+        projector = DenseProjector(st.dense if st is not None else [])
+        poolers["embed"] = EmbeddingPooler(mode, include_prompt, projector)
+    if "token_embed" in tasks:
+        poolers["token_embed"] = TokenEmbeddingPooler()
+    return DispatchPooler(poolers)

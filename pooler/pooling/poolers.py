@@ -1,0 +1,53 @@
+"""One pooler per task: *which tokens* (pooling method) times *what head*."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pooler.pooling.heads import DenseProjector, finalize_embeddings
+from pooler.pooling.metadata import PoolingMetadata
+from pooler.pooling.methods import pool_sequences, split_tokens
+
+
+class EmbeddingPooler(nn.Module):
+    """embed: one vector per request."""
+    task = "embed"
+
+    def __init__(self, mode: str, include_prompt: bool, projector: DenseProjector):
+        super().__init__()
+        self.mode, self.include_prompt = mode, include_prompt
+        self.projector = projector
+
+    def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
+        pooled = pool_sequences(self.mode, hidden, metadata, self.include_prompt)  # [R, H]
+        return finalize_embeddings(self.projector(pooled), metadata.pooling_params)
+
+
+class TokenEmbeddingPooler(nn.Module):
+    """token_embed: every token's vector, [seq_len, dim] per request."""
+    task = "token_embed"
+
+    def __init__(self, projector: nn.Module | None = None):
+        super().__init__()
+        self.projector = projector
+
+    def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
+        out = []
+        for tokens, params, special in zip(split_tokens(hidden, metadata),
+                                           metadata.pooling_params,
+                                           metadata.special_tokens_masks):
+            if self.projector is not None:
+                tokens = self.projector(tokens)
+            if params.skip_special_tokens and special is not None:
+                keep = torch.tensor([not s for s in special], device=tokens.device)
+                tokens = tokens[keep]
+            if params.dimensions is not None:
+                if params.dimensions > tokens.shape[-1]:
+                    raise ValueError(f"dimensions={params.dimensions} is larger than the "
+                                     f"model's token embedding size {tokens.shape[-1]}.")
+                tokens = tokens[:, : params.dimensions]
+            if params.normalize:
+                tokens = F.normalize(tokens.float(), p=2, dim=-1).to(tokens.dtype)
+            out.append(tokens)
+        return out

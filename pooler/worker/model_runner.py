@@ -1,0 +1,105 @@
+"""The model runner: owns the model, builds the packed batch, runs forward and pooling.
+
+Only code common to every model lives here; task specifics live in the pooling runner and the
+poolers, model specifics in pooler/models.
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from pooler.config import ModelConfig
+from pooler.engine.scheduler import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pooler.loader import build_model, load_weights_into
+from pooler.models.inputs import ModelInputs
+from pooler.pooling.metadata import PoolingMetadata
+from pooler.worker.pooling_runner import PoolingRunner
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig):
+        self.model_config = model_config
+        self.device = model_config.torch_device
+        self.model = build_model(model_config)
+        self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
+        self.requests: dict[str, NewRequestData] = {}
+
+    @property
+    def supported_tasks(self) -> frozenset[str]:
+        return self.pooling_runner.supported_tasks
+
+    # ---- request state ------------------------------------------------------------------
+    def finish_requests(self, scheduler_output: SchedulerOutput) -> None:
+        # Finished ids go to the pooling runner *before* preempted ids join the removal set:
+        # a preempted request keeps its pooling-side reservations until it is rescheduled.
+        finished = scheduler_output.finished_req_ids
+        self.pooling_runner.on_requests_finished(finished)
+        for req_id in finished | scheduler_output.preempted_req_ids:
+            self.requests.pop(req_id, None)
+
+    def add_requests(self, new_reqs: list[NewRequestData]) -> None:
+        for req in new_reqs:
+            self.pooling_runner.add_request(req.req_id, req.pooling_params)
+            self.requests[req.req_id] = req
+
+    # ---- one step -----------------------------------------------------------------------
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self.finish_requests(scheduler_output)
+        new_reqs = scheduler_output.scheduled_new_reqs
+        if not new_reqs:
+            return ModelRunnerOutput()
+        req_ids = [r.req_id for r in new_reqs]
+        try:
+            self.add_requests(new_reqs)
+            inputs, metadata = self._prepare_inputs(new_reqs)
+            with torch.inference_mode():
+                hidden_states = self.model.backbone(inputs)  # [num_tokens, hidden]
+                outputs, errors = self.pooling_runner.pool(
+                    hidden_states, metadata, finished_mask=[True] * len(new_reqs))
+            outputs = [None if o is None else _to_host(o) for o in outputs]
+        except Exception as exc:  # isolate: the scheduler retries the batch in halves
+            logger.debug("batch of %d failed: %s", len(new_reqs), traceback.format_exc())
+            return ModelRunnerOutput(req_ids=req_ids,
+                                     batch_error=f"{type(exc).__name__}: {exc}")
+        return ModelRunnerOutput(req_ids=req_ids, pooler_outputs=outputs, errors=errors)
+
+    def _prepare_inputs(self, reqs: list[NewRequestData]) -> tuple[ModelInputs, PoolingMetadata]:
+        seq_lens = [len(r.prompt_token_ids) for r in reqs]
+        starts, total = [], 0
+        for n in seq_lens:
+            starts.append(total)
+            total += n
+        ids = [t for r in reqs for t in r.prompt_token_ids]
+        positions = torch.cat([torch.arange(n) for n in seq_lens])
+        token_types = None
+        if any(r.token_type_ids is not None and any(r.token_type_ids) for r in reqs):
+            token_types = torch.tensor(
+                [t for r in reqs for t in (r.token_type_ids or [0] * len(r.prompt_token_ids))],
+                dtype=torch.long, device=self.device)
+        cu_seqlens = torch.tensor([0] + [s + n for s, n in zip(starts, seq_lens)],
+                                  dtype=torch.int32, device=self.device)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        inputs = ModelInputs(input_ids=input_ids, positions=positions.to(self.device),
+                             token_type_ids=token_types, cu_seqlens=cu_seqlens,
+                             seq_lens=seq_lens, max_seqlen=max(seq_lens))
+        metadata = PoolingMetadata(
+            req_ids=[r.req_id for r in reqs], seq_lens=seq_lens, seq_starts=starts,
+            num_prompt_tokens=[r.num_prompt_tokens for r in reqs],
+            pooling_params=[r.pooling_params for r in reqs],
+            special_tokens_masks=[r.special_tokens_mask for r in reqs], input_ids=input_ids)
+        return inputs, metadata
+
+    # ---- weights ------------------------------------------------------------------------
+    def reload_weights(self) -> None:
+        """Swap the folder's current weights into the model in place."""
+        load_weights_into(self.model, self.model_config)
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    # Outputs may be views into batch buffers: copy so they outlive the step.
+    return tensor.detach().to("cpu", copy=True)

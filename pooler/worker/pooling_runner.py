@@ -1,0 +1,74 @@
+"""The pooling runner: which tasks this model may serve, and turning hidden states into outputs.
+
+Token-level tasks need every token of a sequence in one unchunked forward pass, which only
+encoder-only models guarantee; the runner therefore gates tasks by the model's attention type.
+"""
+from __future__ import annotations
+
+import torch
+
+from pooler.config import ModelConfig
+from pooler.params import PoolingParams
+from pooler.pooling.metadata import PoolingMetadata
+from pooler.tasks import POOLING_TASKS, TOKEN_TASKS
+
+
+class PoolingRunner:
+    _SUPPORTED_TASKS = frozenset(POOLING_TASKS)
+    _TOKEN_TASKS = TOKEN_TASKS
+
+    def __init__(self, model_config: ModelConfig, pooler):
+        self.model_config = model_config
+        self.pooler = pooler
+        model_tasks = frozenset(pooler.get_supported_tasks())
+        enabled = self._get_enabled_tasks(model_config)
+        selected = model_config.selected_task
+        if selected not in enabled:
+            raise ValueError(self._gating_error(
+                f"Task {selected!r} is not enabled for this model", enabled, selected,
+                model_tasks))
+        self.supported_tasks = model_tasks & enabled
+        if not self.supported_tasks:
+            raise ValueError(self._gating_error(
+                "This model supports none of the enabled tasks", enabled, selected, model_tasks))
+        self.selected_task = selected
+        self.request_params: dict[str, PoolingParams] = {}
+
+    @classmethod
+    def _get_enabled_tasks(cls, model_config: ModelConfig) -> frozenset[str]:
+        if model_config.attn_type == "encoder_only":
+            return cls._SUPPORTED_TASKS
+        return cls._SUPPORTED_TASKS - cls._TOKEN_TASKS
+
+    def _gating_error(self, what: str, enabled: frozenset[str], selected: str,
+                      model_tasks: frozenset[str]) -> str:
+        message = (f"{what}: enabled tasks {sorted(enabled)} (attention type "
+                   f"{self.model_config.attn_type!r}), selected task {selected!r}, "
+                   f"model tasks {sorted(model_tasks)}.")
+        usable = sorted(enabled & model_tasks)
+        if usable:
+            return (message + f" Set an explicitly supported task: task={usable[0]!r} "
+                    f"(supported: {usable}).")
+        return (message + " Token-level tasks need unchunked encoder-only prefill; to run this "
+                "model anyway, use the transformers fallback runner: runner='transformers' "
+                "(`--runner transformers`).")
+
+    # ---- request lifecycle --------------------------------------------------------------
+    def add_request(self, req_id: str, pooling_params: PoolingParams) -> None:
+        task = pooling_params.task
+        if task not in self.supported_tasks:
+            raise ValueError(f"Unsupported task: {task!r}. "
+                             f"Supported tasks: {sorted(self.supported_tasks)}")
+        self.request_params[req_id] = pooling_params
+
+    def on_requests_finished(self, req_ids) -> None:
+        for req_id in req_ids:
+            self.request_params.pop(req_id, None)
+
+    # ---- pooling ------------------------------------------------------------------------
+    def pool(self, hidden_states: torch.Tensor, metadata: PoolingMetadata,
+             finished_mask: list[bool]) -> tuple[list[torch.Tensor | None], dict[str, str]]:
+        """hidden_states: [num_tokens, hidden]. Returns one output per request and the
+        per-request errors (req_id -> message)."""
+        outputs = self.pooler(hidden_states, metadata)
+        return outputs, {}
