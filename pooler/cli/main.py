@@ -3,10 +3,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
 
-# Each module defines `add_parser(subparsers)` which registers its command and a `run(args)`.
-_COMMAND_MODULES = ["embed"]
+import pooler.cli as cli_package
+
+
+def _command_modules():
+    """Every module in pooler/cli that defines `add_parser(subparsers)` is a subcommand."""
+    for info in sorted(pkgutil.iter_modules(cli_package.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"pooler.cli.{info.name}")
+        if hasattr(module, "add_parser"):
+            yield module
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,8 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pooler", description="Serve and run pooling models: embeddings, rerankers, "
         "ColBERT, token classifiers and SPLADE.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in _COMMAND_MODULES:
-        importlib.import_module(f"pooler.cli.{name}").add_parser(sub)
+    for module in _command_modules():
+        module.add_parser(sub)
     return parser
 
 

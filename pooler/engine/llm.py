@@ -98,6 +98,12 @@ class Engine:
         return [PoolingOutput(_as_numpy(r.data), r.num_tokens, r.extra["task"], r.request_id)
                 for r in results]
 
+    # ---- classify / token_classify / NER (issue 3) ---------------------------------------
+
+    # ---- score / rerank (issue 4) ---------------------------------------------------------
+
+    # ---- sparse embeddings (issue 7) ------------------------------------------------------
+
     def reload_weights(self) -> None:
         """Load the model folder's weights again, in place (after a fine-tune wrote them)."""
         self.core.reload_weights()
