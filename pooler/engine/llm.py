@@ -3,6 +3,9 @@ results in input order. Callers never batch or sort: the scheduler does."""
 from __future__ import annotations
 
 import itertools
+import threading
+import uuid
+from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Any, Sequence
 
 import numpy as np
@@ -10,6 +13,7 @@ from tqdm.auto import tqdm
 
 from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
 from pooler.engine.core import EngineCore
+from pooler.engine.engine_loop import EngineLoop, RequestCancelled
 from pooler.engine.input_processor import (InputProcessor, ProcessedInput, TruncationOptions,
                                            normalize_inputs)
 from pooler.engine.request import Request, RequestOutput
@@ -48,6 +52,24 @@ class Engine:
         self.processor = InputProcessor(self.model_config, self.tokenizer)
         self.core = EngineCore(self.config)
         self._ids = itertools.count()
+        # Request ids are unique per engine instance and never taken from a client.
+        self._id_prefix = uuid.uuid4().hex[:8]
+        self._loop: EngineLoop | None = None
+        self._step_lock = threading.Lock()
+
+    # ---- background mode (server, multi-threaded callers) ------------------------------
+    def start_background_loop(self) -> EngineLoop:
+        """Run the core in a background thread: from now on every call from any thread
+        feeds the same batches (continuous batching). The server uses this."""
+        if self._loop is None:
+            self._loop = EngineLoop(self.core)
+        self._loop.start()
+        return self._loop
+
+    def shutdown(self, timeout: float | None = 30.0) -> None:
+        """Finish in-flight requests and stop the background loop, if any."""
+        if self._loop is not None:
+            self._loop.shutdown(timeout)
 
     # ---- facts --------------------------------------------------------------------------
     @property
@@ -127,25 +149,30 @@ class Engine:
         return self.run_processed(processed, [params] * len(processed), priority, use_tqdm)
 
     def run_processed(self, processed: list[ProcessedInput], params: list[PoolingParams],
-                      priority: int = 0, use_tqdm: bool | None = None) -> list[RequestOutput]:
-        """Submit already-processed inputs and step the engine until all of them finish."""
+                      priority: int = 0, use_tqdm: bool | None = None,
+                      cancel: threading.Event | None = None,
+                      raise_on_error: bool = True) -> list[RequestOutput]:
+        """Submit already-processed inputs and wait until all of them finish.
+
+        Without a background loop this thread steps the engine itself. With one, requests go
+        to the loop and this thread waits; setting `cancel` aborts the requests not yet done
+        and raises RequestCancelled. With raise_on_error=False, failed requests come back with
+        `.error` set instead of raising."""
         batch_id = next(self._ids)
-        request_ids = [f"offline-{batch_id}-{i}" for i in range(len(processed))]
-        for req_id, item, p in zip(request_ids, processed, params):
-            self.core.add_request(Request(
-                request_id=req_id, prompt_token_ids=item.prompt_token_ids,
-                pooling_params=p, token_type_ids=item.token_type_ids,
-                special_tokens_mask=item.special_tokens_mask,
-                num_prompt_tokens=item.num_prompt_tokens, priority=priority))
+        request_ids = [f"{self._id_prefix}-{batch_id}-{i}" for i in range(len(processed))]
+        requests = [Request(request_id=req_id, prompt_token_ids=item.prompt_token_ids,
+                            pooling_params=p, token_type_ids=item.token_type_ids,
+                            special_tokens_mask=item.special_tokens_mask,
+                            num_prompt_tokens=item.num_prompt_tokens, priority=priority)
+                    for req_id, item, p in zip(request_ids, processed, params)]
         show = use_tqdm if use_tqdm is not None else len(processed) >= _TQDM_MIN_INPUTS
-        results: dict[str, RequestOutput] = {}
         with tqdm(total=len(processed), disable=not show, desc="pooling", unit="input") as bar:
-            while len(results) < len(request_ids):
-                for output in self.core.step():
-                    results[output.request_id] = output
-                    bar.update(1)
+            if self._loop is not None and self._loop.is_running:
+                results = self._wait_on_loop(requests, bar, cancel)
+            else:
+                results = self._step_until_done(requests, bar)
         failures = [(i, results[r].error) for i, r in enumerate(request_ids) if results[r].error]
-        if failures:
+        if failures and raise_on_error:
             index, error = failures[0]
             raise RuntimeError(f"{len(failures)} of {len(request_ids)} inputs failed; "
                                f"input {index}: {error}")
@@ -153,6 +180,37 @@ class Engine:
         for output, p in zip(ordered, params):
             output.extra = {"task": p.task}
         return ordered
+
+
+    def _step_until_done(self, requests: list[Request], bar) -> dict[str, RequestOutput]:
+        with self._step_lock:  # one stepping thread at a time when no loop runs
+            for request in requests:
+                self.core.add_request(request)
+            wanted = {r.request_id for r in requests}
+            results: dict[str, RequestOutput] = {}
+            while len(results) < len(wanted):
+                for output in self.core.step():
+                    if output.request_id in wanted:
+                        results[output.request_id] = output
+                        bar.update(1)
+            return results
+
+    def _wait_on_loop(self, requests: list[Request], bar,
+                      cancel: threading.Event | None) -> dict[str, RequestOutput]:
+        futures = dict(zip((r.request_id for r in requests), self._loop.submit(requests)))
+        pending = set(futures.values())
+        while pending:
+            done, pending = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+            bar.update(len(done))
+            if cancel is not None and cancel.is_set() and pending:
+                self._loop.abort([rid for rid, f in futures.items() if not f.done()])
+                raise RequestCancelled(f"{len(pending)} of {len(futures)} requests aborted")
+        results = {}
+        for req_id, future in futures.items():
+            if future.cancelled():
+                raise RequestCancelled(f"request {req_id} was aborted")
+            results[req_id] = future.result()  # re-raises a submission error
+        return results
 
 
 def _as_numpy(data) -> np.ndarray:

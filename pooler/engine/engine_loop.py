@@ -1,0 +1,134 @@
+"""Runs the engine core in one background thread so many callers share its batches.
+
+Callers (server handlers, threads of a user's program) submit requests and wait on futures;
+the loop thread alone touches the scheduler and the model, draining an inbox before each step.
+This is continuous batching: requests from different callers land in the same forward pass.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable
+
+from pooler.engine.core import EngineCore
+from pooler.engine.request import Request, RequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+class RequestCancelled(Exception):
+    """The caller went away (or cancelled); its outstanding requests were aborted."""
+
+
+# Called after each step with (number of requests computed, tokens computed, seconds).
+StepListener = Callable[[int, int, float], None]
+
+
+class EngineLoop:
+    def __init__(self, core: EngineCore):
+        self.core = core
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._futures: dict[str, Future] = {}
+        self._wakeup = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.step_listeners: list[StepListener] = []
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._futures)
+
+    def start(self) -> None:
+        if self.is_running:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="pooler-engine-loop",
+                                        daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float | None = 30.0) -> None:
+        """Finish in-flight requests, then stop the thread."""
+        if not self.is_running:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._futures and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.01)
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join(timeout)
+
+    # ---- called from any thread ---------------------------------------------------------
+    def submit(self, requests: list[Request]) -> list[Future]:
+        futures = []
+        for request in requests:
+            future: Future = Future()
+            self._inbox.put(("add", request, future))
+            futures.append(future)
+        self._wakeup.set()
+        return futures
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._inbox.put(("abort", list(request_ids), None))
+        self._wakeup.set()
+
+    # ---- the loop thread ----------------------------------------------------------------
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload, future = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                try:
+                    self.core.add_request(payload)
+                except Exception as exc:  # e.g. a duplicate id: fail this request only
+                    future.set_exception(exc)
+                else:
+                    self._futures[payload.request_id] = future
+            else:
+                for req_id in self.core.abort_requests(payload):
+                    future = self._futures.pop(req_id, None)
+                    if future is not None:
+                        future.cancel()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._drain_inbox()
+            if not self.core.has_work():
+                self._wakeup.wait(timeout=0.5)
+                self._wakeup.clear()
+                continue
+            start = time.perf_counter()
+            try:
+                outputs = self.core.step()
+            except Exception:  # a bug, not bad input: keep serving, fail what was running
+                logger.exception("engine step failed")
+                self._fail_running("internal error in the engine step")
+                continue
+            elapsed = time.perf_counter() - start
+            if outputs:
+                tokens = sum(o.num_tokens for o in outputs)
+                for listener in self.step_listeners:
+                    listener(len(outputs), tokens, elapsed)
+            for output in outputs:
+                self._resolve(output)
+
+    def _resolve(self, output: RequestOutput) -> None:
+        future = self._futures.pop(output.request_id, None)
+        if future is not None and not future.done():
+            future.set_result(output)
+
+    def _fail_running(self, message: str) -> None:
+        for request in list(self.core.scheduler.running):
+            self.core.scheduler.running.remove(request)
+            self.core.scheduler._finish(request)
+            future = self._futures.pop(request.request_id, None)
+            if future is not None:
+                future.set_exception(RuntimeError(message))
