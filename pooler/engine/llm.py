@@ -77,6 +77,14 @@ class Engine:
         return self.core.model_runner.supported_tasks
 
     @property
+    def embedding_size(self) -> int:
+        """Size of an `embed` vector (after the model's Dense projections)."""
+        poolers = self.core.model_runner.model.pooler.poolers
+        pooler = poolers["embed"] if "embed" in poolers else None
+        projected = getattr(getattr(pooler, "projector", None), "out_features", None)
+        return projected or self.model_config.hidden_size
+
+    @property
     def default_task(self) -> str:
         return self.core.model_runner.pooling_runner.selected_task
 
@@ -133,6 +141,11 @@ class Engine:
     # ---- plumbing -----------------------------------------------------------------------
     def verify_params(self, params: PoolingParams) -> PoolingParams:
         params = params.verify(self.model_config, self.default_task)
+        if params.task == "embed" and params.dimensions is not None \
+                and params.dimensions > self.embedding_size:
+            raise ValueError(f"dimensions={params.dimensions} is larger than the model's "
+                             f"embedding size {self.embedding_size}; use a value <= "
+                             f"{self.embedding_size}.")
         if params.task not in self.supported_tasks:
             raise ValueError(f"Unsupported task: {params.task!r}. "
                              f"Supported tasks: {sorted(self.supported_tasks)}")

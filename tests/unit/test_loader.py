@@ -1,0 +1,103 @@
+"""Model folders in their real formats: sharded safetensors, .bin, legacy names, errors."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.models.tiny import save_tiny_bert
+
+TEXTS = ["loader test", "another one with more words"]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, minilm_path):
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny") / "bert", minilm_path)
+
+
+def _embed(folder):
+    from pooler import Engine
+    return np.stack([o.embedding for o in Engine(str(folder)).embed(TEXTS)])
+
+
+def _clone_without_weights(src, dst):
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def test_sharded_safetensors(tiny_bert, tmp_path):
+    state = load_file(tiny_bert / "model.safetensors")
+    names = sorted(state)
+    folder = _clone_without_weights(tiny_bert, tmp_path / "sharded")
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half],
+              "model-00002-of-00002.safetensors": names[half:]}
+    weight_map = {}
+    for shard, keys in shards.items():
+        save_file({k: state[k].contiguous() for k in keys}, folder / shard)
+        weight_map.update({k: shard for k in keys})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert np.abs(_embed(folder) - _embed(tiny_bert)).max() <= 1e-6
+
+
+def test_pytorch_bin_with_legacy_names_and_prefix(tiny_bert, tmp_path):
+    state = load_file(tiny_bert / "model.safetensors")
+    legacy = {}
+    for name, tensor in state.items():
+        name = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta")
+        legacy["bert." + name] = tensor
+    folder = _clone_without_weights(tiny_bert, tmp_path / "bin")
+    torch.save(legacy, folder / "pytorch_model.bin")
+    assert np.abs(_embed(folder) - _embed(tiny_bert)).max() <= 1e-6
+
+
+def test_unknown_architecture_names_supported_ones(tiny_bert, tmp_path):
+    from pooler import Engine
+    folder = _clone_without_weights(tiny_bert, tmp_path / "unknown")
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["FancyNewModel"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"'FancyNewModel' is not implemented.*BertModel.*"
+                                         r"runner='transformers'"):
+        Engine(str(folder))
+
+
+def test_missing_weights_are_an_error(tiny_bert, tmp_path):
+    from pooler import Engine
+    state = load_file(tiny_bert / "model.safetensors")
+    folder = _clone_without_weights(tiny_bert, tmp_path / "partial")
+    save_file({k: v for k, v in state.items() if "layer.1." not in k},
+              folder / "model.safetensors")
+    with pytest.raises(ValueError, match="missing weights"):
+        Engine(str(folder))
+
+
+def test_missing_model_is_a_clear_error():
+    from pooler import Engine
+    with pytest.raises(FileNotFoundError, match="never downloads"):
+        Engine("someone/not-a-model")
+
+
+def test_hub_name_resolves_to_installed_package(minilm_path):
+    from pooler.model_folder import resolve_model_path
+    assert resolve_model_path("sentence-transformers/all-MiniLM-L6-v2") == minilm_path.resolve()
+
+
+def test_reload_weights_swaps_in_place(tiny_bert, tmp_path):
+    from pooler import Engine
+    folder = _clone_without_weights(tiny_bert, tmp_path / "reload")
+    state = load_file(tiny_bert / "model.safetensors")
+    save_file(state, folder / "model.safetensors")
+    engine = Engine(str(folder))
+    before = engine.embed(TEXTS)[0].embedding
+    save_file({k: v * 1.5 if "encoder.layer.0" in k else v for k, v in state.items()},
+              folder / "model.safetensors")
+    engine.reload_weights()
+    after = engine.embed(TEXTS)[0].embedding
+    assert np.abs(after - before).max() > 1e-3
+    assert np.abs(after - _embed(folder)[0]).max() <= 1e-6
