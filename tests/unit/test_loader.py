@@ -101,3 +101,24 @@ def test_reload_weights_swaps_in_place(tiny_bert, tmp_path):
     after = engine.embed(TEXTS)[0].embedding
     assert np.abs(after - before).max() > 1e-3
     assert np.abs(after - _embed(folder)[0]).max() <= 1e-6
+
+
+def test_hf_cache_layout(tiny_bert, tmp_path, monkeypatch):
+    from pooler.model_folder import resolve_model_path
+    snapshot = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "abc123"
+    snapshot.parent.mkdir(parents=True)
+    snapshot.symlink_to(tiny_bert, target_is_directory=True)
+    (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert resolve_model_path("acme/tiny") == snapshot
+    assert np.abs(_embed("acme/tiny") - _embed(tiny_bert)).max() <= 1e-6
+
+
+def test_bfloat16_option_runs_close_to_fp32(tiny_bert):
+    from pooler import Engine
+    bf16 = Engine(str(tiny_bert), dtype="bfloat16").embed(TEXTS)
+    fp32 = _embed(tiny_bert)
+    for out, ref in zip(bf16, fp32):
+        assert out.embedding.dtype == np.float32
+        assert float(out.embedding @ ref) > 0.99
