@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 install: $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/pooler embed --model sentence-transformers/all-MiniLM-L6-v2 \
+	$(VENV)/bin/pooler embed --preview --model sentence-transformers/all-MiniLM-L6-v2 \
 		"pooler serves embedding models" "The cat sat on the mat." "A feline rested on a rug."
 
 test: install

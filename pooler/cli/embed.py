@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
                    help="fail on over-long inputs instead of truncating them")
     p.add_argument("--prompt-name", default=None, help="a prompt the model declares")
     p.add_argument("--prompt", default=None, help="a literal prefix for every text")
+    p.add_argument("--preview", action="store_true",
+                   help="print a readable summary (first values, norm, cosine similarities) "
+                        "instead of JSONL")
     p.set_defaults(func=run)
 
 
@@ -32,6 +35,9 @@ def run(args) -> int:
                            normalize=False if args.no_normalize else None,
                            truncate=not args.no_truncate, prompt=args.prompt,
                            prompt_name=args.prompt_name)
+    if args.preview:
+        _print_preview(texts, outputs)
+        return 0
     if args.output.endswith(".npy"):
         np.save(args.output, np.stack([o.embedding for o in outputs]))
         print(f"wrote {len(outputs)} x {outputs[0].embedding.shape[0]} to {args.output}",
@@ -46,3 +52,17 @@ def run(args) -> int:
         if out is not sys.stdout:
             out.close()
     return 0
+
+
+def _print_preview(texts, outputs) -> None:
+    matrix = np.stack([o.embedding for o in outputs])  # [num_texts, dim]
+    print(f"{len(texts)} embeddings of dimension {matrix.shape[1]}")
+    for i, (text, o) in enumerate(zip(texts, outputs)):
+        head = " ".join(f"{x:+.4f}" for x in o.embedding[:5])
+        print(f"[{i}] {text[:50]!r:52} tokens={o.num_tokens:<4} norm={np.linalg.norm(o.embedding):.4f}"
+              f"  [{head} ...]")
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True).clip(min=1e-12)
+    cosine = (matrix / norms) @ (matrix / norms).T
+    print("cosine similarity:")
+    for i, row in enumerate(cosine):
+        print(f"[{i}] " + " ".join(f"{x:6.3f}" for x in row))
