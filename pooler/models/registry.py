@@ -25,7 +25,10 @@ def _encoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> di
 
 
 def _decoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> dict[str, ArchSpec]:
-    heads = {"Model": "base", "ForCausalLM": "base", "ForSequenceClassification": "seq_cls"}
+    # ForTokenClassification is registered so that the pooling runner's gating (not a missing
+    # architecture) explains why it cannot run natively, and points to the fallback runner.
+    heads = {"Model": "base", "ForCausalLM": "base", "ForSequenceClassification": "seq_cls",
+             "ForTokenClassification": "token_cls"}
     return {prefix + suffix: ArchSpec(family, backbone, head, "decoder")
             for prefix in prefixes for suffix, head in heads.items()}
 
