@@ -71,10 +71,10 @@ def check_strategy(strategy: str, ignore_subwords: bool) -> str:
 def extract_entities(text: str, token_ids: Sequence[int], scores: np.ndarray,
                      offsets: Sequence[tuple[int, int]] | None,
                      special_tokens_mask: Sequence[int], labels: list[str], rules: SubwordRules,
-                     strategy: str = "simple", ignore_labels: Sequence[str] = ("O",),
+                     aggregation_strategy: str = "simple", ignore_labels: Sequence[str] = ("O",),
                      ignore_subwords: bool = False) -> list[Entity]:
     """scores: [num_tokens, num_labels] probabilities of every token (special tokens included)."""
-    check_strategy(strategy, ignore_subwords)
+    strategy = check_strategy(aggregation_strategy, ignore_subwords)
     tokens = _gather_tokens(text, token_ids, scores, offsets, special_tokens_mask, rules)
     if ignore_subwords:
         if strategy == "none":
