@@ -34,6 +34,7 @@ def save_bert_task_model(dest: Path, kind: str, num_labels: int = 3, seed: int =
                               BertForTokenClassification, BertModel)
 
     torch.manual_seed(seed)
+    config_kwargs.setdefault("initializer_range", 0.4)  # outputs far from uniform
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
                         num_attention_heads=4, intermediate_size=64,
                         max_position_embeddings=128, num_labels=num_labels, **config_kwargs)
@@ -66,7 +67,7 @@ def save_roberta_seq_model(dest: Path, num_labels: int = 1, seed: int = 0,
     config = config_cls(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
                         num_attention_heads=4, intermediate_size=64,
                         max_position_embeddings=66, num_labels=num_labels, type_vocab_size=1,
-                        pad_token_id=1, bos_token_id=0, eos_token_id=2)
+                        pad_token_id=1, bos_token_id=0, eos_token_id=2, initializer_range=0.4)
     model_cls(config).eval().save_pretrained(dest)
     return dest
 
