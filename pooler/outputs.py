@@ -29,3 +29,49 @@ class PoolingOutput:
     task: str
     request_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClassificationOutput:
+    """classify: scores of every label (raw logits when use_activation=False)."""
+    probs: np.ndarray  # [num_labels] float32
+    label: str  # the top label
+    score: float  # its score
+    labels: list[dict]  # [{"label", "score"}] for every label, highest first
+    num_tokens: int
+    request_id: str = ""
+
+
+@dataclass
+class TokenClassificationOutput:
+    """token_classify: label scores for every token (special tokens dropped on request)."""
+    probs: np.ndarray  # [num_tokens, num_labels] float32
+    token_ids: list[int]  # [num_tokens], aligned with probs
+    labels: list[str]  # [num_tokens] top label of each token
+    num_tokens: int  # tokens the model computed (before dropping special tokens)
+    request_id: str = ""
+
+
+@dataclass
+class Entity:
+    """One NER result, named as the transformers token-classification pipeline names it:
+    `entity_group` when tokens were aggregated, `entity` (and `index`) with strategy "none"."""
+    score: float
+    word: str
+    start: int | None  # character span in the original text
+    end: int | None
+    entity_group: str | None = None
+    entity: str | None = None
+    index: int | None = None  # token position, strategy "none" only
+
+    @property
+    def label(self) -> str:
+        return self.entity_group if self.entity_group is not None else self.entity  # type: ignore[return-value]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The pipeline's dict for this entity (same keys, same order)."""
+        if self.entity_group is not None:
+            return {"entity_group": self.entity_group, "score": self.score, "word": self.word,
+                    "start": self.start, "end": self.end}
+        return {"entity": self.entity, "score": self.score, "index": self.index,
+                "word": self.word, "start": self.start, "end": self.end}

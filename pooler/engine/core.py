@@ -14,7 +14,12 @@ class EngineCore:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.model_runner = ModelRunner(config.model_config)
+        if config.model_config.runner == "transformers":
+            from pooler.worker.transformers_runner import TransformersRunner
+
+            self.model_runner = TransformersRunner(config.model_config)
+        else:
+            self.model_runner = ModelRunner(config.model_config)
         self.scheduler = Scheduler(config.scheduler_config)
 
     def add_request(self, request: Request) -> None:

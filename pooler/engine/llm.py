@@ -19,8 +19,11 @@ from pooler.engine.input_processor import (InputProcessor, ProcessedInput, Trunc
 from pooler.engine.request import Request, RequestOutput
 from pooler.engine.tokenizer import TextTokenizer
 from pooler.model_folder import DEFAULT_MODEL
-from pooler.outputs import EmbeddingOutput, PoolingOutput, TokenEmbeddingOutput
+from pooler.ner import SubwordRules, check_strategy, extract_entities
+from pooler.outputs import (ClassificationOutput, EmbeddingOutput, Entity, PoolingOutput,
+                            TokenClassificationOutput, TokenEmbeddingOutput)
 from pooler.params import PoolingParams
+from pooler.pooling.activation import labels_of
 
 # Offline jobs at least this long show a progress bar unless use_tqdm says otherwise.
 _TQDM_MIN_INPUTS = 100
@@ -129,6 +132,118 @@ class Engine:
                 for r in results]
 
     # ---- classify / token_classify / NER (issue 3) ---------------------------------------
+    def classify(self, inputs: str | Sequence, *, text_pair: str | list[str] | None = None,
+                 use_activation: bool | None = None, truncate: bool = True,
+                 truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
+                 priority: int = 0) -> list[ClassificationOutput]:
+        """Score each input (or each (input, text_pair) pair) against the model's labels.
+
+        Activation as the model declares it (see pooler/pooling/activation.py);
+        use_activation=False returns raw logits."""
+        items = normalize_inputs(inputs)
+        pairs = self._check_pairs(items, text_pair)
+        params = PoolingParams(task="classify", use_activation=use_activation)
+        processed, results = self._run_texts(items, params, truncate, truncate_prompt_tokens,
+                                             use_tqdm, priority, pairs=pairs)
+        labels = labels_of(self.model_config.hf_config)
+        outputs = []
+        for r in results:
+            probs = _as_numpy(r.data)  # [num_labels]
+            order = np.argsort(-probs, kind="stable")
+            ranked = [{"label": labels[i], "score": float(probs[i])} for i in order]
+            outputs.append(ClassificationOutput(probs, ranked[0]["label"], ranked[0]["score"],
+                                                ranked, r.num_tokens, r.request_id))
+        return outputs
+
+    def token_classify(self, inputs: str | Sequence, *, use_activation: bool | None = None,
+                       skip_special_tokens: bool = False, truncate: bool = True,
+                       truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
+                       priority: int = 0) -> list[TokenClassificationOutput]:
+        """Label scores for every token ([num_tokens, num_labels] per input)."""
+        items = normalize_inputs(inputs)
+        params = PoolingParams(task="token_classify", use_activation=use_activation,
+                               skip_special_tokens=skip_special_tokens)
+        processed, results = self._run_texts(items, params, truncate, truncate_prompt_tokens,
+                                             use_tqdm, priority)
+        labels = labels_of(self.model_config.hf_config)
+        outputs = []
+        for item, r in zip(processed, results):
+            probs = _as_numpy(r.data)  # [num_kept_tokens, num_labels]
+            ids = item.prompt_token_ids
+            if skip_special_tokens and item.special_tokens_mask is not None:
+                ids = [t for t, s in zip(ids, item.special_tokens_mask) if not s]
+            outputs.append(TokenClassificationOutput(
+                probs, list(ids), [labels[i] for i in probs.argmax(-1)], r.num_tokens,
+                r.request_id))
+        return outputs
+
+    def ner(self, inputs: str | list[str], *, aggregation_strategy: str = "simple",
+            ignore_labels: Sequence[str] = ("O",), ignore_subwords: bool = False,
+            truncate: bool = True, truncate_prompt_tokens: int | None = None,
+            use_tqdm: bool | None = None, priority: int = 0) -> list[list[Entity]]:
+        """Entities of each text with character offsets, as the transformers
+        token-classification pipeline reports them (see pooler/ner.py)."""
+        check_strategy(aggregation_strategy, ignore_subwords)
+        items = normalize_inputs(inputs)
+        if not all(isinstance(x, str) for x in items):
+            raise ValueError("ner needs texts (entity offsets point into the text), not token "
+                             "ids; pass strings.")
+        params = PoolingParams(task="token_classify", use_activation=True)
+        processed, results = self._run_texts(items, params, truncate, truncate_prompt_tokens,
+                                             use_tqdm, priority)
+        labels = labels_of(self.model_config.hf_config)
+        rules = SubwordRules(self.tokenizer.backend)
+        return [extract_entities(text, item.prompt_token_ids, _as_numpy(r.data), item.offsets,
+                                 item.special_tokens_mask, labels, rules, aggregation_strategy,
+                                 ignore_labels, ignore_subwords)
+                for text, item, r in zip(items, processed, results)]
+
+    def _run_texts(self, items: list, params: PoolingParams, truncate: bool,
+                   truncate_prompt_tokens: int | None, use_tqdm: bool | None, priority: int,
+                   pairs: list[str] | None = None
+                   ) -> tuple[list[ProcessedInput], list[RequestOutput]]:
+        """Like _encode, but also returns the processed inputs (offsets, special masks)."""
+        params = self.verify_params(params)
+        processed = self.processor.process(
+            items, pairs=pairs, truncation=TruncationOptions(truncate, truncate_prompt_tokens))
+        return processed, self.run_processed(processed, [params] * len(processed), priority,
+                                             use_tqdm)
+
+    def _check_pairs(self, items: list, text_pair) -> list[str] | None:
+        """Validate text_pair against the inputs and the model.
+
+        A model is pair-capable when it is an encoder whose tokenizer puts a separator between
+        the two texts (BERT `[SEP]`, RoBERTa `</s></s>`) and whose token-type embeddings cover
+        the type ids that template assigns. Decoders take one text: format pairs in a prompt."""
+        if text_pair is None:
+            return None
+        pairs = [text_pair] if isinstance(text_pair, str) else text_pair
+        if not isinstance(pairs, (list, tuple)) or not all(isinstance(p, str) for p in pairs):
+            raise ValueError("text_pair must be a string or a list of strings.")
+        if len(pairs) != len(items):
+            raise ValueError(f"text_pair has {len(pairs)} texts but there are {len(items)} "
+                             "inputs; give one text_pair per input.")
+        if not all(isinstance(x, str) for x in items):
+            raise ValueError("Sentence pairs must be given as texts, not token ids.")
+        reason = self._pair_incapable_reason()
+        if reason:
+            raise ValueError(f"text_pair was given, but this model does not take sentence "
+                             f"pairs: {reason}. Pass single texts (join the two texts "
+                             "yourself if the model was trained on such a format).")
+        return list(pairs)
+
+    def _pair_incapable_reason(self) -> str | None:
+        if self.model_config.attn_type != "encoder_only":
+            return "it is a decoder"
+        if self.tokenizer.num_special_tokens_to_add(pair=True) <= \
+                self.tokenizer.num_special_tokens_to_add(pair=False):
+            return "its tokenizer puts no separator between two texts"
+        type_ids = self.tokenizer.encode_batch(["a"], ["b"])[0].token_type_ids
+        type_vocab = int(self.model_config.hf_config.get("type_vocab_size", 1))
+        if max(type_ids) >= type_vocab:
+            return (f"its tokenizer marks the second text with token type {max(type_ids)} but "
+                    f"the model has type_vocab_size={type_vocab}")
+        return None
 
     # ---- score / rerank (issue 4) ---------------------------------------------------------
 

@@ -47,6 +47,11 @@ class TextTokenizer:
         self.config = tokenizer_config
 
     @property
+    def backend(self) -> Tokenizer:
+        """The underlying `tokenizers.Tokenizer` (read-only use: model facts, decoder)."""
+        return self._base
+
+    @property
     def vocab_size(self) -> int:
         return self._base.get_vocab_size(with_added_tokens=True)
 

@@ -25,13 +25,17 @@ def _encoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> di
 
 
 def _decoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> dict[str, ArchSpec]:
-    heads = {"Model": "base", "ForCausalLM": "base", "ForSequenceClassification": "seq_cls"}
+    # ForTokenClassification is registered so that the pooling runner's gating (not a missing
+    # architecture) explains why it cannot run natively, and points to the fallback runner.
+    heads = {"Model": "base", "ForCausalLM": "base", "ForSequenceClassification": "seq_cls",
+             "ForTokenClassification": "token_cls"}
     return {prefix + suffix: ArchSpec(family, backbone, head, "decoder")
             for prefix in prefixes for suffix, head in heads.items()}
 
 
 NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta")),
+    **_decoder_family("llama", "LlamaModel", ("Llama", "Qwen2", "Qwen3")),
 }
 
 # Tasks each head kind can serve before the runner's gating by attention type.
@@ -44,7 +48,8 @@ HEAD_TASKS: dict[str, frozenset[str]] = {
 
 # model_type -> architecture, for configs that carry no `architectures` list.
 _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
-                        "xlm-roberta": "XLMRobertaModel"}
+                        "xlm-roberta": "XLMRobertaModel", "llama": "LlamaModel",
+                        "qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}
 
 
 def architecture_of(hf_config: dict) -> str:

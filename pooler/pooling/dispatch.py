@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from pooler.config import ModelConfig
+from pooler.pooling.classify import build_sequence_classifier, build_token_classifier
 from pooler.pooling.heads import DenseProjector
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.pooling.poolers import EmbeddingPooler, TokenEmbeddingPooler
@@ -61,4 +62,8 @@ def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPool
         poolers["embed"] = EmbeddingPooler(mode, include_prompt, projector)
     if "token_embed" in tasks:
         poolers["token_embed"] = TokenEmbeddingPooler()
+    if "classify" in tasks:
+        poolers["classify"] = build_sequence_classifier(model_config)
+    if "token_classify" in tasks:
+        poolers["token_classify"] = build_token_classifier(model_config)
     return DispatchPooler(poolers)

@@ -1,0 +1,201 @@
+"""Llama, Qwen2 and Qwen3 decoders on packed batches (causal attention per sequence).
+
+The three differ only in switches read from config.json: Qwen2 has biases on q/k/v, Qwen3
+normalizes q and k per head (RMSNorm over head_dim) before the rotary embedding. Parameter
+names equal the checkpoint's (after the `model.` prefix), so loading is a name lookup. The
+backbone returns the final-normed hidden states; heads (last-token pooling, `score`) live in
+pooler/pooling.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from pooler.layers.activations import get_activation
+from pooler.layers.attention import packed_attention
+from pooler.models.inputs import ModelInputs
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    hidden_act: str
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LlamaConfig":
+        model_type = d.get("model_type", "llama")
+        heads = d["num_attention_heads"]
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        if isinstance(rope, dict) and "rope_type" not in rope and "type" not in rope and \
+                all(isinstance(v, dict) for v in rope.values()) and rope:
+            raise ValueError("Per-layer-type rope_parameters are not supported.")
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"RoPE type {rope_type!r} is not implemented natively (only "
+                             "'default'); run this model with runner='transformers'.")
+        if d.get("use_sliding_window"):
+            raise ValueError("Sliding-window attention (use_sliding_window=true) is not "
+                             "implemented natively; run this model with runner='transformers'.")
+        if d.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("partial_rotary_factor != 1 is not implemented natively; run this "
+                             "model with runner='transformers'.")
+        attention_bias = bool(d.get("attention_bias", False))
+        return cls(
+            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))),
+            hidden_act=d.get("hidden_act", "silu"),
+            qkv_bias=True if model_type == "qwen2" else attention_bias,
+            o_bias=attention_bias and model_type != "qwen2",
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            qk_norm=model_type == "qwen3")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in fp32, scale in the model dtype, as the reference does.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions: [num_tokens] -> cos, sin: [num_tokens, 1, head_dim] (halves repeated)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
+                                             device=positions.device).float() / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [num_tokens, head_dim / 2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, heads, head_dim]; rotates the two halves of head_dim."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim,
+                                bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim,
+                                bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = packed_attention(q, k, v, inputs.seq_lens, inputs.cu_seqlens, inputs.max_seqlen,
+                               causal=True)  # [num_tokens, heads, head_dim]
+        return self.o_proj(out.reshape(n, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = get_activation(cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, inputs: ModelInputs) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, inputs)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    # LlamaForCausalLM / *ForSequenceClassification keep the decoder under `model.`.
+    weight_prefixes = ("model.",)
+
+    def __init__(self, hf_config: dict):
+        super().__init__()
+        cfg = self.config = LlamaConfig.from_dict(hf_config)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+        x = self.embed_tokens(inputs.input_ids)
+        cos, sin = rotary_cos_sin(inputs.positions, self.config.head_dim, self.config.rope_theta,
+                                  x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, inputs)
+        return self.norm(x)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors whose names match ours; returns the names consumed."""
+        params = dict(self.named_parameters())
+        consumed = set()
+        for name, tensor in weights:
+            param = params.get(name)
+            if param is None:
+                continue
+            with torch.no_grad():
+                param.copy_(tensor)
+            consumed.add(name)
+        missing = sorted(set(params) - consumed)
+        if missing:
+            raise ValueError(f"Checkpoint is missing weights for: {missing[:10]}"
+                             f"{' ...' if len(missing) > 10 else ''}")
+        return consumed

@@ -1,0 +1,181 @@
+"""The fallback runner (`runner="transformers"`): the transformers Auto classes on padded
+batches, behind the same execute_model(scheduler_output) -> ModelRunnerOutput interface as
+ModelRunner, so EngineCore can pick either.
+
+For architectures the native runner lacks, and for token tasks on decoder models: there is no
+attention-type gating here, because transformers runs every sequence whole in one padded
+forward pass. Classifier outputs come from the checkpoint's own transformers head; base models
+share pooler's embed / token_embed poolers (sentence-transformers Pooling, Dense, Normalize).
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+
+import torch
+
+from pooler.config import ModelConfig
+from pooler.engine.scheduler import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pooler.params import PoolingParams
+from pooler.pooling.activation import apply_activation, sequence_activation, token_activation
+from pooler.pooling.metadata import PoolingMetadata
+
+logger = logging.getLogger(__name__)
+
+_AUTO_CLASSES = {"seq_cls": "AutoModelForSequenceClassification",
+                 "token_cls": "AutoModelForTokenClassification",
+                 "base": "AutoModel", "mlm": "AutoModel"}
+
+
+class FallbackTasks:
+    """The fallback's task bookkeeping: the model's tasks, all enabled (no gating)."""
+
+    def __init__(self, model_config: ModelConfig):
+        self.supported_tasks = frozenset(model_config.model_tasks)
+        self.selected_task = model_config.selected_task
+        if self.selected_task not in self.supported_tasks:
+            raise ValueError(
+                f"Task {self.selected_task!r} is not supported by this model "
+                f"({model_config.architecture}); its tasks: {sorted(self.supported_tasks)}. "
+                f"Set one of them: task={sorted(self.supported_tasks)[0]!r}.")
+        self.request_params: dict[str, PoolingParams] = {}
+
+    def add_request(self, req_id: str, params: PoolingParams) -> None:
+        if params.task not in self.supported_tasks:
+            raise ValueError(f"Unsupported task: {params.task!r}. "
+                             f"Supported tasks: {sorted(self.supported_tasks)}")
+        self.request_params[req_id] = params
+
+    def on_requests_finished(self, req_ids) -> None:
+        for req_id in req_ids:
+            self.request_params.pop(req_id, None)
+
+
+class TransformersRunner:
+    def __init__(self, model_config: ModelConfig):
+        self.model_config = model_config
+        self.device = model_config.torch_device
+        self.pooling_runner = FallbackTasks(model_config)
+        self.requests: dict[str, NewRequestData] = {}
+        self.model = self._load_model()
+        self.pooler = None
+        if model_config.head in ("base", "mlm"):
+            from pooler.pooling.dispatch import build_pooler
+
+            self.pooler = build_pooler(model_config, self.model)
+            for module in self.pooler.modules():  # sentence-transformers Dense folders
+                if hasattr(module, "load_own_weights"):
+                    module.load_own_weights()
+            self.pooler.to(device=self.device, dtype=model_config.torch_dtype).eval()
+        hf = model_config.hf_config
+        self.pad_token_id = hf.get("pad_token_id")
+
+    @property
+    def supported_tasks(self) -> frozenset[str]:
+        return self.pooling_runner.supported_tasks
+
+    def _load_model(self):
+        try:
+            import transformers
+        except ImportError as exc:  # pragma: no cover - installed with the test extra
+            raise ValueError("runner='transformers' needs the transformers package: "
+                             "pip install transformers") from exc
+        auto = getattr(transformers, _AUTO_CLASSES[self.model_config.head])
+        config = transformers.AutoConfig.from_pretrained(self.model_config.path)
+        for key, value in (self.model_config.hf_overrides or {}).items():
+            setattr(config, key, value)
+        model = auto.from_pretrained(self.model_config.path, config=config,
+                                     dtype=self.model_config.torch_dtype)
+        return model.to(self.device).eval().requires_grad_(False)
+
+    # ---- request state (same contract as ModelRunner) -----------------------------------
+    def finish_requests(self, scheduler_output: SchedulerOutput) -> None:
+        finished = scheduler_output.finished_req_ids
+        self.pooling_runner.on_requests_finished(finished)
+        for req_id in finished | scheduler_output.preempted_req_ids:
+            self.requests.pop(req_id, None)
+
+    def add_requests(self, new_reqs: list[NewRequestData]) -> None:
+        for req in new_reqs:
+            self.pooling_runner.add_request(req.req_id, req.pooling_params)
+            self.requests[req.req_id] = req
+
+    # ---- one step -----------------------------------------------------------------------
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self.finish_requests(scheduler_output)
+        reqs = scheduler_output.scheduled_new_reqs
+        if not reqs:
+            return ModelRunnerOutput()
+        req_ids = [r.req_id for r in reqs]
+        try:
+            self.add_requests(reqs)
+            with torch.inference_mode():
+                outputs = self._run(reqs)
+            outputs = [o.detach().to("cpu", copy=True) for o in outputs]
+        except Exception as exc:  # isolate: the scheduler retries the batch in halves
+            logger.debug("batch of %d failed: %s", len(reqs), traceback.format_exc())
+            return ModelRunnerOutput(req_ids=req_ids,
+                                     batch_error=f"{type(exc).__name__}: {exc}")
+        return ModelRunnerOutput(req_ids=req_ids, pooler_outputs=outputs)
+
+    def _run(self, reqs: list[NewRequestData]) -> list[torch.Tensor]:
+        head = self.model_config.head
+        if head == "seq_cls" and self.pad_token_id is None and len(reqs) > 1:
+            # transformers cannot find the last token of a padded decoder batch without a
+            # pad id: run such sequences one at a time.
+            return [out for r in reqs for out in self._run([r])]
+        batch, mask = self._pad(reqs)
+        if head == "seq_cls":
+            logits = self.model(**batch).logits  # [num_reqs, num_labels]
+            activation = sequence_activation(self.model_config.hf_config)
+            return [apply_activation(activation, row, r.pooling_params.use_activation)
+                    for row, r in zip(logits, reqs)]
+        if head == "token_cls":
+            logits = self.model(**batch).logits  # [num_reqs, max_len, num_labels]
+            activation = token_activation(self.model_config.hf_config)
+            out = []
+            for row, r, n in zip(logits, reqs, mask.sum(1).tolist()):
+                row = row[:n]
+                if r.pooling_params.skip_special_tokens and r.special_tokens_mask is not None:
+                    row = row[torch.tensor([not s for s in r.special_tokens_mask],
+                                           device=row.device)]
+                out.append(apply_activation(activation, row, r.pooling_params.use_activation))
+            return out
+        hidden = self.model(**batch).last_hidden_state  # [num_reqs, max_len, hidden]
+        packed = hidden[mask.bool()]  # [num_tokens, hidden], sequences back to back
+        return self.pooler(packed, self._metadata(reqs, packed.device))
+
+    def _pad(self, reqs: list[NewRequestData]) -> tuple[dict, torch.Tensor]:
+        """Right-padded input_ids / attention_mask (/ token_type_ids for pairs)."""
+        max_len = max(len(r.prompt_token_ids) for r in reqs)
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
+        ids = torch.full((len(reqs), max_len), pad, dtype=torch.long)
+        mask = torch.zeros((len(reqs), max_len), dtype=torch.long)
+        types = torch.zeros((len(reqs), max_len), dtype=torch.long)
+        for i, r in enumerate(reqs):
+            n = len(r.prompt_token_ids)
+            ids[i, :n] = torch.tensor(r.prompt_token_ids)
+            mask[i, :n] = 1
+            if r.token_type_ids is not None:
+                types[i, :n] = torch.tensor(r.token_type_ids)
+        batch = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        if types.any():
+            batch["token_type_ids"] = types.to(self.device)
+        return batch, mask.to(self.device)
+
+    @staticmethod
+    def _metadata(reqs: list[NewRequestData], device: torch.device) -> PoolingMetadata:
+        seq_lens = [len(r.prompt_token_ids) for r in reqs]
+        starts = [sum(seq_lens[:i]) for i in range(len(reqs))]
+        return PoolingMetadata(
+            req_ids=[r.req_id for r in reqs], seq_lens=seq_lens, seq_starts=starts,
+            num_prompt_tokens=[r.num_prompt_tokens for r in reqs],
+            pooling_params=[r.pooling_params for r in reqs],
+            special_tokens_masks=[r.special_tokens_mask for r in reqs],
+            input_ids=torch.tensor([t for r in reqs for t in r.prompt_token_ids],
+                                   device=device))
+
+    # ---- weights ------------------------------------------------------------------------
+    def reload_weights(self) -> None:
+        """Load the folder's current weights again (a fresh from_pretrained)."""
+        self.model = self._load_model()

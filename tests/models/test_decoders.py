@@ -1,0 +1,123 @@
+"""Native Llama / Qwen2 / Qwen3 against transformers on seeded random tiny configs, the task
+gating on real decoder folders, and the transformers fallback runner."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tiny_task_models import random_ids, save_bert_task_model, save_decoder_model
+
+LENGTHS = [5, 9, 1, 9, 13, 2]
+FAMILIES = ["llama", "qwen2", "qwen3"]
+
+
+def hf_run(path, cls_name, ids):
+    """The reference, one unpadded sequence at a time."""
+    import transformers
+
+    model = getattr(transformers, cls_name).from_pretrained(path).eval()
+    out = []
+    for x in ids:
+        with torch.no_grad():
+            result = model(torch.tensor([x]))
+        out.append((result.last_hidden_state if hasattr(result, "last_hidden_state")
+                    else result.logits)[0].numpy())
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoder_embed_last_token_matches_transformers(tmp_path, family):
+    from pooler import Engine
+
+    path = save_decoder_model(tmp_path / "m", family, "causal")
+    engine = Engine(str(path))
+    assert engine.supported_tasks == {"embed"}  # token_embed gated off for decoders
+    ids = random_ids(LENGTHS, 97)
+    hidden = hf_run(path, "AutoModel", ids)
+    out = engine.embed(ids, normalize=False)  # one mixed-length packed batch
+    for o, h in zip(out, hidden):
+        np.testing.assert_allclose(o.embedding, h[-1], atol=1e-5)
+    normalized = engine.embed(ids[:2])
+    np.testing.assert_allclose(np.linalg.norm(normalized[0].embedding), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoder_sequence_classification_matches_transformers(tmp_path, family):
+    from pooler import Engine
+
+    path = save_decoder_model(tmp_path / "m", family, "seq", num_labels=3)
+    engine = Engine(str(path))
+    ids = random_ids(LENGTHS, 97)
+    ids.append([5, 6, 7, 0, 0])  # ends in the pad id: transformers scores token 7
+    logits = np.stack(hf_run(path, "AutoModelForSequenceClassification", ids))
+    expected = torch.tensor(logits).softmax(-1).numpy()
+    got = np.stack([o.probs for o in engine.classify(ids)])
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_decoder_token_tasks_are_gated(tmp_path):
+    from pooler import Engine
+
+    base = save_decoder_model(tmp_path / "base", "qwen3", "base")
+    with pytest.raises(ValueError, match="Set an explicitly supported task: task='embed'"):
+        Engine(str(base), task="token_embed")
+    token = save_decoder_model(tmp_path / "token", "llama", "token", num_labels=4)
+    with pytest.raises(ValueError) as info:
+        Engine(str(token))
+    assert "explicitly supported task" not in str(info.value)
+    assert "runner='transformers'" in str(info.value)
+
+
+def test_decoder_rejects_sentence_pairs(tmp_path):
+    from pooler import Engine
+
+    engine = Engine(str(save_decoder_model(tmp_path / "m", "llama", "seq")))
+    with pytest.raises(ValueError, match="does not take sentence pairs: it is a decoder"):
+        engine.classify("t1 t2", text_pair="t3")
+
+
+# ---- fallback runner ------------------------------------------------------------------------
+def test_fallback_serves_token_classify_on_a_decoder(tmp_path):
+    from pooler import Engine
+
+    path = save_decoder_model(tmp_path / "m", "qwen3", "token", num_labels=4)
+    engine = Engine(str(path), runner="transformers")
+    assert engine.supported_tasks == {"token_classify"}
+    ids = random_ids(LENGTHS, 97)
+    outputs = engine.token_classify(ids)  # one right-padded batch
+    for o, logits in zip(outputs, hf_run(path, "AutoModelForTokenClassification", ids)):
+        np.testing.assert_allclose(o.probs, torch.tensor(logits).softmax(-1).numpy(),
+                                   atol=1e-5)
+
+
+def test_fallback_token_embed_and_embed_on_a_decoder(tmp_path):
+    from pooler import Engine
+
+    path = save_decoder_model(tmp_path / "m", "llama", "base")
+    engine = Engine(str(path), runner="transformers")
+    assert engine.supported_tasks == {"embed", "token_embed"}
+    ids = random_ids(LENGTHS, 97)
+    hidden = hf_run(path, "AutoModel", ids)
+    tokens = engine.token_embed(ids, normalize=False)
+    pooled = engine.embed(ids, normalize=False)
+    for t, p, h in zip(tokens, pooled, hidden):
+        assert t.embeddings.shape == h.shape
+        np.testing.assert_allclose(t.embeddings, h, atol=1e-5)
+        np.testing.assert_allclose(p.embedding, h[-1], atol=1e-5)
+
+
+def test_fallback_classify_on_an_encoder_with_pairs(tmp_path):
+    from pooler import Engine
+
+    path = save_bert_task_model(tmp_path / "m", "seq", num_labels=2)
+    native = Engine(str(path))
+    fallback = Engine(str(path), runner="transformers")
+    texts, pairs = ["a cat", "the capital of france is paris"], ["a dog", "paris"]
+    np.testing.assert_allclose(
+        np.stack([o.probs for o in fallback.classify(texts, text_pair=pairs)]),
+        np.stack([o.probs for o in native.classify(texts, text_pair=pairs)]), atol=1e-5)
+    with pytest.raises(ValueError, match="Unsupported task: 'embed'"):
+        fallback.embed("x")
+    with pytest.raises(ValueError, match="not supported by this model"):
+        Engine(str(path), runner="transformers", task="embed")
