@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_task_models import save_bert_task_model, save_roberta_seq_model
+from tests.models.tiny_task_models import save_bert_task_model, save_roberta_seq_model
 
 TEXTS = ["a cat sat on the mat", "what is the capital of france", "hi",
          "the quick brown fox jumps over the lazy dog and keeps running far away"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_task_models import random_ids, save_bert_task_model, save_decoder_model
+from tests.models.tiny_task_models import random_ids, save_bert_task_model, save_decoder_model
 
 LENGTHS = [5, 9, 1, 9, 13, 2]
 FAMILIES = ["llama", "qwen2", "qwen3"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_task_models import save_bert_task_model
+from tests.models.tiny_task_models import save_bert_task_model
 
 _ROOT = Path(__file__).resolve().parents[2]
 NER = next((p for p in (_ROOT / ".." / "shared" / "models" / "ner-pii-minilm",

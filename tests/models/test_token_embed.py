@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_task_models import minilm_path, save_bert_task_model
+from tests.models.tiny_task_models import minilm_path, save_bert_task_model
 
 TEXTS = ["The cat sat on the mat.", "hi", "pooler serves embedding models, token by token"]
 
