@@ -32,6 +32,7 @@ def _decoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> di
 
 NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta")),
+    **_encoder_family("modernbert", "ModernBertModel", ("ModernBert",)),
 }
 
 # Tasks each head kind can serve before the runner's gating by attention type.
@@ -44,7 +45,7 @@ HEAD_TASKS: dict[str, frozenset[str]] = {
 
 # model_type -> architecture, for configs that carry no `architectures` list.
 _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
-                        "xlm-roberta": "XLMRobertaModel"}
+                        "xlm-roberta": "XLMRobertaModel", "modernbert": "ModernBertModel"}
 
 
 def architecture_of(hf_config: dict) -> str:
