@@ -137,18 +137,26 @@ class SpladePooler(nn.Module):
         pooled: dict[str, torch.Tensor | None] = {mode: None for mode in set(modes)}
         chunk = max(1, _CHUNK_ELEMENTS // vocab)
         for begin in range(0, rows.shape[0], chunk):
-            logits = self.head(hidden[rows[begin:begin + chunk]])  # [chunk, vocab]
-            weights = splade_activation(logits.float(), self.activation)
-            seg_chunk = seg[begin:begin + chunk]
+            logits = self.head(hidden[rows[begin:begin + chunk]]).float()  # [chunk, vocab]
+            # Pooled tokens of one request are contiguous: reduce each run of equal seg ids.
+            req_ids, counts = torch.unique_consecutive(seg[begin:begin + chunk],
+                                                       return_counts=True)
+            parts = logits.split(counts.tolist())
             for mode in pooled:
                 if pooled[mode] is None:
-                    pooled[mode] = torch.zeros(num_reqs + 1, weights.shape[1],
-                                               dtype=torch.float32, device=hidden.device)
-                if mode == "max":  # weights are >= 0, so a zero start equals -inf then max
-                    pooled[mode].scatter_reduce_(
-                        0, seg_chunk[:, None].expand_as(weights), weights, reduce="amax")
+                    pooled[mode] = torch.zeros(num_reqs, vocab, dtype=torch.float32,
+                                               device=hidden.device)
+                target = pooled[mode]
+                if mode == "max":
+                    # log1p(relu(.)) is non-decreasing: the max of the activated logits is the
+                    # activation of the max logit, so activate [reqs, vocab] not [tokens, vocab].
+                    reduced = torch.stack([part.amax(0) for part in parts])
+                    reduced = splade_activation(reduced, self.activation)
+                    target[req_ids] = torch.maximum(target[req_ids], reduced)
                 else:
-                    pooled[mode].index_add_(0, seg_chunk, weights)
+                    reduced = torch.stack([splade_activation(part, self.activation).sum(0)
+                                           for part in parts])
+                    target[req_ids] += reduced
         out = []
         for i, (mode, opt) in enumerate(zip(modes, options)):
             vector = pooled[mode]
