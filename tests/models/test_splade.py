@@ -213,3 +213,16 @@ def test_modernbert_splade_matches_sparse_encoder(tmp_path, tie):
     expected = _sparse_encoder(folder).encode(MB_TEXTS, convert_to_tensor=True).to_dense().numpy()
     got = Engine(str(folder), device="cpu").embed_sparse(MB_TEXTS)
     _assert_same_sparse(_dense(got, vocab), expected)
+
+
+@needs_splade_tiny
+def test_sparse_and_dense_requests_in_one_batch(splade_engine):
+    """One step packs a sparse and a dense embed request; each gets its own pooler's output."""
+    processed = splade_engine.processor.process(TEXTS[:2])
+    sparse = splade_engine.verify_params(PoolingParams(task="embed", extra={"sparse": True}))
+    dense = splade_engine.verify_params(PoolingParams(task="embed", normalize=False))
+    mixed = splade_engine.run_processed(processed, [sparse, dense])
+    alone_sparse = splade_engine.embed_sparse(TEXTS[0])[0]
+    alone_dense = splade_engine.embed(TEXTS[1], normalize=False)[0]
+    np.testing.assert_allclose(_dense([alone_sparse], 30522)[0], mixed[0].data.numpy(), atol=1e-5)
+    np.testing.assert_allclose(alone_dense.embedding, mixed[1].data.numpy(), atol=1e-5)
