@@ -11,6 +11,7 @@ import torch
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler.models import registry
+from pooler.sparse_layout import router_transformer_path
 from pooler.tasks import TASK_PREFERENCE, check_task
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -30,7 +31,8 @@ class ModelConfig:
     quantization: str | None = None
 
     # Derived from the folder in __post_init__.
-    path: Path = field(init=False)
+    path: Path = field(init=False)       # folder of the transformer (weights, tokenizer)
+    root_path: Path = field(init=False)  # the model folder as named (modules.json)
     hf_config: dict[str, Any] = field(init=False)
     architecture: str = field(init=False)
     head: str = field(init=False)
@@ -47,7 +49,9 @@ class ModelConfig:
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}.")
         if self.task is not None:
             check_task(self.task)
-        self.path = resolve_model_path(self.model)
+        self.root_path = resolve_model_path(self.model)
+        # Inference-free SPLADE keeps its MLM in a sentence-transformers Router subfolder.
+        self.path = router_transformer_path(self.root_path)
         hf_config = read_json(self.path / "config.json")
         if hf_config is None:
             raise FileNotFoundError(f"{self.path} has no config.json; is it a model folder?")
@@ -59,7 +63,7 @@ class ModelConfig:
             self.head, self.attn_type = spec.head, spec.attn_type
         else:
             self.head, self.attn_type = _fallback_head(self.architecture, hf_config)
-        self.st = read_sentence_transformer_layout(self.path)
+        self.st = read_sentence_transformer_layout(self.root_path)
         self.tokenizer_config = read_json(self.path / "tokenizer_config.json") or {}
         self.max_model_len = self._derive_max_model_len()
 

@@ -75,3 +75,21 @@ class Entity:
                     "start": self.start, "end": self.end}
         return {"entity": self.entity, "score": self.score, "index": self.index,
                 "word": self.word, "start": self.start, "end": self.end}
+
+
+@dataclass
+class SparseEmbeddingOutput:
+    """A sparse (SPLADE) embedding: the non-zero vocabulary weights, largest first."""
+    indices: np.ndarray  # [nnz] int64 token ids
+    values: np.ndarray   # [nnz] float32 weights, descending
+    tokens: list[str]    # [nnz] the token strings of `indices`
+    num_tokens: int      # tokens of the input text
+    request_id: str = ""
+
+    def to_dict(self) -> dict[int, float]:
+        """{token_id: weight}."""
+        return {int(i): float(v) for i, v in zip(self.indices, self.values)}
+
+    def to_token_dict(self) -> dict[str, float]:
+        """{token string: weight}."""
+        return {t: float(v) for t, v in zip(self.tokens, self.values)}

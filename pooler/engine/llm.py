@@ -21,7 +21,8 @@ from pooler.engine.tokenizer import TextTokenizer
 from pooler.model_folder import DEFAULT_MODEL
 from pooler.ner import SubwordRules, check_strategy, extract_entities
 from pooler.outputs import (ClassificationOutput, EmbeddingOutput, Entity, PoolingOutput,
-                            TokenClassificationOutput, TokenEmbeddingOutput)
+                            SparseEmbeddingOutput, TokenClassificationOutput,
+                            TokenEmbeddingOutput)
 from pooler.params import PoolingParams
 from pooler.pooling.activation import labels_of
 
@@ -248,6 +249,66 @@ class Engine:
     # ---- score / rerank (issue 4) ---------------------------------------------------------
 
     # ---- sparse embeddings (issue 7) ------------------------------------------------------
+    def embed_sparse(self, inputs: str | Sequence, *, top_k: int | None = None,
+                     threshold: float | None = None, pooling: str | None = None,
+                     skip_special_tokens: bool = False, query: bool = False,
+                     truncate: bool = True, truncate_prompt_tokens: int | None = None,
+                     truncation_direction: str = "right", prompt: str | None = None,
+                     prompt_name: str | None = None, use_tqdm: bool | None = None,
+                     priority: int = 0) -> list[SparseEmbeddingOutput]:
+        """SPLADE sparse embeddings of a *ForMaskedLM model, as {token_id: weight} per input.
+
+        top_k / threshold: keep the k largest weights / weights above the threshold.
+        pooling: "max" (default unless the model declares "sum") or "sum" over tokens.
+        skip_special_tokens: leave [CLS]/[SEP] out of the pooling (included by default, as
+        sentence-transformers and the original SPLADE do).
+        query: encode as a query; an inference-free model (a sentence-transformers Router with a
+        SparseStaticEmbedding query route) then uses its static token weights, no forward pass.
+        """
+        from pooler.pooling.sparse import SparseOptions, prune
+
+        options = SparseOptions(pooling=pooling, top_k=top_k, threshold=threshold).validated()
+        if self.model_config.head != "mlm":
+            raise ValueError(
+                f"embed_sparse needs a masked-LM model (*ForMaskedLM, e.g. a SPLADE model); "
+                f"{self.model_config.architecture} has no vocabulary head.")
+        static = self._static_query_encoder() if query else None
+        if static is not None:
+            texts = normalize_inputs(inputs)
+            if not all(isinstance(t, str) for t in texts):
+                raise ValueError("inference-free queries must be texts, not token ids.")
+            vectors = static.encode(texts)
+            return [self._sparse_output(prune(v, top_k, threshold), n, f"static-{i}",
+                                        static.tokenizer)
+                    for i, (v, n) in enumerate(vectors)]
+        params = PoolingParams(task="embed", skip_special_tokens=skip_special_tokens,
+                               extra={"sparse": options.as_extra()})
+        results = self._encode(inputs, params, TruncationOptions(
+            truncate, truncate_prompt_tokens, truncation_direction), prompt, prompt_name,
+            use_tqdm, priority)
+        return [self._sparse_output(r.data, r.num_tokens, r.request_id, self.tokenizer)
+                for r in results]
+
+    def _static_query_encoder(self):
+        if not hasattr(self, "_static_query"):
+            from pooler.pooling.sparse_static import StaticSparseEncoder
+            from pooler.sparse_layout import read_splade_layout
+
+            path = read_splade_layout(self.model_config.root_path).query_static_path
+            self._static_query = StaticSparseEncoder(path) if path is not None else None
+        return self._static_query
+
+    @staticmethod
+    def _sparse_output(vector, num_tokens: int, request_id: str,
+                       tokenizer: TextTokenizer) -> SparseEmbeddingOutput:
+        dense = _as_numpy(vector)                          # [vocab]
+        indices = np.flatnonzero(dense)
+        order = np.lexsort((indices, -dense[indices]))     # weight descending, then id
+        indices = indices[order].astype(np.int64)
+        return SparseEmbeddingOutput(
+            indices=indices, values=dense[indices],
+            tokens=[tokenizer.id_to_token(int(i)) or "" for i in indices],
+            num_tokens=num_tokens, request_id=request_id)
 
     def reload_weights(self) -> None:
         """Load the model folder's weights again, in place (after a fine-tune wrote them)."""

@@ -36,6 +36,7 @@ def _decoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> di
 NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta")),
     **_decoder_family("llama", "LlamaModel", ("Llama", "Qwen2", "Qwen3")),
+    **_encoder_family("modernbert", "ModernBertModel", ("ModernBert",)),
 }
 
 # Tasks each head kind can serve before the runner's gating by attention type.
@@ -49,7 +50,8 @@ HEAD_TASKS: dict[str, frozenset[str]] = {
 # model_type -> architecture, for configs that carry no `architectures` list.
 _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
                         "xlm-roberta": "XLMRobertaModel", "llama": "LlamaModel",
-                        "qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}
+                        "qwen2": "Qwen2Model", "qwen3": "Qwen3Model",
+                        "modernbert": "ModernBertModel"}
 
 
 def architecture_of(hf_config: dict) -> str:

@@ -62,8 +62,23 @@ def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPool
         poolers["embed"] = EmbeddingPooler(mode, include_prompt, projector)
     if "token_embed" in tasks:
         poolers["token_embed"] = TokenEmbeddingPooler()
-    if "classify" in tasks:
+    family = _family_poolers(model_config, backbone, poolers)
+    poolers.update(family)
+    if "classify" in tasks and "classify" not in family:
         poolers["classify"] = build_sequence_classifier(model_config)
-    if "token_classify" in tasks:
+    if "token_classify" in tasks and "token_classify" not in family:
         poolers["token_classify"] = build_token_classifier(model_config)
     return DispatchPooler(poolers)
+
+
+def _family_poolers(model_config: ModelConfig, backbone: nn.Module,
+                    poolers: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """Poolers that replace the generic ones for some families and heads (issue 7)."""
+    replaced: dict[str, nn.Module] = {}
+    if model_config.hf_config.get("model_type") == "modernbert":
+        from pooler.pooling.modernbert_heads import modernbert_poolers
+        replaced.update(modernbert_poolers(model_config.head, model_config.hf_config))
+    if model_config.head == "mlm" and "embed" in poolers:
+        from pooler.pooling.sparse import SparseOrDenseEmbedPooler
+        replaced["embed"] = SparseOrDenseEmbedPooler(poolers["embed"], model_config, backbone)
+    return replaced

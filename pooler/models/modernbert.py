@@ -1,0 +1,211 @@
+"""ModernBERT encoder on packed batches.
+
+Differences from BERT that matter here: no position embeddings (rotary on q/k instead, with one
+theta for global layers and another for local ones), pre-norm layers (layer 0 has no attention
+norm) closed by a final norm, a GeGLU MLP, optional biases (none by default), and attention that
+alternates between global layers and local layers that see `local_attention // 2` tokens on each
+side. Heads (prediction head, classifiers, MLM decoder) live in pooler/pooling, never here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from pooler.layers.activations import get_activation
+from pooler.layers.attention import packed_attention
+from pooler.models.inputs import ModelInputs
+
+GLOBAL, LOCAL = "full_attention", "sliding_attention"
+
+
+@dataclass
+class ModernBertConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    layer_types: list[str]
+    global_rope_theta: float = 160_000.0
+    local_rope_theta: float = 10_000.0
+    local_attention: int = 128
+    hidden_activation: str = "gelu"
+    norm_eps: float = 1e-5
+    norm_bias: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    pad_token_id: int = 50283
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def half_window(self) -> int:
+        # transformers: a local token attends to keys with |i - j| <= local_attention // 2.
+        return self.local_attention // 2
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModernBertConfig":
+        num_layers = d["num_hidden_layers"]
+        layer_types = d.get("layer_types")
+        if layer_types is None:  # older configs: every n-th layer (from 0) is global
+            every = d.get("global_attn_every_n_layers", 3)
+            layer_types = [LOCAL if i % every else GLOBAL for i in range(num_layers)]
+        if len(layer_types) != num_layers or set(layer_types) - {GLOBAL, LOCAL}:
+            raise ValueError(f"layer_types must list {num_layers} entries of {GLOBAL!r} or "
+                             f"{LOCAL!r}, got {layer_types!r}.")
+        thetas = {GLOBAL: d.get("global_rope_theta", 160_000.0),
+                  LOCAL: d.get("local_rope_theta", 10_000.0)}
+        for kind, rope in (d.get("rope_parameters") or {}).items():
+            if rope is None:
+                continue
+            if rope.get("rope_type", "default") != "default":
+                raise ValueError(f"Only default rotary embeddings are supported for ModernBERT, "
+                                 f"got rope_type {rope['rope_type']!r} for {kind}.")
+            thetas[kind] = rope.get("rope_theta", thetas[kind])
+        if d["hidden_size"] % d["num_attention_heads"]:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads.")
+        return cls(
+            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"], num_hidden_layers=num_layers,
+            num_attention_heads=d["num_attention_heads"], layer_types=list(layer_types),
+            global_rope_theta=float(thetas[GLOBAL]), local_rope_theta=float(thetas[LOCAL]),
+            local_attention=int(d.get("local_attention", 128)),
+            hidden_activation=d.get("hidden_activation", "gelu"),
+            norm_eps=d.get("norm_eps", 1e-5), norm_bias=bool(d.get("norm_bias", False)),
+            attention_bias=bool(d.get("attention_bias", False)),
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            pad_token_id=int(d.get("pad_token_id", 50283) or 0))
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions: [num_tokens] -> cos, sin: [num_tokens, head_dim], computed in fp32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
+                                             device=positions.device).float() / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [num_tokens, head_dim / 2]
+    angles = torch.cat((freqs, freqs), dim=-1)              # [num_tokens, head_dim]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, heads, head_dim]; rotates the two halves of head_dim, in fp32."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos[:, None].float() + rotated * sin[:, None].float()).to(x.dtype)
+
+
+class ModernBertEmbeddings(nn.Module):
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        return self.norm(self.tok_embeddings(input_ids))
+
+
+class ModernBertAttention(nn.Module):
+    def __init__(self, cfg: ModernBertConfig, local: bool):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self.half_window = cfg.half_window if local else None
+        self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)
+        self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                inputs: ModelInputs) -> torch.Tensor:
+        # x: [num_tokens, hidden] -> qkv: [num_tokens, 3, heads, head_dim]
+        qkv = self.Wqkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim)
+        cos, sin = rotary
+        q, k = apply_rotary(qkv[:, 0], cos, sin), apply_rotary(qkv[:, 1], cos, sin)
+        attn = packed_attention(q, k, qkv[:, 2], inputs.seq_lens, inputs.cu_seqlens,
+                                inputs.max_seqlen, half_window=self.half_window,
+                                scale=self.head_dim ** -0.5)
+        return self.Wo(attn.reshape(x.shape[0], -1))
+
+
+class ModernBertMLP(nn.Module):
+    """GeGLU: Wi makes [input | gate]; act(input) * gate goes through Wo."""
+
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.Wi = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.Wo = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = get_activation(cfg.hidden_activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        hidden, gate = self.Wi(x).chunk(2, dim=-1)  # [num_tokens, intermediate] each
+        return self.Wo(self.act(hidden) * gate)
+
+
+class ModernBertLayer(nn.Module):
+    def __init__(self, cfg: ModernBertConfig, index: int):
+        super().__init__()
+        self.layer_type = cfg.layer_types[index]
+        # Layer 0's input is the (already normed) embedding output: no attention norm.
+        self.attn_norm = nn.Identity() if index == 0 else nn.LayerNorm(
+            cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        self.attn = ModernBertAttention(cfg, local=self.layer_type == LOCAL)
+        self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        self.mlp = ModernBertMLP(cfg)
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                inputs: ModelInputs) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rotary, inputs)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class ModernBertModel(nn.Module):
+    # ModernBertFor* keep the encoder under `model.`; a bare ModernBertModel has no prefix.
+    weight_prefixes = ("model.",)
+
+    def __init__(self, hf_config: dict):
+        super().__init__()
+        cfg = self.config = ModernBertConfig.from_dict(hf_config)
+        self.embeddings = ModernBertEmbeddings(cfg)
+        self.layers = nn.ModuleList(ModernBertLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.tok_embeddings
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+        x = self.embeddings(inputs.input_ids)
+        cfg = self.config
+        rotary = {kind: rotary_cos_sin(inputs.positions, cfg.head_dim, theta, x.dtype)
+                  for kind, theta in ((GLOBAL, cfg.global_rope_theta),
+                                      (LOCAL, cfg.local_rope_theta))
+                  if kind in cfg.layer_types}
+        for layer in self.layers:
+            x = layer(x, rotary[layer.layer_type], inputs)
+        return self.final_norm(x)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Checkpoint names (prefix stripped) equal our parameter names; returns those consumed."""
+        params = dict(self.named_parameters())
+        consumed = set()
+        for name, tensor in weights:
+            param = params.get(name)
+            if param is None:
+                continue
+            if param.shape != tensor.shape:
+                raise ValueError(f"Checkpoint tensor {name} has shape {tuple(tensor.shape)}, "
+                                 f"the model expects {tuple(param.shape)}.")
+            with torch.no_grad():
+                param.copy_(tensor)
+            consumed.add(name)
+        missing = set(params) - consumed
+        if missing:
+            raise ValueError(f"Checkpoint is missing weights for: {sorted(missing)[:10]}"
+                             f"{' ...' if len(missing) > 10 else ''}")
+        return consumed
