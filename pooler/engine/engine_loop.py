@@ -27,7 +27,8 @@ class RequestCancelled(Exception):
 
 # Called after each step with (number of requests computed, tokens computed, seconds).
 StepListener = Callable[[int, int, float], None]
-# Called once per finished request with the seconds it waited between submission and its step.
+# Called once per finished request with the seconds from its creation (Request.arrival_time,
+# just before submit) to the start of the step that computed it: inbox + scheduler wait.
 QueueListener = Callable[[float], None]
 
 
@@ -111,7 +112,7 @@ class EngineLoop:
                     future.set_exception(exc)
                 else:
                     self._futures[payload.request_id] = future
-                    self._submitted_at[payload.request_id] = time.perf_counter()
+                    self._submitted_at[payload.request_id] = payload.arrival_time
             else:
                 for req_id in self.core.abort_requests(payload):
                     self._submitted_at.pop(req_id, None)
@@ -127,6 +128,7 @@ class EngineLoop:
                 self._wakeup.clear()
                 continue
             start = time.perf_counter()
+            started_at = time.monotonic()  # the clock of Request.arrival_time
             try:
                 outputs = self.core.step()
             except Exception:  # a bug, not bad input: keep serving, fail what was running
@@ -142,7 +144,7 @@ class EngineLoop:
                 submitted = self._submitted_at.pop(output.request_id, None)
                 if submitted is not None:
                     for listener in self.queue_listeners:
-                        listener(max(0.0, start - submitted))
+                        listener(max(0.0, started_at - submitted))
                 self._resolve(output)
 
     def _resolve(self, output: RequestOutput) -> None:

@@ -108,9 +108,10 @@ def create_app(engine, settings: ServerSettings | None = None, *,
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    # Outermost first: auth before reading a body, then its size, then counting.
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    # The last added runs first: count everything (401s too), check the key before reading a
+    # body, then bound the body's size.
     app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
