@@ -11,6 +11,8 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Callable
 
 from pooler.engine.core import EngineCore
@@ -25,6 +27,22 @@ class RequestCancelled(Exception):
 
 # Called after each step with (number of requests computed, tokens computed, seconds).
 StepListener = Callable[[int, int, float], None]
+# Called once per finished request with the seconds from its creation (Request.arrival_time,
+# just before submit) to the start of the step that computed it: inbox + scheduler wait.
+QueueListener = Callable[[float], None]
+
+
+@dataclass
+class CallContext:
+    """Per-call facts a caller (the HTTP server) hands to Engine methods without new
+    parameters: every Engine method that reaches run_processed honours `cancel`, and
+    _encode adds its tokenization time to `tokenize_seconds`."""
+    cancel: threading.Event | None = None
+    tokenize_seconds: float = 0.0
+
+
+# Set by the caller in the thread that runs the Engine method (contextvars are per thread).
+current_call: ContextVar[CallContext | None] = ContextVar("pooler_current_call", default=None)
 
 
 class EngineLoop:
@@ -32,10 +50,12 @@ class EngineLoop:
         self.core = core
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._futures: dict[str, Future] = {}
+        self._submitted_at: dict[str, float] = {}
         self._wakeup = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.step_listeners: list[StepListener] = []
+        self.queue_listeners: list[QueueListener] = []
 
     @property
     def is_running(self) -> bool:
@@ -92,8 +112,10 @@ class EngineLoop:
                     future.set_exception(exc)
                 else:
                     self._futures[payload.request_id] = future
+                    self._submitted_at[payload.request_id] = payload.arrival_time
             else:
                 for req_id in self.core.abort_requests(payload):
+                    self._submitted_at.pop(req_id, None)
                     future = self._futures.pop(req_id, None)
                     if future is not None:
                         future.cancel()
@@ -106,6 +128,7 @@ class EngineLoop:
                 self._wakeup.clear()
                 continue
             start = time.perf_counter()
+            started_at = time.monotonic()  # the clock of Request.arrival_time
             try:
                 outputs = self.core.step()
             except Exception:  # a bug, not bad input: keep serving, fail what was running
@@ -118,6 +141,10 @@ class EngineLoop:
                 for listener in self.step_listeners:
                     listener(len(outputs), tokens, elapsed)
             for output in outputs:
+                submitted = self._submitted_at.pop(output.request_id, None)
+                if submitted is not None:
+                    for listener in self.queue_listeners:
+                        listener(max(0.0, started_at - submitted))
                 self._resolve(output)
 
     def _resolve(self, output: RequestOutput) -> None:
@@ -129,6 +156,7 @@ class EngineLoop:
         for request in list(self.core.scheduler.running):
             self.core.scheduler.running.remove(request)
             self.core.scheduler._finish(request)
+            self._submitted_at.pop(request.request_id, None)
             future = self._futures.pop(request.request_id, None)
             if future is not None:
                 future.set_exception(RuntimeError(message))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Any, Sequence
@@ -13,7 +14,7 @@ from tqdm.auto import tqdm
 
 from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
 from pooler.engine.core import EngineCore
-from pooler.engine.engine_loop import EngineLoop, RequestCancelled
+from pooler.engine.engine_loop import EngineLoop, RequestCancelled, current_call
 from pooler.engine.input_processor import (InputProcessor, ProcessedInput, TruncationOptions,
                                            normalize_inputs)
 from pooler.engine.request import Request, RequestOutput
@@ -333,8 +334,12 @@ class Engine:
         params = self.verify_params(params)
         items = normalize_inputs(inputs)
         prompt_text = self.processor.resolve_prompt(prompt, prompt_name)
+        started = time.perf_counter()
         processed = self.processor.process(items, pairs=pairs, truncation=truncation,
                                            prompt=prompt_text)
+        call = current_call.get()
+        if call is not None:
+            call.tokenize_seconds += time.perf_counter() - started
         return self.run_processed(processed, [params] * len(processed), priority, use_tqdm)
 
     def run_processed(self, processed: list[ProcessedInput], params: list[PoolingParams],
@@ -346,7 +351,10 @@ class Engine:
         Without a background loop this thread steps the engine itself. With one, requests go
         to the loop and this thread waits; setting `cancel` aborts the requests not yet done
         and raises RequestCancelled. With raise_on_error=False, failed requests come back with
-        `.error` set instead of raising."""
+        `.error` set instead of raising. Without `cancel`, the caller's CallContext (see
+        engine_loop.current_call) supplies one, so every Engine method is cancellable."""
+        if cancel is None and current_call.get() is not None:
+            cancel = current_call.get().cancel
         batch_id = next(self._ids)
         request_ids = [f"{self._id_prefix}-{batch_id}-{i}" for i in range(len(processed))]
         requests = [Request(request_id=req_id, prompt_token_ids=item.prompt_token_ids,

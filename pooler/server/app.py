@@ -1,0 +1,117 @@
+"""The app factory: `create_app(engine, settings)` -> a FastAPI app serving that engine.
+
+The lifespan starts the engine's background loop (one thread owns the model; handlers'
+requests from every client join its batches), probes the embedding size, then marks the
+server ready. On shutdown (uvicorn finishes in-flight requests first on SIGTERM) it drains the
+engine and stops the loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from pooler.server import ner, openai, rerank, tei, vllm
+from pooler.server.auth import APIKeyMiddleware
+from pooler.server.errors import (ERROR_RESPONSES, error_response, install_error_handlers,
+                                  validation_message)
+from pooler.server.limits import PayloadLimitMiddleware
+from pooler.server.metrics import MetricsMiddleware, ServerMetrics
+from pooler.server.protocol import InfoResponse
+from pooler.server.state import ServerSettings, ServerState
+
+logger = logging.getLogger(__name__)
+
+
+def _version() -> str:
+    try:
+        return version("pooler")
+    except PackageNotFoundError:
+        return "0.1.0"
+
+
+def create_app(engine, settings: ServerSettings | None = None, *,
+               owns_engine: bool = True) -> FastAPI:
+    """owns_engine=False leaves the engine's loop running at shutdown (tests that serve one
+    engine from several apps)."""
+    settings = settings or ServerSettings()
+    metrics = ServerMetrics()
+    state = ServerState(engine, settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loop = engine.start_background_loop()
+        if metrics.on_step not in loop.step_listeners:
+            loop.step_listeners.append(metrics.on_step)
+            loop.queue_listeners.append(metrics.on_queued)
+        if "embed" in engine.supported_tasks:
+            probe = await asyncio.get_running_loop().run_in_executor(
+                state.executor, lambda: engine.embed(["probe"], use_tqdm=False))
+            state.embedding_dim = int(probe[0].embedding.shape[-1])
+        state.ready = True
+        logger.info("pooler serving %s (tasks %s)", state.model_name,
+                    sorted(engine.supported_tasks))
+        try:
+            yield
+        finally:
+            state.ready = False
+            loop.step_listeners.remove(metrics.on_step)
+            loop.queue_listeners.remove(metrics.on_queued)
+            if owns_engine:
+                await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+            state.executor.shutdown(wait=True)
+
+    app = FastAPI(title="pooler", version=_version(), lifespan=lifespan,
+                  description="Embeddings, reranking, classification, NER and sparse vectors "
+                              "behind OpenAI-, Cohere/Jina-, vLLM- and TEI-compatible routes.")
+    app.state.pooler = state
+    install_error_handlers(app)
+
+    @app.exception_handler(ValidationError)
+    async def _model_validation(request: Request, exc: ValidationError):
+        message, param = validation_message(list(exc.errors()))
+        return error_response(400, message, param, "invalid_value")
+
+    for module in (openai, vllm, rerank, tei, ner):
+        app.include_router(module.router)
+
+    @app.get("/health", tags=["common"])
+    async def health():
+        """200 once the model is loaded and the engine loop runs; 503 before and while
+        shutting down. Needs no API key."""
+        if not state.ready:
+            return error_response(503, "The model is not loaded yet.", None, "not_ready")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/info", response_model=InfoResponse, tags=["common"], responses=ERROR_RESPONSES)
+    async def info():
+        mc, sc = engine.model_config, engine.config.scheduler_config
+        return {"model_id": state.model_name, "model_path": str(mc.path),
+                "model_dtype": mc.dtype, "architecture": mc.architecture,
+                "tasks": sorted(engine.supported_tasks), "default_task": engine.default_task,
+                "embedding_dimensions": state.embedding_dim,
+                "max_input_length": mc.max_model_len,
+                "max_batch_tokens": sc.max_num_batched_tokens,
+                "max_batch_requests": sc.max_num_seqs,
+                "max_client_batch_size": settings.max_input_items,
+                "max_payload_bytes": settings.max_payload_bytes,
+                "max_queue": settings.max_queue, "version": _version()}
+
+    @app.get("/metrics", tags=["common"])
+    async def prometheus_metrics():
+        metrics.queue_size.set(engine.core.scheduler.num_waiting)
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    # The last added runs first: count everything (401s too), check the key before reading a
+    # body, then bound the body's size.
+    app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
+    if settings.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app

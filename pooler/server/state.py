@@ -1,0 +1,200 @@
+"""What every handler shares: the engine, the limits, the worker threads, and `respond()`,
+which runs a blocking Engine call off the event loop and aborts it if the client leaves.
+
+Engine methods block (they tokenize, then wait on the engine loop's futures), so they run in a
+thread pool; the event loop only parses JSON and writes responses. Response bodies are also
+serialized in the worker thread: a 1,000-vector JSON body must not stall other clients.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import inspect
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import Response
+
+from pooler.engine.engine_loop import CallContext, RequestCancelled, current_call
+from pooler.engine.input_processor import normalize_inputs
+from pooler.server.errors import APIError, bad_request, unsupported
+from pooler.server.limits import Admission
+from pooler.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerSettings:
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_input_items: int = 4096          # inputs in one request (413 above)
+    max_payload_bytes: int = 32 * 2**20  # request body size (413 above)
+    max_queue: int = 16384               # inputs admitted and unanswered (503 above)
+    max_workers: int = 64                # threads running blocking Engine calls
+
+    def __post_init__(self):
+        for name in ("max_input_items", "max_payload_bytes", "max_queue", "max_workers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+
+
+class ServerState:
+    def __init__(self, engine, settings: ServerSettings, metrics: ServerMetrics):
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        self.model_name = settings.served_model_name or str(engine.model_config.model)
+        # Clients may name the model by its served name or by what it was loaded from.
+        self.model_names = {self.model_name, str(engine.model_config.model),
+                            str(engine.model_config.path)}
+        self.admission = Admission(settings.max_input_items, settings.max_queue)
+        self.executor = ThreadPoolExecutor(settings.max_workers,
+                                           thread_name_prefix="pooler-http")
+        self.ready = False
+        self.started_at = time.time()
+        self.embedding_dim: int | None = None
+
+    # ---- checks (event loop; cheap) -----------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.model_names:
+            raise APIError(404, f"The model '{model}' does not exist on this server; it "
+                           f"serves '{self.model_name}'.", param="model",
+                           code="model_not_found")
+
+    def require(self, method: str, task: str | None = None, what: str | None = None) -> None:
+        """400 unless the engine has `method` (other branches add some) and the model
+        supports `task`."""
+        what = what or method
+        if not callable(getattr(self.engine, method, None)):
+            raise unsupported(f"{what} (no Engine.{method} in this build)")
+        if task is not None and task not in self.engine.supported_tasks:
+            raise unsupported(f"{what}: task {task!r} is not among this model's tasks "
+                              f"{sorted(self.engine.supported_tasks)}", param="task")
+
+    def inputs(self, raw: Any, field: str) -> list:
+        try:
+            return normalize_inputs(raw, field)
+        except ValueError as exc:
+            raise bad_request(str(exc), field) from None
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        if dimensions is None:
+            return
+        if dimensions <= 0:
+            raise bad_request(f"dimensions must be a positive integer, got {dimensions}.",
+                              "dimensions")
+        if self.embedding_dim is not None and dimensions > self.embedding_dim:
+            raise bad_request(f"dimensions={dimensions} is larger than the model's embedding "
+                              f"size {self.embedding_dim}.", "dimensions")
+
+    def truncation(self, body, only_set: bool = False) -> dict[str, Any]:
+        """Engine kwargs from a body's truncate / truncate_prompt_tokens /
+        truncation_direction. only_set: just the fields the client sent (for Engine methods
+        from other branches, whose signatures may lack some)."""
+        out: dict[str, Any] = {}
+        fields = [f for f in ("truncate", "truncate_prompt_tokens", "truncation_direction")
+                  if f in type(body).model_fields]
+        for name in fields:
+            if only_set and name not in body.model_fields_set:
+                continue
+            value = getattr(body, name)
+            if name == "truncate":
+                value = bool(value)
+            elif name == "truncation_direction":
+                value = value.lower()
+            elif value == -1:
+                value = None  # vLLM: -1 means the model's maximum
+            elif value is not None and value <= 0:
+                raise bad_request("truncate_prompt_tokens must be a positive integer or -1, "
+                                  f"got {value}.", name)
+            out[name] = value
+        return out
+
+    def call(self, method: str, *args, **kwargs):
+        """Call Engine.method with the kwargs its signature takes. Methods from other branches
+        may lack some options: `use_tqdm` and options left at None are then dropped; an option
+        the client did set is a 400 naming it, never silently ignored."""
+        fn = getattr(self.engine, method)
+        params = inspect.signature(fn).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        final = {}
+        for key, value in kwargs.items():
+            if takes_any or key in params:
+                final[key] = value
+            elif key == "use_tqdm" or value is None:
+                continue
+            else:
+                raise unsupported(f"the option '{key}' on {method}", param=key)
+        return fn(*args, **final)
+
+    # ---- running work -------------------------------------------------------------------
+    async def respond(self, request: Request, num_items: int, field: str,
+                      compute: Callable[[], Any]) -> Response:
+        """Admit `num_items` inputs, run `compute` (blocking: Engine calls + building the
+        body) in a worker thread, and answer with its JSON. A client that disconnects first
+        has its queued engine requests aborted and gets nothing (logged as 499)."""
+        self.admission.admit(num_items, field)
+        self.metrics.inputs_in_flight.set(self.admission.in_flight)
+        call = CallContext(cancel=threading.Event())
+
+        def work() -> bytes:
+            token = current_call.set(call)
+            try:
+                return _to_json(compute())
+            finally:
+                current_call.reset(token)
+
+        loop = asyncio.get_running_loop()
+        try:
+            future = loop.run_in_executor(self.executor, work)
+            watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+            done, _ = await asyncio.wait({future, watcher},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if future not in done:
+                call.cancel.set()  # the engine aborts what has not started computing
+                try:
+                    await future
+                except RequestCancelled:
+                    pass
+                raise RequestCancelled("client disconnected; its queued inputs were aborted")
+            watcher.cancel()
+            body = future.result()
+        finally:
+            self.admission.release(num_items)
+            self.metrics.inputs_in_flight.set(self.admission.in_flight)
+            if call.tokenize_seconds:
+                self.metrics.tokenize_time.observe(call.tokenize_seconds)
+        return Response(body, media_type="application/json")
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # The body is already read, so the next ASGI message can only be the disconnect.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _to_json(obj: Any) -> bytes:
+    try:
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:
+        raise bad_request("The model produced non-finite values (NaN or infinity) for this "
+                          "input; check the input and the model's dtype.",
+                          code="non_finite_output") from None
+
+
+def vector(array: np.ndarray, encoding_format: str):
+    """A float32 vector (or matrix) as a JSON list, or base64 of its little-endian bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.ascontiguousarray(array, dtype="<f4").tobytes()).decode()
+    return array.tolist()
+
+
+def usage(num_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": int(num_tokens), "total_tokens": int(num_tokens)}
