@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from pooler.server.errors import ERROR_RESPONSES, bad_request
+from pooler.server.errors import ERROR_RESPONSES, bad_request, unsupported
 from pooler.server.protocol import (TEIDecodeRequest, TEIEmbedAllRequest, TEIEmbedRequest,
                                     TEIPredictRequest, TEIRerankRequest, TEISparseRequest,
                                     TEISparseValue, TEITokenizeRequest)
@@ -129,6 +129,9 @@ async def predict(body: TEIPredictRequest, request: Request):
 async def embed_sparse(body: TEISparseRequest, request: Request):
     state = get_state(request)
     state.require("embed_sparse", None, "sparse embeddings")
+    if state.engine.model_config.head != "mlm":
+        raise unsupported("sparse embeddings: they need a masked-LM model (*ForMaskedLM, e.g. "
+                          f"SPLADE) and this one is {state.engine.model_config.architecture}")
     items = state.inputs(body.inputs, "inputs")
 
     def compute():
