@@ -29,3 +29,20 @@ class PoolingOutput:
     task: str
     request_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ScoreOutput:
+    """One (query, document) score of `Engine.score`: MaxSim (ColBERT), cosine (bi-encoder)
+    or the classifier's relevance (cross-encoder)."""
+    score: float
+    query_index: int
+    document_index: int
+
+
+@dataclass
+class RerankResult:
+    """One document of `Engine.rerank`, best first. `document` is set when asked for."""
+    index: int
+    score: float
+    document: str | None = None

@@ -32,6 +32,8 @@ def _decoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> di
 
 NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta")),
+    # Stanford ColBERT checkpoints: a BERT encoder plus `linear.weight` (read by the pooler).
+    "HF_ColBERT": ArchSpec("bert", "BertModel", "base", "encoder_only"),
 }
 
 # Tasks each head kind can serve before the runner's gating by attention type.
