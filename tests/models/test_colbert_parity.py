@@ -32,6 +32,16 @@ def folders(tmp_path_factory):
     return {"pylate": pylate_dir, "stanford": stanford_dir, "root": root}
 
 
+@pytest.fixture(scope="module")
+def pylate_engine(folders):
+    return _engine(folders["pylate"])
+
+
+@pytest.fixture(scope="module")
+def pylate_ref(folders):
+    return _pylate(folders["pylate"])
+
+
 def _engine(path, **kwargs):
     from pooler import Engine
 
@@ -82,8 +92,8 @@ def _assert_pylate_parity(engine, ref):
 
 
 # ---- PyLate layout ---------------------------------------------------------------------------
-def test_pylate_layout_detected(folders):
-    engine = _engine(folders["pylate"])
+def test_pylate_layout_detected(pylate_engine):
+    engine = pylate_engine
     config = engine.model_config.colbert
     assert config.layout == "pylate"
     assert (config.query_marker, config.document_marker) == ("[Q] ", "[D] ")
@@ -92,8 +102,8 @@ def test_pylate_layout_detected(folders):
     assert engine.default_task == "token_embed"
 
 
-def test_pylate_parity_default(folders):
-    _assert_pylate_parity(_engine(folders["pylate"]), _pylate(folders["pylate"]))
+def test_pylate_parity_default(pylate_engine, pylate_ref):
+    _assert_pylate_parity(pylate_engine, pylate_ref)
 
 
 def test_pylate_parity_attending_expansion_and_short_lengths(folders):
@@ -110,8 +120,8 @@ def test_pylate_parity_without_expansion_or_skiplist(folders):
     _assert_pylate_parity(engine, _pylate(path))
 
 
-def test_score_pairs_match_maxsim_of_pylate_vectors(folders):
-    engine, ref = _engine(folders["pylate"]), _pylate(folders["pylate"])
+def test_score_pairs_match_maxsim_of_pylate_vectors(pylate_engine, pylate_ref):
+    engine, ref = pylate_engine, pylate_ref
     q = ref.encode(QUERIES, is_query=True)
     d = ref.encode(DOCS[:3], is_query=False)
     outputs = engine.score(QUERIES, DOCS[:3])  # N:N pairwise
@@ -123,8 +133,8 @@ def test_score_pairs_match_maxsim_of_pylate_vectors(folders):
     assert engine.core.model_runner.pooling_runner.late_interaction.num_cached_queries == 0
 
 
-def test_document_alone_equals_document_in_a_mixed_batch(folders):
-    engine = _engine(folders["pylate"])
+def test_document_alone_equals_document_in_a_mixed_batch(pylate_engine):
+    engine = pylate_engine
     batch = engine.encode_documents(DOCS)
     for i, doc in enumerate(DOCS):
         alone = engine.encode_documents([doc])[0]
