@@ -199,3 +199,22 @@ def test_concurrent_scoring_with_random_cancellations_leaves_the_cache_empty(eng
     while (li.num_cached_queries or li.num_pending_docs) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert li.num_cached_queries == 0 and li.num_pending_docs == 0
+
+
+def test_cli_score_and_rerank(tiny_path, capsys):
+    import json
+
+    from pooler.cli.main import main
+
+    assert main(["rerank", "--model", str(tiny_path), "--device", "cpu", "--query", "fox",
+                 "--top-n", "2", *DOCS]) == 0
+    ranked = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(ranked) == 2 and ranked[0]["score"] >= ranked[1]["score"]
+    assert ranked[0]["document"] == DOCS[ranked[0]["index"]]
+    assert main(["score", "--model", str(tiny_path), "--device", "cpu", "-q", "a", "-q", "b",
+                 "x", "y"]) == 0
+    pairs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(p["query_index"], p["document_index"]) for p in pairs] == [(0, 0), (1, 1)]
+    assert main(["score", "--model", str(tiny_path), "--device", "cpu", "-q", "a", "-q", "b",
+                 "-q", "c", "x", "y"]) == 2
+    assert "N queries and N documents" in capsys.readouterr().err
