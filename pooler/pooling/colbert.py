@@ -41,32 +41,59 @@ class ColBERTPooler(nn.Module):
 
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         spans = metadata.token_spans()
-        rows = torch.cat([torch.arange(s, e) for s, e in spans]).to(hidden.device)
+        lengths = [e - s for s, e in spans]
+        if all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1)):
+            rows: slice | torch.Tensor = slice(spans[0][0], spans[-1][1])  # contiguous: a view
+        else:
+            rows = torch.cat([torch.arange(s, e) for s, e in spans]).to(hidden.device)
         vectors = self.projector(hidden[rows])  # [num_req_tokens, dim]
-        ids = metadata.input_ids[rows] if metadata.input_ids is not None else None
-        out, offset = [], 0
-        for (start, end), params, special in zip(spans, metadata.pooling_params,
-                                                 metadata.special_tokens_masks):
-            tokens = vectors[offset:offset + end - start]  # [seq_len, dim]
-            keep = None
-            if params.extra.get(ROLE_KEY) == "document" and ids is not None \
-                    and self.skiplist.numel():
-                keep = ~torch.isin(ids[offset:offset + end - start], self.skiplist)
-            if params.skip_special_tokens and special is not None:
-                not_special = torch.tensor([not s for s in special], device=tokens.device)
-                keep = not_special if keep is None else keep & not_special
-            offset += end - start
-            if keep is not None:
-                tokens = tokens[keep]
-            if params.dimensions is not None:
-                if params.dimensions > tokens.shape[-1]:
-                    raise ValueError(f"dimensions={params.dimensions} is larger than the "
-                                     f"model's token embedding size {tokens.shape[-1]}.")
-                tokens = tokens[:, : params.dimensions]
-            if params.normalize:
-                tokens = F.normalize(tokens.float(), p=2, dim=-1).to(tokens.dtype)
-            out.append(tokens)
+        keep = self._keep_mask(metadata, rows, lengths, vectors.device)  # [num_req_tokens]
+        params = metadata.pooling_params
+        per_request_dims = any(p.dimensions is not None for p in params)
+        if not per_request_dims and all(p.normalize for p in params):
+            vectors = F.normalize(vectors.float(), p=2, dim=-1).to(vectors.dtype)
+        counts = lengths
+        if keep is not None:
+            vectors = vectors[keep]
+            counts = [int(c) for c in torch.stack(
+                [k.sum() for k in keep.split(lengths)]).tolist()]
+        out = list(vectors.split(counts))
+        if per_request_dims or not all(p.normalize for p in params):
+            out = [self._finish(t, p) for t, p in zip(out, params)]
         return out
+
+    def _keep_mask(self, metadata: PoolingMetadata, rows, lengths: list[int],
+                   device) -> torch.Tensor | None:
+        """Tokens to keep: documents lose skiplist tokens; skip_special_tokens drops specials."""
+        params = metadata.pooling_params
+        docs = [p.extra.get(ROLE_KEY) == "document" for p in params]
+        specials = [p.skip_special_tokens and m is not None
+                    for p, m in zip(params, metadata.special_tokens_masks)]
+        if not ((any(docs) and self.skiplist.numel() and metadata.input_ids is not None)
+                or any(specials)):
+            return None
+        keep = torch.ones(sum(lengths), dtype=torch.bool, device=device)
+        if any(docs) and self.skiplist.numel() and metadata.input_ids is not None:
+            is_doc = torch.repeat_interleave(torch.tensor(docs, device=device),
+                                             torch.tensor(lengths, device=device))
+            keep &= ~(is_doc & torch.isin(metadata.input_ids[rows], self.skiplist))
+        offset = 0
+        for n, special, mask in zip(lengths, specials, metadata.special_tokens_masks):
+            if special:
+                keep[offset:offset + n] &= torch.tensor([not s for s in mask], device=device)
+            offset += n
+        return keep
+
+    @staticmethod
+    def _finish(tokens: torch.Tensor, params) -> torch.Tensor:
+        if params.dimensions is not None:
+            if params.dimensions > tokens.shape[-1]:
+                raise ValueError(f"dimensions={params.dimensions} is larger than the "
+                                 f"model's token embedding size {tokens.shape[-1]}.")
+            tokens = tokens[:, : params.dimensions]
+        if params.normalize:
+            tokens = F.normalize(tokens.float(), p=2, dim=-1).to(tokens.dtype)
+        return tokens
 
 
 def build_colbert_poolers(model_config, backbone: nn.Module) -> dict[str, nn.Module]:
