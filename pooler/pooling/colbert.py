@@ -119,10 +119,21 @@ def build_colbert_poolers(model_config, backbone: nn.Module) -> dict[str, nn.Mod
 
 
 def _linear_out_features(model_config) -> int:
-    from pooler.loader import iterate_weights
+    """Output size of the checkpoint's projection, read from the file header when possible."""
+    from safetensors import safe_open
 
-    for name, tensor in iterate_weights(model_config.path):
-        if name in LINEAR_WEIGHT_NAMES:
-            return int(tensor.shape[0])
+    from pooler.loader import checkpoint_files, iterate_weights
+
+    files = checkpoint_files(model_config.path)
+    if all(f.suffix == ".safetensors" for f in files):
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in LINEAR_WEIGHT_NAMES:
+                    if name in f.keys():
+                        return int(f.get_slice(name).get_shape()[0])
+    else:
+        for name, tensor in iterate_weights(model_config.path):
+            if name in LINEAR_WEIGHT_NAMES:
+                return int(tensor.shape[0])
     raise ValueError(f"{model_config.path}: ColBERT checkpoint has no projection weight; "
                      f"expected one of {list(LINEAR_WEIGHT_NAMES)}.")
