@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from pooler.colbert import ColBERTConfig, detect_colbert
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler.models import registry
@@ -39,6 +40,7 @@ class ModelConfig:
     attn_type: str = field(init=False)
     st: SentenceTransformerLayout | None = field(init=False)
     tokenizer_config: dict[str, Any] = field(init=False)
+    colbert: ColBERTConfig | None = field(init=False)  # ColBERT layout, None otherwise
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
@@ -65,6 +67,7 @@ class ModelConfig:
             self.head, self.attn_type = _fallback_head(self.architecture, hf_config)
         self.st = read_sentence_transformer_layout(self.root_path)
         self.tokenizer_config = read_json(self.path / "tokenizer_config.json") or {}
+        self.colbert = detect_colbert(self.path, hf_config, self.st)
         self.max_model_len = self._derive_max_model_len()
 
     # ---- derived facts ------------------------------------------------------------------
@@ -91,6 +94,8 @@ class ModelConfig:
         """An explicit task wins; else token_classify for token classifiers; else by preference."""
         if self.task is not None:
             return self.task
+        if self.colbert is not None:
+            return "token_embed"
         if self.architecture.endswith("ForTokenClassification"):
             return "token_classify"
         for task in TASK_PREFERENCE:

@@ -93,3 +93,20 @@ class SparseEmbeddingOutput:
     def to_token_dict(self) -> dict[str, float]:
         """{token string: weight}."""
         return {t: float(v) for t, v in zip(self.tokens, self.values)}
+
+
+@dataclass
+class ScoreOutput:
+    """One (query, document) score of `Engine.score`: MaxSim (ColBERT), cosine (bi-encoder)
+    or the classifier's relevance (cross-encoder)."""
+    score: float
+    query_index: int
+    document_index: int
+
+
+@dataclass
+class RerankResult:
+    """One document of `Engine.rerank`, best first. `document` is set when asked for."""
+    index: int
+    score: float
+    document: str | None = None

@@ -20,6 +20,9 @@ class LateInteractionParams:
     query_uses: int | None = None  # cache_query only; None means 1
 
     def __post_init__(self):
+        self.verify()
+
+    def verify(self) -> None:
         if self.mode not in LATE_INTERACTION_MODES:
             raise ValueError(f"late_interaction.mode must be one of "
                              f"{list(LATE_INTERACTION_MODES)}, got {self.mode!r}.")
@@ -68,6 +71,16 @@ class PoolingParams:
         if params.normalize is None and params.task in ("embed", "token_embed"):
             st = model_config.st
             params.normalize = st.normalize if st is not None and st.module_types else True
+            if getattr(model_config, "colbert", None) is not None:
+                params.normalize = True  # ColBERT token vectors are always L2-normalized
         if params.use_activation is None:
             params.use_activation = True
+        if params.late_interaction is not None:
+            if not isinstance(params.late_interaction, LateInteractionParams):
+                raise ValueError("late_interaction must be a LateInteractionParams, got "
+                                 f"{type(params.late_interaction).__name__}.")
+            if params.task != "token_embed":
+                raise ValueError("late_interaction needs task='token_embed' (ColBERT token "
+                                 f"vectors), got task={params.task!r}.")
+            params.late_interaction.verify()
         return params

@@ -98,6 +98,12 @@ class EngineLoop:
         self._inbox.put(("abort", list(request_ids), None))
         self._wakeup.set()
 
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the loop thread between steps, after everything submitted before it
+        (e.g. release state once an abort has taken effect)."""
+        self._inbox.put(("call", fn, None))
+        self._wakeup.set()
+
     # ---- the loop thread ----------------------------------------------------------------
     def _drain_inbox(self) -> None:
         while True:
@@ -113,6 +119,11 @@ class EngineLoop:
                 else:
                     self._futures[payload.request_id] = future
                     self._submitted_at[payload.request_id] = payload.arrival_time
+            elif kind == "call":
+                try:
+                    payload()
+                except Exception:  # a callback's bug must not stop the loop
+                    logger.exception("engine loop callback failed")
             else:
                 for req_id in self.core.abort_requests(payload):
                     self._submitted_at.pop(req_id, None)

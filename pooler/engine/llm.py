@@ -2,6 +2,7 @@
 results in input order. Callers never batch or sort: the scheduler does."""
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -22,7 +23,8 @@ from pooler.engine.tokenizer import TextTokenizer
 from pooler.model_folder import DEFAULT_MODEL
 from pooler.ner import SubwordRules, check_strategy, extract_entities
 from pooler.outputs import (ClassificationOutput, EmbeddingOutput, Entity, PoolingOutput,
-                            SparseEmbeddingOutput, TokenClassificationOutput,
+                            RerankResult, ScoreOutput, SparseEmbeddingOutput,
+                            TokenClassificationOutput,
                             TokenEmbeddingOutput)
 from pooler.params import PoolingParams
 from pooler.pooling.activation import labels_of
@@ -248,6 +250,69 @@ class Engine:
         return None
 
     # ---- score / rerank (issue 4) ---------------------------------------------------------
+    def score(self, queries: str | Sequence, documents: str | Sequence, *,
+              truncate: bool = True, truncate_prompt_tokens: int | None = None,
+              use_tqdm: bool | None = None, priority: int = 0,
+              cancel: threading.Event | None = None) -> list[ScoreOutput]:
+        """Score (query, document) pairs: 1 query x N documents, or N x N pairwise.
+
+        ColBERT: MaxSim of token vectors (each query encoded once); cross-encoder: the
+        classifier's relevance; embedding model: cosine similarity. With the background loop
+        running, setting `cancel` aborts the call and releases everything it cached."""
+        from pooler.engine import scoring
+
+        return scoring.score(self, queries, documents, truncate=truncate,
+                             truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
+                             priority=priority, cancel=cancel)
+
+    def rerank(self, query: str | Sequence[int], documents: Sequence, *,
+               top_n: int | None = None, return_documents: bool = False,
+               **kwargs) -> list[RerankResult]:
+        """Documents sorted by score, best first (ties keep input order); `top_n` keeps the
+        best n. Takes score()'s keyword options."""
+        from pooler.engine import scoring
+
+        return scoring.rerank(self, query, documents, top_n=top_n,
+                              return_documents=return_documents, **kwargs)
+
+    def encode_queries(self, inputs: str | Sequence, *, use_tqdm: bool | None = None,
+                       priority: int = 0) -> list[TokenEmbeddingOutput]:
+        """ColBERT query token vectors, as PyLate's encode(is_query=True): marker, [MASK]
+        expansion up to the query length, L2-normalized."""
+        return self._colbert_encode(inputs, "query", use_tqdm, priority)
+
+    def encode_documents(self, inputs: str | Sequence, *, use_tqdm: bool | None = None,
+                         priority: int = 0) -> list[TokenEmbeddingOutput]:
+        """ColBERT document token vectors, as PyLate's encode(is_query=False): marker,
+        truncated to the document length, punctuation dropped, L2-normalized."""
+        return self._colbert_encode(inputs, "document", use_tqdm, priority)
+
+    @functools.cached_property
+    def colbert_inputs(self):
+        from pooler.colbert import ColBERTInputBuilder
+
+        if self.model_config.colbert is None:
+            raise ValueError(f"{self.model_config.model} is not a ColBERT model (no PyLate "
+                             "config, Stanford artifact.metadata or colbert_mode).")
+        return ColBERTInputBuilder(self.model_config.colbert, self.tokenizer,
+                                   self.model_config.max_model_len)
+
+    def _colbert_encode(self, inputs, role: str, use_tqdm, priority):
+        from pooler.colbert import ROLE_KEY, UNATTENDED_KEY
+
+        processed = self.colbert_inputs.build(normalize_inputs(inputs), role)
+        params = [self.verify_params(PoolingParams(task="token_embed", extra={
+            ROLE_KEY: role, UNATTENDED_KEY: int(p.extra.get(UNATTENDED_KEY, 0))}))
+            for p in processed]
+        results = self.run_processed(processed, params, priority, use_tqdm)
+        return [TokenEmbeddingOutput(_as_numpy(r.data), r.num_tokens, r.request_id)
+                for r in results]
+
+    def reset_cache(self) -> None:
+        """Free derived caches (tokenizer clones, device allocator blocks). Unlike
+        reload_weights, this keeps cached ColBERT queries: they are in-flight request state."""
+        self.tokenizer.clear_cache()
+        self.core.model_runner.reset_caches()
 
     # ---- sparse embeddings (issue 7) ------------------------------------------------------
     def embed_sparse(self, inputs: str | Sequence, *, top_k: int | None = None,

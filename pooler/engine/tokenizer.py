@@ -46,6 +46,11 @@ class TextTokenizer:
         self._lock = threading.Lock()
         self.config = tokenizer_config
 
+    def clear_cache(self) -> None:
+        """Drop the per-truncation tokenizer clones (they are rebuilt on demand)."""
+        with self._lock:
+            self._truncating = {}
+
     @property
     def backend(self) -> Tokenizer:
         """The underlying `tokenizers.Tokenizer` (read-only use: model facts, decoder)."""

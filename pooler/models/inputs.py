@@ -14,6 +14,9 @@ class ModelInputs:
     cu_seqlens: torch.Tensor            # [num_seqs + 1] int32, sequence boundaries
     seq_lens: list[int]                 # [num_seqs] on the host, for per-sequence kernels
     max_seqlen: int
+    # [num_seqs] trailing tokens of each sequence that no token attends to (ColBERT query
+    # expansion); None when no sequence has any.
+    num_unattended: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

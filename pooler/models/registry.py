@@ -37,6 +37,8 @@ NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta")),
     **_decoder_family("llama", "LlamaModel", ("Llama", "Qwen2", "Qwen3")),
     **_encoder_family("modernbert", "ModernBertModel", ("ModernBert",)),
+    # Stanford ColBERT checkpoints: a BERT encoder plus `linear.weight` (read by the pooler).
+    "HF_ColBERT": ArchSpec("bert", "BertModel", "base", "encoder_only"),
 }
 
 # Tasks each head kind can serve before the runner's gating by attention type.

@@ -49,6 +49,10 @@ class DispatchPooler(nn.Module):
 
 
 def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPooler:
+    if getattr(model_config, "colbert", None) is not None:
+        from pooler.pooling.colbert import build_colbert_poolers
+
+        return DispatchPooler(build_colbert_poolers(model_config, backbone))
     poolers: dict[str, nn.Module] = {}
     tasks = model_config.model_tasks
     st = model_config.st

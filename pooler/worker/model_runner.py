@@ -39,6 +39,8 @@ class ModelRunner:
         # a preempted request keeps its pooling-side reservations until it is rescheduled.
         finished = scheduler_output.finished_req_ids
         self.pooling_runner.on_requests_finished(finished)
+        if scheduler_output.unscheduled_aborted:
+            self.pooling_runner.on_unscheduled_aborted(scheduler_output.unscheduled_aborted)
         for req_id in finished | scheduler_output.preempted_req_ids:
             self.requests.pop(req_id, None)
 
@@ -84,9 +86,12 @@ class ModelRunner:
         cu_seqlens = torch.tensor([0] + [s + n for s, n in zip(starts, seq_lens)],
                                   dtype=torch.int32, device=self.device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        unattended = [int(r.pooling_params.extra.get("num_unattended_suffix", 0))
+                      for r in reqs]
         inputs = ModelInputs(input_ids=input_ids, positions=positions.to(self.device),
                              token_type_ids=token_types, cu_seqlens=cu_seqlens,
-                             seq_lens=seq_lens, max_seqlen=max(seq_lens))
+                             seq_lens=seq_lens, max_seqlen=max(seq_lens),
+                             num_unattended=unattended if any(unattended) else None)
         metadata = PoolingMetadata(
             req_ids=[r.req_id for r in reqs], seq_lens=seq_lens, seq_starts=starts,
             num_prompt_tokens=[r.num_prompt_tokens for r in reqs],
@@ -96,8 +101,16 @@ class ModelRunner:
 
     # ---- weights ------------------------------------------------------------------------
     def reload_weights(self) -> None:
-        """Swap the folder's current weights into the model in place."""
+        """Swap the folder's current weights into the model in place. Cached ColBERT queries
+        were computed with the old weights: drop them."""
         load_weights_into(self.model, self.model_config)
+        self.pooling_runner.late_interaction.clear()
+
+    def reset_caches(self) -> None:
+        """Free derived caches (the device allocator's blocks). Cached ColBERT queries are
+        request state, not a cache of the weights: they stay."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _to_host(tensor: torch.Tensor) -> torch.Tensor:

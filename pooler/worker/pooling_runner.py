@@ -11,6 +11,7 @@ from pooler.config import ModelConfig
 from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.tasks import POOLING_TASKS, TOKEN_TASKS
+from pooler.worker.late_interaction import LateInteractionRunner
 
 
 class PoolingRunner:
@@ -33,6 +34,8 @@ class PoolingRunner:
                 "This model supports none of the enabled tasks", enabled, selected, model_tasks))
         self.selected_task = selected
         self.request_params: dict[str, PoolingParams] = {}
+        # ColBERT scoring (query cache + MaxSim) is composed in, not written into pool().
+        self.late_interaction = LateInteractionRunner()
 
     @classmethod
     def _get_enabled_tasks(cls, model_config: ModelConfig) -> frozenset[str]:
@@ -59,11 +62,18 @@ class PoolingRunner:
         if task not in self.supported_tasks:
             raise ValueError(f"Unsupported task: {task!r}. "
                              f"Supported tasks: {sorted(self.supported_tasks)}")
+        self.late_interaction.register_request(req_id, pooling_params)
         self.request_params[req_id] = pooling_params
 
     def on_requests_finished(self, req_ids) -> None:
+        self.late_interaction.on_requests_finished(req_ids)
         for req_id in req_ids:
             self.request_params.pop(req_id, None)
+
+    def on_unscheduled_aborted(self, aborted: dict[str, PoolingParams]) -> None:
+        """Requests aborted before they ever reached the runner: release what their params
+        reserved (a ColBERT doc's use of its cached query)."""
+        self.late_interaction.release_unscheduled(aborted)
 
     # ---- pooling ------------------------------------------------------------------------
     def pool(self, hidden_states: torch.Tensor, metadata: PoolingMetadata,
@@ -71,4 +81,5 @@ class PoolingRunner:
         """hidden_states: [num_tokens, hidden]. Returns one output per request and the
         per-request errors (req_id -> message)."""
         outputs = self.pooler(hidden_states, metadata)
-        return outputs, {}
+        return self.late_interaction.postprocess_pooler_output(
+            outputs, metadata.pooling_params, metadata.req_ids, finished_mask)

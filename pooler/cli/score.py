@@ -1,0 +1,67 @@
+"""`pooler score` and `pooler rerank`: relevance of documents to queries, as JSONL.
+
+Works with ColBERT (MaxSim), cross-encoder (classifier relevance) and embedding (cosine)
+models alike; the model decides.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from pooler.cli.common import add_engine_args, add_input_args, engine_from_args, read_texts
+
+
+def add_parser(sub) -> None:
+    score = sub.add_parser(
+        "score", help="score documents against queries",
+        description="Score (query, document) pairs: one --query against every document, or "
+        "as many --query as documents (scored pairwise). One JSON line per pair: "
+        "{query_index, document_index, score}.")
+    _common(score)
+    score.add_argument("--query", "-q", action="append", required=True,
+                       help="a query; repeat it to score N queries against N documents")
+    score.set_defaults(func=run_score)
+
+    rerank = sub.add_parser(
+        "rerank", help="rank documents by relevance to one query",
+        description="Rank documents for one query, best first. One JSON line per document: "
+        "{index, score, document}.")
+    _common(rerank)
+    rerank.add_argument("--query", "-q", required=True, help="the query")
+    rerank.add_argument("--top-n", type=int, default=None, help="keep the best N documents")
+    rerank.set_defaults(func=run_rerank)
+
+
+def _common(parser) -> None:
+    add_engine_args(parser)
+    add_input_args(parser)  # documents: arguments, --input FILE, or stdin
+    parser.add_argument("--output", "-o", default="-", help="'-' for stdout, or a .jsonl path")
+
+
+def run_score(args) -> int:
+    documents = read_texts(args)
+    engine = engine_from_args(args)
+    queries = args.query[0] if len(args.query) == 1 else args.query
+    outputs = engine.score(queries, documents)
+    _write(args.output, ({"query_index": o.query_index, "document_index": o.document_index,
+                          "score": round(o.score, 6)} for o in outputs))
+    return 0
+
+
+def run_rerank(args) -> int:
+    documents = read_texts(args)
+    engine = engine_from_args(args)
+    results = engine.rerank(args.query, documents, top_n=args.top_n, return_documents=True)
+    _write(args.output, ({"index": r.index, "score": round(r.score, 6), "document": r.document}
+                         for r in results))
+    return 0
+
+
+def _write(destination: str, records) -> None:
+    out = sys.stdout if destination == "-" else open(destination, "w", encoding="utf-8")
+    try:
+        for record in records:
+            out.write(json.dumps(record) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()

@@ -1,0 +1,71 @@
+"""ColBERT layout detection from model folders (no weights needed)."""
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+
+from pooler.colbert import detect_colbert
+from pooler.model_folder import read_sentence_transformer_layout
+
+
+def _pylate_folder(path, st_config=None, dense=None):
+    (path / "1_Dense").mkdir(parents=True)
+    (path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
+    (path / "1_Dense" / "config.json").write_text(json.dumps(
+        {"in_features": 8, "out_features": 4, "bias": False,
+         "activation_function": "torch.nn.modules.linear.Identity", **(dense or {})}))
+    (path / "config_sentence_transformers.json").write_text(json.dumps(
+        {"similarity_fn_name": "MaxSim", **(st_config or {})}))
+    return path
+
+
+def _detect(path, hf_config=None):
+    return detect_colbert(path, hf_config or {"architectures": ["BertModel"]},
+                          read_sentence_transformer_layout(path))
+
+
+def test_pylate_defaults_when_settings_are_absent(tmp_path):
+    config = _detect(_pylate_folder(tmp_path))
+    assert config.layout == "pylate"
+    assert (config.query_marker, config.document_marker) == ("[Q] ", "[D] ")
+    assert (config.query_length, config.document_length) == (32, 180)
+    assert config.skiplist_words == list(string.punctuation)
+    assert config.needs_key_mask
+
+
+def test_pylate_without_expansion_never_masks(tmp_path):
+    config = _detect(_pylate_folder(tmp_path, {"do_query_expansion": False,
+                                               "attend_to_expansion_tokens": False}))
+    assert not config.do_query_expansion and not config.needs_key_mask
+
+
+def test_pylate_residual_dense_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="use_residual"):
+        _detect(_pylate_folder(tmp_path, dense={"use_residual": True}))
+
+
+def test_bad_lengths_and_modes_are_errors(tmp_path):
+    with pytest.raises(ValueError, match="query_length must be an integer"):
+        _detect(_pylate_folder(tmp_path / "a", {"query_length": "32"}))
+    with pytest.raises(ValueError, match="colbert_mode must be 'plain'"):
+        _detect(tmp_path, {"colbert_mode": "fancy"})
+
+
+def test_stanford_metadata_and_plain_modes(tmp_path):
+    (tmp_path / "artifact.metadata").write_text(json.dumps(
+        {"query_maxlen": 24, "doc_maxlen": 300, "mask_punctuation": False,
+         "attend_to_mask_tokens": True}))
+    config = _detect(tmp_path, {"architectures": ["HF_ColBERT"]})
+    assert config.layout == "stanford" and config.query_length == 24
+    assert config.skiplist_words == [] and not config.needs_key_mask
+    assert _detect(tmp_path, {"architectures": ["HF_ColBERT"],
+                              "colbert_mode": "plain"}).layout == "plain"
+    plain_bert = tmp_path / "bert"
+    plain_bert.mkdir()
+    assert _detect(plain_bert, {"architectures": ["BertModel"]}) is None
+    assert _detect(plain_bert, {"architectures": ["BertModel"], "colbert_dim": 4}).layout == \
+        "plain"
