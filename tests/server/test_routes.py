@@ -96,9 +96,6 @@ def test_metrics_count_requests_by_route_and_status(client):
 
 @pytest.mark.parametrize("path,body", [
     ("/classify", {"input": "x"}),
-    ("/score", {"queries": "x", "documents": ["y"]}),
-    ("/v1/rerank", {"query": "x", "documents": ["y"]}),
-    ("/rerank", {"query": "x", "texts": ["y"]}),
     ("/predict", {"inputs": "x"}),
     ("/ner", {"input": "x"}),
     ("/embed_sparse", {"inputs": "x"}),

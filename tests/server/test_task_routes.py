@@ -1,5 +1,5 @@
-"""Routes served by Engine methods other branches add (classify, score/rerank, NER, sparse).
-Each test skips until its method is merged into Engine, then runs against a real server."""
+"""Task routes against a real server: classify, score/rerank (cross-encoder and bi-encoder),
+NER and sparse embeddings, compared with the offline Engine on the same model."""
 from __future__ import annotations
 
 import httpx
@@ -8,15 +8,8 @@ import pytest
 
 from pooler import Engine
 
-needs = {name: pytest.mark.skipif(not hasattr(Engine, name),
-                                  reason=f"Engine.{name} is not merged into this branch yet")
-         for name in ("classify", "score", "rerank", "ner", "embed_sparse")}
-
-
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    if not hasattr(Engine, "classify"):
-        pytest.skip("Engine.classify is not merged into this branch yet")
     folder = tiny_model(tmp_path_factory.mktemp("cls"), minilm_path,
                         "BertForSequenceClassification", 3,
                         {0: "negative", 1: "neutral", 2: "positive"})
@@ -27,8 +20,6 @@ def classifier(tmp_path_factory, minilm_path, tiny_model, serve_app):
 
 @pytest.fixture(scope="module")
 def cross_encoder(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    if not hasattr(Engine, "rerank"):
-        pytest.skip("Engine.rerank is not merged into this branch yet")
     folder = tiny_model(tmp_path_factory.mktemp("ce"), minilm_path,
                         "BertForSequenceClassification", 1)
     engine = Engine(str(folder))
@@ -40,7 +31,6 @@ DOCS = ["Paris is the capital of France.", "Cats sleep a lot.", "The Eiffel towe
         "Tokyo is a large city."]
 
 
-@needs["classify"]
 def test_classify_and_predict(classifier):
     url, engine = classifier
     texts = ["great movie", "terrible plot", "it was fine"]
@@ -59,7 +49,6 @@ def test_classify_and_predict(classifier):
         np.testing.assert_allclose(pooled["data"][0]["data"], expected[0].probs, atol=1e-6)
 
 
-@needs["score"]
 def test_score_routes(cross_encoder):
     url, engine, _ = cross_encoder
     expected = [o.score for o in engine.score("where is the eiffel tower?", DOCS)]
@@ -74,7 +63,6 @@ def test_score_routes(cross_encoder):
         assert r.status_code == 400 and r.json()["error"]["param"] == "documents"
 
 
-@needs["rerank"]
 def test_rerank_shapes(cross_encoder):
     url, engine, _ = cross_encoder
     query = "where is the eiffel tower?"
@@ -98,7 +86,6 @@ def test_rerank_shapes(cross_encoder):
             assert r.status_code == 400, r.text
 
 
-@needs["rerank"]
 def test_rerank_with_cohere_client(cross_encoder):
     cohere = pytest.importorskip("cohere")
     url, engine, name = cross_encoder
@@ -114,7 +101,6 @@ def test_rerank_with_cohere_client(cross_encoder):
     assert response.results[0].document.text == DOCS[expected[0].index]
 
 
-@needs["ner"]
 def test_ner_route(shared_model_path, serve_app):
     engine = Engine(str(shared_model_path("ner-pii-minilm")))
     text = "My name is John Smith and my email is john.smith@example.com."
@@ -130,7 +116,6 @@ def test_ner_route(shared_model_path, serve_app):
         assert got["score"] == pytest.approx(float(e.score), abs=1e-6)
 
 
-@needs["embed_sparse"]
 def test_embed_sparse_route(shared_model_path, serve_app):
     engine = Engine(str(shared_model_path("splade-tiny")))
     texts = ["sparse retrieval with splade", "cats and dogs"]
@@ -141,3 +126,16 @@ def test_embed_sparse_route(shared_model_path, serve_app):
     for got, e in zip(r.json(), expected):
         assert [x["index"] for x in got] == [int(i) for i in e.indices]
         np.testing.assert_allclose([x["value"] for x in got], e.values, atol=1e-6)
+
+
+def test_bi_encoder_score_and_rerank(url, engine):
+    """An embedding model scores by cosine similarity, as sentence-transformers does."""
+    query = "where is the eiffel tower?"
+    expected = [o.score for o in engine.score(query, DOCS)]
+    with httpx.Client(base_url=url, timeout=60) as c:
+        r = c.post("/score", json={"queries": query, "documents": DOCS})
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose([d["score"] for d in r.json()["data"]], expected, atol=1e-5)
+        r = c.post("/v1/rerank", json={"query": query, "documents": DOCS, "top_n": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["results"][0]["index"] == int(np.argmax(expected)) == 2
