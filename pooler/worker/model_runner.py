@@ -97,6 +97,11 @@ class ModelRunner:
     # ---- weights ------------------------------------------------------------------------
     def reload_weights(self) -> None:
         """Swap the folder's current weights into the model in place."""
+        if self.model_config.quantization is not None:
+            # Quantized layers cannot take fp32 checkpoint tensors: quantize a fresh copy and
+            # copy its state over, keeping every module object (and reference to it) in place.
+            self.model.load_state_dict(build_model(self.model_config).state_dict())
+            return
         load_weights_into(self.model, self.model_config)
 
 
