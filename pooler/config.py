@@ -151,15 +151,17 @@ def _fallback_head(architecture: str, hf_config: dict) -> tuple[str, str]:
 
 @dataclass
 class SchedulerConfig:
-    max_num_batched_tokens: int = 8192
+    # 2048 measured fastest on CPU for MiniLM (vs 1k/4k/8k/16k: activations stay in cache);
+    # see docs/benchmarks.md.
+    max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
 
     @classmethod
     def for_model(cls, model_config: ModelConfig, max_num_batched_tokens: int | None = None,
                   max_num_seqs: int = 256) -> "SchedulerConfig":
-        """Default token budget: 8192, raised to the model's max length if that is longer."""
+        """Default token budget: 2048, raised to the model's max length if that is longer."""
         if max_num_batched_tokens is None:
-            max_num_batched_tokens = max(8192, model_config.max_model_len)
+            max_num_batched_tokens = max(cls.max_num_batched_tokens, model_config.max_model_len)
         return cls(max_num_batched_tokens, max_num_seqs)
 
     def __post_init__(self):

@@ -100,4 +100,7 @@ def build_model(model_config: ModelConfig) -> PoolingModel:
     model = model.to(device=model_config.torch_device, dtype=model_config.torch_dtype)
     model.eval()
     model.requires_grad_(False)
+    if model_config.quantization is not None:
+        from pooler.layers.quantization import apply_quantization
+        apply_quantization(model, model_config)
     return model

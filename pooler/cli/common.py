@@ -24,6 +24,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256,
                         help="most sequences in one forward pass")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--quantization", default=None, choices=["int8"],
+                        help="int8: dynamic int8 linear layers on CPU (opt-in; "
+                             "see docs/benchmarks.md for speed and accuracy)")
 
 
 def engine_from_args(args: argparse.Namespace):
@@ -31,7 +34,8 @@ def engine_from_args(args: argparse.Namespace):
 
     return Engine(args.model, task=args.task, runner=args.runner, dtype=args.dtype,
                   device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
-                  max_num_seqs=args.max_num_seqs, num_threads=args.threads)
+                  max_num_seqs=args.max_num_seqs, num_threads=args.threads,
+                  quantization=getattr(args, "quantization", None))
 
 
 def add_input_args(parser: argparse.ArgumentParser) -> None:

@@ -424,11 +424,16 @@ class Engine:
             cancel = current_call.get().cancel
         batch_id = next(self._ids)
         request_ids = [f"{self._id_prefix}-{batch_id}-{i}" for i in range(len(processed))]
-        requests = [Request(request_id=req_id, prompt_token_ids=item.prompt_token_ids,
-                            pooling_params=p, token_type_ids=item.token_type_ids,
-                            special_tokens_mask=item.special_tokens_mask,
-                            num_prompt_tokens=item.num_prompt_tokens, priority=priority)
-                    for req_id, item, p in zip(request_ids, processed, params)]
+        # Submit shortest first: with FCFS scheduling, each step then packs sequences of
+        # similar length, so attention groups equal lengths into one kernel call (measured in
+        # docs/benchmarks.md). Results are still returned in input order.
+        order = sorted(range(len(processed)), key=lambda i: len(processed[i].prompt_token_ids))
+        requests = [Request(request_id=request_ids[i],
+                            prompt_token_ids=processed[i].prompt_token_ids,
+                            pooling_params=params[i], token_type_ids=processed[i].token_type_ids,
+                            special_tokens_mask=processed[i].special_tokens_mask,
+                            num_prompt_tokens=processed[i].num_prompt_tokens, priority=priority)
+                    for i in order]
         show = use_tqdm if use_tqdm is not None else len(processed) >= _TQDM_MIN_INPUTS
         with tqdm(total=len(processed), disable=not show, desc="pooling", unit="input") as bar:
             if self._loop is not None and self._loop.is_running:

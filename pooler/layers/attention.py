@@ -62,7 +62,8 @@ def packed_attention(
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
                                            is_causal=causal and mask is None, scale=scale,
                                            enable_gqa=enable_gqa)
-        out[start:end] = o.transpose(1, 2).reshape(count * length, num_heads, -1)
+        # One strided copy straight into place (reshape-then-assign would copy twice).
+        out[start:end].view(count, length, num_heads, -1).copy_(o.transpose(1, 2))
         start = end
         i = j
     return out

@@ -16,6 +16,7 @@ from torch import nn
 
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
+from pooler.layers.linear import linear_act, onednn_postop
 from pooler.models.inputs import ModelInputs
 
 
@@ -64,14 +65,16 @@ class BertLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.act = get_activation(cfg.hidden_act)
+        self.act_postop = onednn_postop(cfg.hidden_act)  # GELU fused into the up GEMM on CPU
 
     def forward(self, x: torch.Tensor, inputs: ModelInputs) -> torch.Tensor:
         # x: [num_tokens, hidden]
-        qkv = self.qkv_proj(x).view(x.shape[0], 3, self.num_heads, self.head_dim)
+        qkv = linear_act(self.qkv_proj, x).view(x.shape[0], 3, self.num_heads, self.head_dim)
         attn = packed_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], inputs.seq_lens,
                                 inputs.cu_seqlens, inputs.max_seqlen)
-        x = self.attn_norm(x + self.o_proj(attn.reshape(x.shape[0], -1)))
-        return self.mlp_norm(x + self.down_proj(self.act(self.up_proj(x))))
+        x = self.attn_norm(x + linear_act(self.o_proj, attn.reshape(x.shape[0], -1)))
+        h = linear_act(self.up_proj, x, self.act, self.act_postop)  # [num_tokens, inter]
+        return self.mlp_norm(x + linear_act(self.down_proj, h))
 
 
 # HF parameter name (after the model prefix) -> (our name, slot in a fused q/k/v weight).

@@ -103,8 +103,13 @@ class ModelRunner:
     def reload_weights(self) -> None:
         """Swap the folder's current weights into the model in place. Cached ColBERT queries
         were computed with the old weights: drop them."""
-        load_weights_into(self.model, self.model_config)
         self.pooling_runner.late_interaction.clear()
+        if self.model_config.quantization is not None:
+            # Quantized layers cannot take fp32 checkpoint tensors: quantize a fresh copy and
+            # copy its state over, keeping every module object (and reference to it) in place.
+            self.model.load_state_dict(build_model(self.model_config).state_dict())
+            return
+        load_weights_into(self.model, self.model_config)
 
     def reset_caches(self) -> None:
         """Free derived caches (the device allocator's blocks). Cached ColBERT queries are

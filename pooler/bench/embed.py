@@ -1,0 +1,189 @@
+"""Embedding workloads: a mixed corpus for throughput, short queries one at a time for latency.
+
+Peer: sentence-transformers `encode` (at batch 32, and at the batch size that runs fastest here).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pooler.bench import corpus
+from pooler.bench.machine import encoder_flops_per_token, rss_mb
+from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
+
+# Batch sizes the "best batch" peer side tries on a sample before its timed run.
+_ST_BATCH_SIZES = (8, 16, 32, 64, 128)
+_SWEEP_SAMPLE = 300
+
+
+def corpus_texts(opts: BenchOptions) -> list[str]:
+    return corpus.mixed_corpus(48 if opts.quick else int(opts.extra.get("corpus_size", 2000)))
+
+
+def query_texts(opts: BenchOptions) -> list[str]:
+    return corpus.queries(12 if opts.quick else 200, seed=7)
+
+
+def _token_lens(opts: BenchOptions, texts: list[str]) -> list[int]:
+    """Real token count of each text as every side sees it (truncated at the model's max)."""
+    from pooler.config import ModelConfig
+    from pooler.engine.tokenizer import TextTokenizer
+
+    cfg = ModelConfig(model=opts.model, device="cpu")
+    lower = bool(cfg.st and cfg.st.do_lower_case)
+    tok = TextTokenizer(cfg.path, cfg.tokenizer_config, lowercase=lower)
+    return [len(e.input_ids) for e in tok.encode_batch(texts, max_length=cfg.max_model_len)]
+
+
+def _flops_per_token(opts: BenchOptions) -> float:
+    from pooler.model_folder import read_json, resolve_model_path
+
+    hf_config = read_json(resolve_model_path(opts.model) / "config.json")
+    return encoder_flops_per_token(hf_config, _token_lens(opts, corpus_texts(opts)))
+
+
+def _save(opts: BenchOptions, name: str, array: np.ndarray) -> str | None:
+    if not opts.out_dir:
+        return None
+    path = Path(opts.out_dir) / f"{name}.npy"
+    np.save(path, np.asarray(array, dtype=np.float32))
+    return str(path)
+
+
+# ---- pooler -------------------------------------------------------------------------------
+def _engine(opts: BenchOptions, quantization: str | None):
+    from pooler import Engine
+
+    return Engine(opts.model, device=opts.device, dtype=opts.dtype, quantization=quantization,
+                  max_num_batched_tokens=opts.max_num_batched_tokens,
+                  max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+
+
+def _pooler_throughput(quantization: str | None, side: str):
+    def run(opts: BenchOptions) -> SideResult:
+        texts = corpus_texts(opts)
+        tokens = sum(_token_lens(opts, texts))
+        engine = _engine(opts, quantization)
+        engine.embed(texts[:32], use_tqdm=False)  # warm up kernels and allocator
+        loaded = rss_mb()
+        start = time.perf_counter()
+        outputs = engine.embed(texts, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        emb = np.stack([o.embedding for o in outputs])
+        return SideResult(side, "pooler", len(texts), tokens, seconds, loaded_rss_mb=loaded,
+                          outputs_file=_save(opts, f"embed-{side}", emb))
+    return run
+
+
+def _pooler_latency(quantization: str | None, side: str):
+    def run(opts: BenchOptions) -> SideResult:
+        texts = query_texts(opts)
+        engine = _engine(opts, quantization)
+        for text in texts[:10]:
+            engine.embed(text)
+        loaded = rss_mb()
+        latencies, outputs = [], []
+        start = time.perf_counter()
+        for text in texts:
+            t0 = time.perf_counter()
+            outputs.append(engine.embed(text)[0].embedding)
+            latencies.append((time.perf_counter() - t0) * 1e3)
+        seconds = time.perf_counter() - start
+        return SideResult(side, "pooler", len(texts), sum(_token_lens(opts, texts)), seconds,
+                          latencies, loaded_rss_mb=loaded,
+                          outputs_file=_save(opts, f"single_query-{side}", np.stack(outputs)))
+    return run
+
+
+# ---- sentence-transformers ----------------------------------------------------------------
+def _sentence_transformer(opts: BenchOptions):
+    from sentence_transformers import SentenceTransformer
+
+    from pooler.model_folder import resolve_model_path
+
+    device = "cuda" if opts.device == "cuda" else "cpu"
+    return SentenceTransformer(str(resolve_model_path(opts.model)), device=device)
+
+
+def _st_encode_rate(model, texts: list[str], batch_size: int) -> float:
+    start = time.perf_counter()
+    model.encode(texts, batch_size=batch_size)
+    return len(texts) / (time.perf_counter() - start)
+
+
+def _st_throughput(batch_size: int | None, side: str):
+    """batch_size None: sweep _ST_BATCH_SIZES on a sample, then time the fastest."""
+    def run(opts: BenchOptions) -> SideResult:
+        texts = corpus_texts(opts)
+        tokens = sum(_token_lens(opts, texts))
+        model = _sentence_transformer(opts)
+        model.encode(texts[:32], batch_size=32)  # warm up
+        note = ""
+        chosen = batch_size
+        if chosen is None:
+            candidates = (32,) if opts.quick else _ST_BATCH_SIZES
+            sample = texts[:_SWEEP_SAMPLE]
+            rates = {b: _st_encode_rate(model, sample, b) for b in candidates}
+            chosen = max(rates, key=rates.get)
+            note = "sweep texts/s " + ", ".join(f"b{b}={r:.0f}" for b, r in rates.items())
+        loaded = rss_mb()
+        start = time.perf_counter()
+        emb = model.encode(texts, batch_size=chosen, convert_to_numpy=True)
+        seconds = time.perf_counter() - start
+        note = f"batch {chosen}" + (f"; {note}" if note else "")
+        return SideResult(side, "peer", len(texts), tokens, seconds, loaded_rss_mb=loaded,
+                          note=note, outputs_file=_save(opts, f"embed-{side}", emb))
+    return run
+
+
+def _st_latency(opts: BenchOptions) -> SideResult:
+    texts = query_texts(opts)
+    model = _sentence_transformer(opts)
+    for text in texts[:10]:
+        model.encode(text)
+    loaded = rss_mb()
+    latencies, outputs = [], []
+    start = time.perf_counter()
+    for text in texts:
+        t0 = time.perf_counter()
+        outputs.append(model.encode(text))
+        latencies.append((time.perf_counter() - t0) * 1e3)
+    seconds = time.perf_counter() - start
+    return SideResult("sentence-transformers", "peer", len(texts),
+                      sum(_token_lens(opts, texts)), seconds, latencies, loaded_rss_mb=loaded,
+                      outputs_file=_save(opts, "single_query-st", np.stack(outputs)))
+
+
+# ---- registration -------------------------------------------------------------------------
+def _pooler_sides(opts: BenchOptions, make) -> list[Side]:
+    sides = [Side("pooler", "pooler", make(None, "pooler"))]
+    if opts.quantization == "int8":
+        sides.append(Side("pooler int8", "pooler", make("int8", "pooler-int8")))
+    return sides
+
+
+def _embed_sides(opts: BenchOptions) -> list[Side]:
+    return _pooler_sides(opts, _pooler_throughput) + [
+        Side("st b32", "peer", _st_throughput(32, "st b32")),
+        Side("st best", "peer", _st_throughput(None, "st best")),
+    ]
+
+
+def _latency_sides(opts: BenchOptions) -> list[Side]:
+    return _pooler_sides(opts, _pooler_latency) + [
+        Side("sentence-transformers", "peer", _st_latency)]
+
+
+register(Workload(
+    name="embed",
+    description="embed a mixed corpus (half 5-15-word queries, half 50-250-word passages) "
+                "vs sentence-transformers encode",
+    metric="throughput", sides=_embed_sides, baseline="st b32",
+    flops_per_token=_flops_per_token))
+
+register(Workload(
+    name="single_query",
+    description="embed short queries one call at a time vs sentence-transformers encode",
+    metric="latency", sides=_latency_sides, baseline="sentence-transformers"))

@@ -1,0 +1,97 @@
+"""Facts about the machine and the model that bound what any engine can reach."""
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import time
+from importlib import metadata
+
+
+def measure_gemm_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """fp32 GFLOP/s of a square GEMM at `threads` threads: the practical FMA peak."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        for _ in range(2):
+            a @ b
+        best = float("inf")
+        for _ in range(repeats):  # best of N: the machine is shared, take the least disturbed
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+        return 2 * size ** 3 / best / 1e9
+    finally:
+        torch.set_num_threads(previous)
+
+
+def encoder_flops_per_token(hf_config: dict, seq_lens: list[int]) -> float:
+    """Forward FLOPs per real token of a BERT-style encoder on these sequence lengths:
+    the four GEMMs of each layer (QKV, output, FFN up and down) plus attention scores and
+    weighted sum, whose cost per token grows with the length of its own sequence."""
+    h = int(hf_config["hidden_size"])
+    inter = int(hf_config["intermediate_size"])
+    layers = int(hf_config["num_hidden_layers"])
+    gemm = 2 * (h * 3 * h + h * h + 2 * h * inter)
+    # Token-weighted mean length: attention costs 4*h*L per token of a length-L sequence.
+    total = sum(seq_lens)
+    mean_len = sum(n * n for n in seq_lens) / total if total else 0.0
+    return layers * (gemm + 4 * h * mean_len)
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile"]
+                    return " ".join(f for f in wanted if f in flags)
+    except OSError:
+        pass
+    return ""
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info() -> dict:
+    return {
+        "cpu": _cpu_name(), "cpu_flags": _cpu_flags(), "cores": os.cpu_count(),
+        "python": platform.python_version(), "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "sentence-transformers": _version("sentence-transformers"),
+        "tokenizers": _version("tokenizers"),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }

@@ -1,0 +1,88 @@
+"""The workload registry: a workload is a name plus a function that lists its sides.
+
+A *side* is one library doing the workload's job (pooler, or the peer a user would otherwise
+run). Each side runs in its own subprocess (pooler/bench/side.py), so its peak RSS is its own and
+no library's warm state helps another. Adding a workload = one module that calls `register`
+(imported in `load_workloads`); see pooler/bench/embed.py.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+# A workload's metric: "throughput" compares texts/s (higher is better), "latency" compares
+# the p50 of one-at-a-time calls (lower is better).
+METRICS = ("throughput", "latency")
+
+
+@dataclass
+class BenchOptions:
+    """Everything a side needs to rebuild its inputs in a fresh process (JSON-serializable)."""
+    model: str
+    threads: int
+    quick: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"
+    quantization: str | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
+    out_dir: str = ""            # where sides drop their outputs (embeddings) for accuracy checks
+    extra: dict = field(default_factory=dict)  # workload-specific knobs
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SideResult:
+    side: str
+    role: str                     # "pooler" or "peer"
+    texts: int = 0                # inputs processed in the timed part
+    tokens: int = 0               # real tokens (special tokens included, padding not)
+    seconds: float = 0.0          # wall time of the timed part
+    latencies_ms: list[float] = field(default_factory=list)  # per call, latency workloads
+    peak_rss_mb: float = 0.0      # whole subprocess, model load included
+    loaded_rss_mb: float = 0.0    # after loading the model, before the timed part
+    note: str = ""                # e.g. the batch size a sweep picked
+    outputs_file: str | None = None  # .npy of outputs, compared across sides by the runner
+
+
+@dataclass
+class Side:
+    name: str
+    role: str                                   # "pooler" or "peer"
+    run: Callable[[BenchOptions], SideResult]   # runs inside the side's own subprocess
+
+
+@dataclass
+class Workload:
+    name: str
+    description: str
+    metric: str                                 # one of METRICS
+    sides: Callable[[BenchOptions], list[Side]]
+    baseline: str                               # the peer side ratios are taken against
+    # Model FLOPs per real token for these inputs (for the ceiling column); None to skip.
+    flops_per_token: Callable[[BenchOptions], float] | None = None
+
+
+WORKLOADS: dict[str, Workload] = {}
+
+
+def register(workload: Workload) -> Workload:
+    if workload.metric not in METRICS:
+        raise ValueError(f"workload {workload.name!r}: metric must be one of {METRICS}.")
+    WORKLOADS[workload.name] = workload
+    return workload
+
+
+def load_workloads() -> dict[str, Workload]:
+    """Import the workload modules (each registers itself) and return the registry."""
+    from pooler.bench import embed  # noqa: F401  (embed, single_query)
+    return WORKLOADS
+
+
+def get_workload(name: str) -> Workload:
+    workloads = load_workloads()
+    if name not in workloads:
+        raise ValueError(f"unknown workload {name!r}; choose from {sorted(workloads)}.")
+    return workloads[name]

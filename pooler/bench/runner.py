@@ -1,0 +1,227 @@
+"""Run workloads side by side (one subprocess per side) and turn the results into a table."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pooler.bench.machine import machine_info, measure_gemm_gflops
+from pooler.bench.registry import BenchOptions, SideResult, Workload, get_workload
+
+
+@dataclass
+class Row:
+    """One side of one workload, with everything the table shows."""
+    workload: str
+    side: str
+    role: str
+    texts_per_s: float
+    tokens_per_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    peak_rss_mb: float
+    loaded_rss_mb: float
+    ratio: float | None          # vs the workload's baseline (texts/s, or p50 for latency)
+    ceiling_pct: float | None    # tokens/s as a share of the GEMM-bound ceiling
+    cos_min: float | None        # outputs vs the baseline's outputs
+    cos_mean: float | None
+    note: str = ""
+    error: str | None = None
+
+
+@dataclass
+class BenchRun:
+    rows: list[Row] = field(default_factory=list)
+    ceilings: dict[str, float] = field(default_factory=dict)  # workload -> tokens/s ceiling
+
+
+@dataclass
+class BenchReport:
+    options: BenchOptions
+    machine: dict
+    gemm_gflops: list[float]     # measured before the runs and after them
+    flops_per_token: dict[str, float]
+    runs: list[BenchRun]
+    loadavg_after: list[float] = field(default_factory=list)
+
+
+def run_side(workload: Workload, side: str, opts: BenchOptions) -> SideResult:
+    """Run one side in a fresh interpreter with the thread count fixed in its environment."""
+    env = dict(os.environ)
+    threads = str(opts.threads)
+    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, HF_HUB_OFFLINE="1",
+               TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="true")
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        result_path = f.name
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pooler.bench.side", workload.name, side,
+             json.dumps(opts.to_dict()), result_path],
+            env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(" | ".join(tail) or f"exit code {proc.returncode}")
+        with open(result_path) as f:
+            return SideResult(**json.load(f))
+    finally:
+        os.unlink(result_path)
+
+
+def _cosines(a_file: str | None, b_file: str | None) -> tuple[float | None, float | None]:
+    if not a_file or not b_file:
+        return None, None
+    a, b = np.load(a_file), np.load(b_file)
+    if a.shape != b.shape:
+        return None, None
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    cos = (a * b).sum(axis=1)
+    return float(cos.min()), float(cos.mean())
+
+
+def _rows(workload: Workload, results: list[SideResult], errors: dict[str, str],
+          ceiling: float | None) -> list[Row]:
+    base = next((r for r in results if r.side == workload.baseline), None)
+    rows = []
+    for r in results:
+        texts_per_s = r.texts / r.seconds if r.seconds else 0.0
+        tokens_per_s = r.tokens / r.seconds if r.seconds else 0.0
+        p50 = float(np.percentile(r.latencies_ms, 50)) if r.latencies_ms else None
+        p99 = float(np.percentile(r.latencies_ms, 99)) if r.latencies_ms else None
+        ratio = None
+        if base is not None and base.seconds:
+            if workload.metric == "latency" and p50 and base.latencies_ms:
+                ratio = p50 / float(np.percentile(base.latencies_ms, 50))
+            elif workload.metric == "throughput":
+                ratio = texts_per_s / (base.texts / base.seconds)
+        cos_min, cos_mean = _cosines(r.outputs_file, base.outputs_file if base else None)
+        rows.append(Row(workload.name, r.side, r.role, texts_per_s, tokens_per_s, p50, p99,
+                        r.peak_rss_mb, r.loaded_rss_mb, ratio,
+                        100 * tokens_per_s / ceiling if ceiling else None,
+                        cos_min, cos_mean, r.note))
+    for side, error in errors.items():
+        rows.append(Row(workload.name, side, "?", 0, 0, None, None, 0, 0, None, None, None, None,
+                        error=error))
+    return rows
+
+
+def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
+                   log=lambda msg: print(msg, file=sys.stderr)) -> BenchReport:
+    workloads = [get_workload(n) for n in names]
+    machine = machine_info()
+    gemm = [measure_gemm_gflops(opts.threads)]
+    log(f"fp32 GEMM 2048^3 at {opts.threads} threads: {gemm[0]:.0f} GFLOP/s")
+    flops = {w.name: w.flops_per_token(opts) for w in workloads if w.flops_per_token}
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="pooler-bench-") as out_dir:
+        for index in range(repeat):
+            run = BenchRun()
+            for workload in workloads:
+                run_opts = BenchOptions(**{**opts.to_dict(), "out_dir": out_dir})
+                results, errors = [], {}
+                for side in workload.sides(run_opts):
+                    log(f"[run {index + 1}/{repeat}] {workload.name}: {side.name} ...")
+                    try:
+                        results.append(run_side(workload, side.name, run_opts))
+                    except RuntimeError as exc:
+                        errors[side.name] = str(exc)
+                        log(f"  failed: {exc}")
+                ceiling = gemm[0] * 1e9 / flops[workload.name] if workload.name in flops \
+                    else None
+                if ceiling:
+                    run.ceilings[workload.name] = ceiling
+                run.rows.extend(_rows(workload, results, errors, ceiling))
+            runs.append(run)
+    gemm.append(measure_gemm_gflops(opts.threads))
+    return BenchReport(opts, machine, gemm, flops, runs, [round(x, 2) for x in os.getloadavg()])
+
+
+# ---- rendering ----------------------------------------------------------------------------
+_HEADERS = ["workload", "side", "texts/s", "tokens/s", "p50 ms", "p99 ms", "RSS MB loaded/peak",
+            "vs baseline", "% ceiling", "cos min / mean", "note"]
+
+
+def _cells(row: Row) -> list[str]:
+    def f(x, fmt):
+        return "" if x is None else format(x, fmt)
+    if row.error:
+        return [row.workload, row.side, "FAILED", "", "", "", "", "", "", "", row.error[:80]]
+    cos = "" if row.cos_min is None else f"{row.cos_min:.6f} / {row.cos_mean:.6f}"
+    return [row.workload, row.side, f(row.texts_per_s, ".1f"), f(row.tokens_per_s, ".0f"),
+            f(row.p50_ms, ".2f"), f(row.p99_ms, ".2f"),
+            f"{row.loaded_rss_mb:.0f} / {row.peak_rss_mb:.0f}",
+            "" if row.ratio is None else f"{row.ratio:.2f}x", f(row.ceiling_pct, ".0f"),
+            cos, row.note]
+
+
+def format_table(rows: list[Row], markdown: bool = False) -> str:
+    body = [_cells(r) for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
+        lines += ["| " + " | ".join(c.replace("|", "/") for c in cells) + " |" for cells in body]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(c[i]) for c in body)) for i, h in enumerate(_HEADERS)]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa
+    return "\n".join([fmt(_HEADERS), fmt(["-" * w for w in widths])] + [fmt(c) for c in body])
+
+
+def summary_lines(report: BenchReport) -> list[str]:
+    m, o = report.machine, report.options
+    lines = [f"machine: {m['cpu']} ({m['cpu_flags']}), {m['cores']} cores; threads {o.threads}; "
+             f"load average before {m['loadavg']}, after {report.loadavg_after}",
+             f"versions: python {m['python']}, torch {m['torch']}, transformers "
+             f"{m['transformers']}, sentence-transformers {m['sentence-transformers']}, "
+             f"tokenizers {m['tokenizers']}",
+             "fp32 GEMM (2048^3, best of 5): " + ", ".join(f"{g:.0f}" for g in report.gemm_gflops)
+             + " GFLOP/s (before, after)"]
+    for name, fpt in report.flops_per_token.items():
+        ceiling = report.gemm_gflops[0] * 1e9 / fpt
+        lines.append(f"{name}: {fpt / 1e6:.1f} MFLOP per real token -> fp32 ceiling "
+                     f"{ceiling:.0f} tokens/s")
+    lines.append("vs baseline: texts/s ratio for throughput workloads, p50 ratio for latency "
+                 "workloads (lower is faster); cos: outputs vs the baseline's")
+    return lines
+
+
+def report_to_dict(report: BenchReport) -> dict:
+    from dataclasses import asdict
+    return asdict(report)
+
+
+def write_chart(report: BenchReport, path: str | Path) -> None:
+    """One panel per workload: texts/s (throughput) or calls/s at p50 (latency) per side."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r.workload for r in report.runs[0].rows))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], workloads):
+        latency = get_workload(name).metric == "latency"
+        by_side: dict[str, list[float]] = {}
+        for run in report.runs:
+            for r in run.rows:
+                if r.workload == name and not r.error:
+                    value = 1e3 / r.p50_ms if latency and r.p50_ms else r.texts_per_s
+                    by_side.setdefault(r.side, []).append(value)
+        sides = list(by_side)
+        means = [float(np.mean(by_side[s])) for s in sides]
+        colors = ["#2b7bba" if s.startswith("pooler") else "#999999" for s in sides]
+        bars = ax.bar(range(len(sides)), means, color=colors)
+        for bar, side in zip(bars, sides):
+            for value in by_side[side]:  # every run as a dot: shows the noise
+                ax.plot(bar.get_x() + bar.get_width() / 2, value, "k.", markersize=4)
+        ax.set_xticks(range(len(sides)), sides, rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("queries/s at p50 (1 / latency)" if latency else "texts/s")
+        ax.set_title(name, fontsize=10)
+    fig.suptitle(f"pooler vs peer, {report.options.threads} threads, {report.machine['cpu']}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

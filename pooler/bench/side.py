@@ -1,0 +1,36 @@
+"""Run one side of one workload in this (fresh) process and write its SideResult as JSON.
+
+    python -m pooler.bench.side WORKLOAD SIDE OPTIONS_JSON RESULT_JSON
+
+The runner sets OMP/MKL thread variables in our environment before torch loads.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+
+def main(argv: list[str]) -> int:
+    workload_name, side_name, options_json, result_path = argv
+    import torch
+
+    from pooler.bench.machine import peak_rss_mb
+    from pooler.bench.registry import BenchOptions, get_workload
+
+    opts = BenchOptions(**json.loads(options_json))
+    torch.set_num_threads(opts.threads)
+    workload = get_workload(workload_name)
+    sides = {s.name: s for s in workload.sides(opts)}
+    if side_name not in sides:
+        raise SystemExit(f"workload {workload_name!r} has no side {side_name!r}; "
+                         f"sides: {sorted(sides)}")
+    result = sides[side_name].run(opts)
+    result.peak_rss_mb = peak_rss_mb()
+    with open(result_path, "w") as f:
+        json.dump(asdict(result), f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,80 @@
+"""`pooler bench`: pooler against the library a user would otherwise run, side by side."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from pooler.cli.common import add_engine_args
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark pooler against its peers side by side",
+        description="Run each workload's sides (pooler, and the peer library) one after another "
+        "in separate processes, on the same deterministic inputs and thread count, and print "
+        "texts/s, real tokens/s, latency, peak RSS, the ratio to the peer and the share of the "
+        "fp32 GEMM ceiling. With --quantization int8 the int8 engine runs as an extra side.")
+    add_engine_args(p)
+    p.add_argument("--workload", default="embed,single_query",
+                   help="comma-separated workload names, or 'all' (see --list)")
+    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny inputs: a smoke run that checks every side works, not a measurement")
+    p.add_argument("--repeat", type=int, default=1, help="run every side this many times")
+    p.add_argument("--corpus-size", type=int, default=2000, help="texts in the embed corpus")
+    p.add_argument("--json", default=None, help="also write the raw results to this file")
+    p.add_argument("--markdown", default=None, help="also write the tables to this file")
+    p.add_argument("--chart", default=None, help="also draw a PNG chart (needs matplotlib)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pooler.bench.registry import BenchOptions, load_workloads
+    from pooler.bench.runner import (format_table, report_to_dict, run_benchmarks,
+                                     summary_lines, write_chart)
+
+    workloads = load_workloads()
+    if args.list:
+        for name, w in sorted(workloads.items()):
+            print(f"{name:14s} {w.description}")
+        return 0
+    names = sorted(workloads) if args.workload == "all" else \
+        [n.strip() for n in args.workload.split(",") if n.strip()]
+    unknown = [n for n in names if n not in workloads]
+    if unknown:
+        raise ValueError(f"--workload: unknown {unknown}; choose from {sorted(workloads)} "
+                         "or 'all'.")
+    if args.repeat < 1:
+        raise ValueError("--repeat must be at least 1.")
+    if args.runner != "native" or args.task is not None:
+        raise ValueError("pooler bench runs the native runner with each workload's own task; "
+                         "drop --runner/--task.")
+    device = "cuda" if args.device == "cuda" else "cpu"
+    opts = BenchOptions(model=args.model, threads=args.threads or os.cpu_count() or 1,
+                        quick=args.quick, device=device, dtype=args.dtype,
+                        quantization=args.quantization,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_num_seqs=args.max_num_seqs,
+                        extra={"corpus_size": args.corpus_size})
+    report = run_benchmarks(names, opts, repeat=args.repeat)
+    out = []
+    out.extend(summary_lines(report))
+    for i, bench_run in enumerate(report.runs, 1):
+        out.append("")
+        out.append(f"run {i} of {len(report.runs)}:")
+        out.append(format_table(bench_run.rows))
+    print("\n".join(out))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(f"- {line}" for line in summary_lines(report)) + "\n")
+            for i, bench_run in enumerate(report.runs, 1):
+                f.write(f"\nRun {i} of {len(report.runs)}:\n\n"
+                        f"{format_table(bench_run.rows, markdown=True)}\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report_to_dict(report), f, indent=1)
+    if args.chart:
+        write_chart(report, args.chart)
+        print(f"chart: {args.chart}", file=sys.stderr)
+    return 0

