@@ -63,6 +63,14 @@ class Workload:
     baseline: str                               # the peer side ratios are taken against
     # Model FLOPs per real token for these inputs (for the ceiling column); None to skip.
     flops_per_token: Callable[[BenchOptions], float] | None = None
+    # Why the workload cannot run here (e.g. a model in ../shared is absent), or None.
+    skip: Callable[[BenchOptions], str | None] | None = None
+    # Sides compared against a peer other than `baseline` (a workload with several shapes,
+    # e.g. 1 x 100 and 10 x 100 reranks): side name -> its own baseline side.
+    baselines: dict[str, str] = field(default_factory=dict)
+
+    def baseline_of(self, side: str) -> str:
+        return self.baselines.get(side, self.baseline)
 
 
 WORKLOADS: dict[str, Workload] = {}
@@ -78,6 +86,7 @@ def register(workload: Workload) -> Workload:
 def load_workloads() -> dict[str, Workload]:
     """Import the workload modules (each registers itself) and return the registry."""
     from pooler.bench import embed  # noqa: F401  (embed, single_query)
+    from pooler.bench import colbert, cross_encoder, ner, server, sparse  # noqa: F401
     return WORKLOADS
 
 

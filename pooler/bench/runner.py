@@ -33,6 +33,7 @@ class Row:
     cos_mean: float | None
     note: str = ""
     error: str | None = None
+    skipped: bool = False        # the workload cannot run here; `error` says why
 
 
 @dataclass
@@ -87,9 +88,10 @@ def _cosines(a_file: str | None, b_file: str | None) -> tuple[float | None, floa
 
 def _rows(workload: Workload, results: list[SideResult], errors: dict[str, str],
           ceiling: float | None) -> list[Row]:
-    base = next((r for r in results if r.side == workload.baseline), None)
+    by_side = {r.side: r for r in results}
     rows = []
     for r in results:
+        base = by_side.get(workload.baseline_of(r.side))
         texts_per_s = r.texts / r.seconds if r.seconds else 0.0
         tokens_per_s = r.tokens / r.seconds if r.seconds else 0.0
         p50 = float(np.percentile(r.latencies_ms, 50)) if r.latencies_ms else None
@@ -124,6 +126,12 @@ def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
             run = BenchRun()
             for workload in workloads:
                 run_opts = BenchOptions(**{**opts.to_dict(), "out_dir": out_dir})
+                reason = workload.skip(run_opts) if workload.skip else None
+                if reason:
+                    log(f"[run {index + 1}/{repeat}] {workload.name}: skipped: {reason}")
+                    run.rows.append(Row(workload.name, "-", "?", 0, 0, None, None, 0, 0, None,
+                                        None, None, None, error=reason, skipped=True))
+                    continue
                 results, errors = [], {}
                 for side in workload.sides(run_opts):
                     log(f"[run {index + 1}/{repeat}] {workload.name}: {side.name} ...")
@@ -151,7 +159,7 @@ def _cells(row: Row) -> list[str]:
     def f(x, fmt):
         return "" if x is None else format(x, fmt)
     if row.error:
-        return [row.workload, row.side, "FAILED", "", "", "", "", "", "", "", row.error[:80]]
+        return [row.workload, row.side, "SKIPPED" if row.skipped else "FAILED", "", "", "", "", "", "", "", row.error[:80]]
     cos = "" if row.cos_min is None else f"{row.cos_min:.6f} / {row.cos_mean:.6f}"
     return [row.workload, row.side, f(row.texts_per_s, ".1f"), f(row.tokens_per_s, ".0f"),
             f(row.p50_ms, ".2f"), f(row.p99_ms, ".2f"),
@@ -207,7 +215,7 @@ def write_chart(report: BenchReport, path: str | Path) -> None:
         by_side: dict[str, list[float]] = {}
         for run in report.runs:
             for r in run.rows:
-                if r.workload == name and not r.error:
+                if r.workload == name and not r.error and r.texts_per_s:
                     value = 1e3 / r.p50_ms if latency and r.p50_ms else r.texts_per_s
                     by_side.setdefault(r.side, []).append(value)
         sides = list(by_side)

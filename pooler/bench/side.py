@@ -26,7 +26,8 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"workload {workload_name!r} has no side {side_name!r}; "
                          f"sides: {sorted(sides)}")
     result = sides[side_name].run(opts)
-    result.peak_rss_mb = peak_rss_mb()
+    # A side that measures another process (a server) reports that process's peak itself.
+    result.peak_rss_mb = result.peak_rss_mb or peak_rss_mb()
     with open(result_path, "w") as f:
         json.dump(asdict(result), f)
     return 0

@@ -1,0 +1,150 @@
+"""ColBERT rerank workload: 1 query x 100 passages and 10 queries x 100 passages each.
+
+Model: a PyLate-layout ColBERT built by PyLate itself from the real all-MiniLM-L6-v2 backbone
+with a seeded random 96-d projection (no ColBERT ships on PyPI), cached under
+~/.cache/pooler-bench. Peer: PyLate `models.ColBERT.encode` + `rank.rerank`, per call: encode
+the queries, encode each query's passages, rerank. pooler: `Engine.rerank` for one query;
+`Engine.score` with the 10 x 100 pairs in one call for ten (each query is encoded once)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pooler.bench import corpus
+from pooler.bench.common import cached_folder, digest, minilm_path, save_array, token_lens
+from pooler.bench.machine import rss_mb
+from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
+
+SHAPES = {"1x100": 1, "10x100": 10}
+_CALLS = {"1x100": 10, "10x100": 3}  # timed calls per shape (full run)
+
+
+def model_path() -> Path:
+    def build(dest: Path) -> None:
+        import torch
+        from pylate import models
+
+        torch.manual_seed(0)
+        models.ColBERT(model_name_or_path=str(minilm_path()), embedding_size=96,
+                       device="cpu").save(str(dest))
+    return cached_folder("colbert-minilm-96-seed0", build)
+
+
+def _inputs(opts: BenchOptions, shape: str) -> tuple[list[str], list[list[str]]]:
+    n_queries = SHAPES[shape]
+    n_docs = 8 if opts.quick else 100
+    queries = corpus.queries(n_queries, seed=21)
+    docs = [corpus.passages(n_docs, seed=300 + i) for i in range(n_queries)]
+    return queries, docs
+
+
+def _calls(opts: BenchOptions, shape: str) -> int:
+    return 1 if opts.quick else _CALLS[shape]
+
+
+def _tokens(path: Path, queries: list[str], docs: list[list[str]]) -> int:
+    """Tokens the encoder runs per call: each query expanded to query_length with [MASK]s, each
+    passage with its [D] marker, truncated at document_length."""
+    st = json.loads((path / "config_sentence_transformers.json").read_text())
+    q_len, d_len = int(st.get("query_length", 32)), int(st.get("document_length", 180))
+    flat = [d for ds in docs for d in ds]
+    return q_len * len(queries) + sum(min(n + 1, d_len)
+                                      for n in token_lens(path, flat, max_length=d_len))
+
+
+def _result(side: str, role: str, opts: BenchOptions, shape: str, path: Path, queries, docs,
+            latencies: list[float], loaded: float, scores: np.ndarray) -> SideResult:
+    calls = len(latencies)
+    n_docs = sum(len(ds) for ds in docs)
+    top = [[int(i) for i in np.argsort(-row, kind="stable")[:10]] for row in scores]
+    return SideResult(side, role, calls * n_docs, calls * _tokens(path, queries, docs),
+                      sum(latencies) / 1e3, latencies, loaded_rss_mb=loaded,
+                      note=f"top-10 digest {digest(top)}",
+                      outputs_file=save_array(opts, f"colbert-{side}", scores))
+
+
+def _timed(fn, calls: int) -> tuple[list[float], object]:
+    fn()  # warm up
+    latencies, out = [], None
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        out = fn()
+        latencies.append((time.perf_counter() - t0) * 1e3)
+    return latencies, out
+
+
+def _pooler(shape: str):
+    def run(opts: BenchOptions) -> SideResult:
+        from pooler import Engine
+
+        path = model_path()
+        queries, docs = _inputs(opts, shape)
+        engine = Engine(str(path), device=opts.device, dtype=opts.dtype,
+                        max_num_batched_tokens=opts.max_num_batched_tokens,
+                        max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+
+        def call() -> np.ndarray:  # [num_queries, num_docs] scores in input order
+            if len(queries) == 1:
+                scores = np.zeros((1, len(docs[0])), dtype=np.float32)
+                for r in engine.rerank(queries[0], docs[0], use_tqdm=False):
+                    scores[0, r.index] = r.score
+                return scores
+            out = engine.score([q for q, ds in zip(queries, docs) for _ in ds],
+                               [d for ds in docs for d in ds], use_tqdm=False)
+            return np.array([o.score for o in out], dtype=np.float32).reshape(len(queries), -1)
+
+        call()
+        loaded = rss_mb()
+        latencies, scores = _timed(call, _calls(opts, shape))
+        return _result(f"pooler {shape}", "pooler", opts, shape, path, queries, docs,
+                       latencies, loaded, scores)
+    return run
+
+
+def _pylate(shape: str):
+    def run(opts: BenchOptions) -> SideResult:
+        from pylate import models, rank
+
+        path = model_path()
+        queries, docs = _inputs(opts, shape)
+        model = models.ColBERT(model_name_or_path=str(path),
+                               device="cuda" if opts.device == "cuda" else "cpu")
+
+        def call() -> np.ndarray:
+            q = model.encode(queries, is_query=True, batch_size=32, show_progress_bar=False)
+            d = [model.encode(ds, is_query=False, batch_size=32, show_progress_bar=False)
+                 for ds in docs]
+            ranked = rank.rerank(documents_ids=[list(range(len(ds))) for ds in docs],
+                                 queries_embeddings=q, documents_embeddings=d)
+            scores = np.zeros((len(queries), len(docs[0])), dtype=np.float32)
+            for i, results in enumerate(ranked):
+                for r in results:
+                    scores[i, int(r["id"])] = r["score"]
+            return scores
+
+        call()
+        loaded = rss_mb()
+        latencies, scores = _timed(call, _calls(opts, shape))
+        return _result(f"pylate {shape}", "peer", opts, shape, path, queries, docs,
+                       latencies, loaded, scores)
+    return run
+
+
+def _sides(opts: BenchOptions) -> list[Side]:
+    sides = []
+    for shape in SHAPES:
+        sides += [Side(f"pooler {shape}", "pooler", _pooler(shape)),
+                  Side(f"pylate {shape}", "peer", _pylate(shape))]
+    return sides
+
+
+register(Workload(
+    name="colbert",
+    description="ColBERT rerank (PyLate layout on the all-MiniLM-L6-v2 backbone), 1 x 100 and "
+                "10 x 100 passages per call, vs PyLate encode + rank.rerank",
+    metric="throughput", sides=_sides, baseline="pylate 1x100",
+    baselines={f"pooler {s}": f"pylate {s}" for s in SHAPES} |
+              {f"pylate {s}": f"pylate {s}" for s in SHAPES}))

