@@ -159,7 +159,8 @@ def _cells(row: Row) -> list[str]:
     def f(x, fmt):
         return "" if x is None else format(x, fmt)
     if row.error:
-        return [row.workload, row.side, "SKIPPED" if row.skipped else "FAILED", "", "", "", "", "", "", "", row.error[:80]]
+        status = "SKIPPED" if row.skipped else "FAILED"
+        return [row.workload, row.side, status, "", "", "", "", "", "", "", row.error[:100]]
     cos = "" if row.cos_min is None else f"{row.cos_min:.6f} / {row.cos_mean:.6f}"
     return [row.workload, row.side, f(row.texts_per_s, ".1f"), f(row.tokens_per_s, ".0f"),
             f(row.p50_ms, ".2f"), f(row.p99_ms, ".2f"),
