@@ -118,3 +118,24 @@ def test_quick_task_workload_runs_both_sides(name, tiny_st_model, tmp_path, monk
             assert row["cos_min"] > 0.999
         if name in ("colbert", "cross_encoder", "server"):
             assert row["p50_ms"] is not None and row["p99_ms"] >= row["p50_ms"]
+
+
+def test_workload_that_cannot_run_is_reported_skipped():
+    """A workload whose model is absent (../shared) lands in the table as SKIPPED with its
+    reason, and no side process is started."""
+    from pooler.bench.registry import WORKLOADS, BenchOptions
+    from pooler.bench.runner import format_table, run_benchmarks
+
+    def sides(opts):
+        raise AssertionError("a skipped workload must not list its sides")
+
+    register(Workload("skip_probe", "", "throughput", sides, "peer",
+                      skip=lambda opts: "needs ../shared/models/x, which is absent"))
+    try:
+        report = run_benchmarks(["skip_probe"], BenchOptions(model="unused", threads=1),
+                                log=lambda msg: None)
+    finally:
+        WORKLOADS.pop("skip_probe")
+    [row] = report.runs[0].rows
+    assert row.skipped and "absent" in row.error
+    assert "SKIPPED" in format_table([row]) and "FAILED" not in format_table([row])
