@@ -89,11 +89,6 @@ def build_model(model_config: ModelConfig) -> PoolingModel:
     spec = registry.get_arch_spec(model_config.architecture)
     backbone_cls = registry.load_backbone_class(spec)
     backbone = backbone_cls(model_config.hf_config)
-    colbert = getattr(model_config, "colbert", None)
-    if colbert is not None and colbert.needs_key_mask:
-        from pooler.models.colbert_encoder import ExpansionMaskingEncoder
-
-        backbone = ExpansionMaskingEncoder(backbone)
     pooler = build_pooler(model_config, backbone)
     model = PoolingModel(backbone, pooler)
     load_weights_into(model, model_config)

@@ -2,6 +2,9 @@
 
 CPU: scaled_dot_product_attention per sequence (sequences of equal length share one call).
 CUDA: torch's varlen flash kernel when present, else the same per-sequence path.
+Optional per-sequence key mask (`num_unattended`): the last n tokens of a sequence are computed
+as queries but no token attends to them (ColBERT query expansion); sequences with a count run
+on the per-sequence path with a [L, L] mask, never padded.
 """
 from __future__ import annotations
 
@@ -23,6 +26,18 @@ def _band_mask(seq_len: int, half_window: int, device_type: str) -> torch.Tensor
     return ((idx[:, None] - idx[None, :]).abs() <= half_window).to(device_type)
 
 
+@lru_cache(maxsize=64)
+def _key_mask(seq_len: int, num_unattended: int, causal: bool,
+              device_type: str) -> torch.Tensor:
+    """[seq_len, seq_len] bool mask, True for keys before the last num_unattended tokens
+    (and, if causal, not after the query)."""
+    keep = torch.arange(seq_len) < seq_len - num_unattended
+    mask = keep[None, :].expand(seq_len, seq_len)
+    if causal:
+        mask = mask.tril()
+    return mask.contiguous().to(device_type)
+
+
 def packed_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -34,9 +49,13 @@ def packed_attention(
     causal: bool = False,
     half_window: int | None = None,
     scale: float | None = None,
+    num_unattended: list[int] | None = None,  # [num_seqs] trailing keys nobody attends to
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    if num_unattended is not None and not any(num_unattended):
+        num_unattended = None
     if (_varlen_attn is not None and q.is_cuda and half_window is None
+            and num_unattended is None  # key masks: the per-sequence path below
             and num_heads == num_kv_heads and q.dtype in (torch.float16, torch.bfloat16)):
         return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                             is_causal=causal, scale=scale)
@@ -47,9 +66,11 @@ def packed_attention(
     n = len(seq_lens)
     while i < n:
         length = seq_lens[i]
-        # Consecutive sequences of the same length run as one batched call.
+        # Consecutive sequences of the same length (and key mask) run as one batched call.
+        unattended = 0 if num_unattended is None else num_unattended[i]
         j = i + 1
-        while j < n and seq_lens[j] == length:
+        while j < n and seq_lens[j] == length and (
+                num_unattended is None or num_unattended[j] == unattended):
             j += 1
         count = j - i
         end = start + count * length
@@ -59,6 +80,12 @@ def packed_attention(
         vs = v[start:end].view(count, length, num_kv_heads, -1).transpose(1, 2)
         mask = _band_mask(length, half_window, q.device.type) if half_window is not None \
             else None
+        if unattended:
+            if unattended >= length:
+                raise ValueError(f"num_unattended must leave at least one attended token: got "
+                                 f"{unattended} for a sequence of {length}.")
+            key_mask = _key_mask(length, unattended, causal, q.device.type)
+            mask = key_mask if mask is None else mask & key_mask
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
                                            is_causal=causal and mask is None, scale=scale,
                                            enable_gqa=enable_gqa)

@@ -71,7 +71,8 @@ class BertLayer(nn.Module):
         # x: [num_tokens, hidden]
         qkv = linear_act(self.qkv_proj, x).view(x.shape[0], 3, self.num_heads, self.head_dim)
         attn = packed_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], inputs.seq_lens,
-                                inputs.cu_seqlens, inputs.max_seqlen)
+                                inputs.cu_seqlens, inputs.max_seqlen,
+                                num_unattended=inputs.num_unattended)
         x = self.attn_norm(x + linear_act(self.o_proj, attn.reshape(x.shape[0], -1)))
         h = linear_act(self.up_proj, x, self.act, self.act_postop)  # [num_tokens, inter]
         return self.mlp_norm(x + linear_act(self.down_proj, h))

@@ -126,7 +126,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = packed_attention(q, k, v, inputs.seq_lens, inputs.cu_seqlens, inputs.max_seqlen,
-                               causal=True)  # [num_tokens, heads, head_dim]
+                               causal=True, num_unattended=inputs.num_unattended)
+        # out: [num_tokens, heads, head_dim]
         return self.o_proj(out.reshape(n, -1))
 
 

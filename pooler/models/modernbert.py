@@ -126,7 +126,8 @@ class ModernBertAttention(nn.Module):
         q, k = apply_rotary(qkv[:, 0], cos, sin), apply_rotary(qkv[:, 1], cos, sin)
         attn = packed_attention(q, k, qkv[:, 2], inputs.seq_lens, inputs.cu_seqlens,
                                 inputs.max_seqlen, half_window=self.half_window,
-                                scale=self.head_dim ** -0.5)
+                                scale=self.head_dim ** -0.5,
+                                num_unattended=inputs.num_unattended)
         return self.Wo(attn.reshape(x.shape[0], -1))
 
 

@@ -55,8 +55,10 @@ class ColBERTPooler(nn.Module):
         counts = lengths
         if keep is not None:
             vectors = vectors[keep]
-            counts = [int(c) for c in torch.stack(
-                [k.sum() for k in keep.split(lengths)]).tolist()]
+            # Kept tokens per request from one cumulative sum (no per-request tensors).
+            ends = torch.tensor(lengths, device=keep.device).cumsum(0) - 1
+            kept = keep.cumsum(0)[ends]  # [num_reqs] kept tokens up to each request's end
+            counts = torch.diff(kept, prepend=kept.new_zeros(1)).tolist()
         out = list(vectors.split(counts))
         if per_request_dims or not all(p.normalize for p in params):
             out = [self._finish(t, p) for t, p in zip(out, params)]
