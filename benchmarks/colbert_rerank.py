@@ -1,4 +1,4 @@
-"""Thin wrapper: the `colbert` workload of `pooler bench` (pooler/bench/colbert.py), kept so old
+"""Thin wrapper: the `colbert` workload of `pooler bench` (pooler/bench/workloads/colbert.py), kept so old
 commands still work. Extra arguments go to `pooler bench` (e.g. --threads 2 --quick).
 
     python benchmarks/colbert_rerank.py [pooler bench options]

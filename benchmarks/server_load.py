@@ -1,4 +1,4 @@
-"""Thin wrapper: the `server` workload of `pooler bench` (pooler/bench/server.py), kept so old
+"""Thin wrapper: the `server` workload of `pooler bench` (pooler/bench/workloads/server.py), kept so old
 commands still work. Extra arguments go to `pooler bench` (e.g. --threads 2 --quick).
 
     python benchmarks/server_load.py [pooler bench options]

@@ -1,4 +1,4 @@
-"""Thin wrapper: the `sparse` workload of `pooler bench` (pooler/bench/sparse.py), kept so old
+"""Thin wrapper: the `sparse` workload of `pooler bench` (pooler/bench/workloads/sparse.py), kept so old
 commands still work. Extra arguments go to `pooler bench` (e.g. --threads 2 --quick).
 
     python benchmarks/sparse.py [pooler bench options]

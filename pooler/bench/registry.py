@@ -2,8 +2,8 @@
 
 A *side* is one library doing the workload's job (pooler, or the peer a user would otherwise
 run). Each side runs in its own subprocess (pooler/bench/side.py), so its peak RSS is its own and
-no library's warm state helps another. Adding a workload = one module that calls `register`
-(imported in `load_workloads`); see pooler/bench/embed.py.
+no library's warm state helps another. Adding a workload = one module in pooler/bench/workloads/ that
+calls `register` (found automatically); see pooler/bench/workloads/embed.py.
 """
 from __future__ import annotations
 
@@ -84,9 +84,14 @@ def register(workload: Workload) -> Workload:
 
 
 def load_workloads() -> dict[str, Workload]:
-    """Import the workload modules (each registers itself) and return the registry."""
-    from pooler.bench import embed  # noqa: F401  (embed, single_query)
-    from pooler.bench import colbert, cross_encoder, ner, server, sparse  # noqa: F401
+    """Import every module of pooler/bench/workloads (each registers itself); return the registry."""
+    import importlib
+    import pkgutil
+
+    from pooler.bench import workloads
+
+    for info in sorted(pkgutil.iter_modules(workloads.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{workloads.__name__}.{info.name}")
     return WORKLOADS
 
 

@@ -136,7 +136,14 @@ def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
                 for side in workload.sides(run_opts):
                     log(f"[run {index + 1}/{repeat}] {workload.name}: {side.name} ...")
                     try:
-                        results.append(run_side(workload, side.name, run_opts))
+                        result = run_side(workload, side.name, run_opts)
+                        results.append(result)
+                        # Logged as each side ends, so an interrupted run still leaves numbers.
+                        p50 = f", p50 {np.percentile(result.latencies_ms, 50):.2f} ms" \
+                            if result.latencies_ms else ""
+                        log(f"  {result.texts / result.seconds:.1f} texts/s, "
+                            f"{result.tokens / result.seconds:.0f} tokens/s{p50}, "
+                            f"peak RSS {result.peak_rss_mb:.0f} MB")
                     except RuntimeError as exc:
                         errors[side.name] = str(exc)
                         log(f"  failed: {exc}")

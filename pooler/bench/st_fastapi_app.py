@@ -1,5 +1,5 @@
 """The simplest server a user would write around sentence-transformers: the peer of the
-`server` workload (pooler/bench/server.py).
+`server` workload (pooler/bench/workloads/server.py).
 
     python -m pooler.bench.st_fastapi_app MODEL_PATH PORT [THREADS]
 """

@@ -16,6 +16,7 @@ from pooler.engine.scheduler import ModelRunnerOutput, NewRequestData, Scheduler
 from pooler.loader import build_model, load_weights_into
 from pooler.models.inputs import ModelInputs
 from pooler.pooling.metadata import PoolingMetadata
+from pooler.worker.memory import HeapTrimmer
 from pooler.worker.pooling_runner import PoolingRunner
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class ModelRunner:
         self.model = build_model(model_config)
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
         self.requests: dict[str, NewRequestData] = {}
+        self.heap_trimmer = HeapTrimmer()
 
     @property
     def supported_tasks(self) -> frozenset[str]:
@@ -68,6 +70,8 @@ class ModelRunner:
             logger.debug("batch of %d failed: %s", len(new_reqs), traceback.format_exc())
             return ModelRunnerOutput(req_ids=req_ids,
                                      batch_error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.heap_trimmer.maybe_trim()
         return ModelRunnerOutput(req_ids=req_ids, pooler_outputs=outputs, errors=errors)
 
     def _prepare_inputs(self, reqs: list[NewRequestData]) -> tuple[ModelInputs, PoolingMetadata]:

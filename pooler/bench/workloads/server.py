@@ -27,7 +27,7 @@ from pooler.bench import corpus
 from pooler.bench.common import token_lens
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[3]
 _START_TIMEOUT_S = 180
 
 
