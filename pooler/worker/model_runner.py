@@ -18,11 +18,12 @@ from pooler.models.inputs import ModelInputs
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.worker.memory import HeapTrimmer
 from pooler.worker.pooling_runner import PoolingRunner
+from pooler.worker.request_state import RunnerRequestState
 
 logger = logging.getLogger(__name__)
 
 
-class ModelRunner:
+class ModelRunner(RunnerRequestState):
     def __init__(self, model_config: ModelConfig):
         self.model_config = model_config
         self.device = model_config.torch_device
@@ -34,22 +35,6 @@ class ModelRunner:
     @property
     def supported_tasks(self) -> frozenset[str]:
         return self.pooling_runner.supported_tasks
-
-    # ---- request state ------------------------------------------------------------------
-    def finish_requests(self, scheduler_output: SchedulerOutput) -> None:
-        # Finished ids go to the pooling runner *before* preempted ids join the removal set:
-        # a preempted request keeps its pooling-side reservations until it is rescheduled.
-        finished = scheduler_output.finished_req_ids
-        self.pooling_runner.on_requests_finished(finished)
-        if scheduler_output.unscheduled_aborted:
-            self.pooling_runner.on_unscheduled_aborted(scheduler_output.unscheduled_aborted)
-        for req_id in finished | scheduler_output.preempted_req_ids:
-            self.requests.pop(req_id, None)
-
-    def add_requests(self, new_reqs: list[NewRequestData]) -> None:
-        for req in new_reqs:
-            self.pooling_runner.add_request(req.req_id, req.pooling_params)
-            self.requests[req.req_id] = req
 
     # ---- one step -----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -19,6 +19,7 @@ from pooler.engine.scheduler import ModelRunnerOutput, NewRequestData, Scheduler
 from pooler.params import PoolingParams
 from pooler.pooling.activation import apply_activation, sequence_activation, token_activation
 from pooler.pooling.metadata import PoolingMetadata
+from pooler.worker.request_state import RunnerRequestState
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,11 @@ class FallbackTasks:
         for req_id in req_ids:
             self.request_params.pop(req_id, None)
 
+    def on_unscheduled_aborted(self, aborted) -> None:
+        """Nothing is reserved for a request before it runs here (no late interaction)."""
 
-class TransformersRunner:
+
+class TransformersRunner(RunnerRequestState):
     def __init__(self, model_config: ModelConfig):
         self.model_config = model_config
         self.device = model_config.torch_device
@@ -87,18 +91,6 @@ class TransformersRunner:
         model = auto.from_pretrained(self.model_config.path, config=config,
                                      dtype=self.model_config.torch_dtype)
         return model.to(self.device).eval().requires_grad_(False)
-
-    # ---- request state (same contract as ModelRunner) -----------------------------------
-    def finish_requests(self, scheduler_output: SchedulerOutput) -> None:
-        finished = scheduler_output.finished_req_ids
-        self.pooling_runner.on_requests_finished(finished)
-        for req_id in finished | scheduler_output.preempted_req_ids:
-            self.requests.pop(req_id, None)
-
-    def add_requests(self, new_reqs: list[NewRequestData]) -> None:
-        for req in new_reqs:
-            self.pooling_runner.add_request(req.req_id, req.pooling_params)
-            self.requests[req.req_id] = req
 
     # ---- one step -----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
