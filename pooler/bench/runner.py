@@ -217,8 +217,12 @@ def write_chart(report: BenchReport, path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(r.workload for r in report.runs[0].rows))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.6), squeeze=False)
-    for ax, name in zip(axes[0], workloads):
+    ncols = min(4, len(workloads))
+    nrows = -(-len(workloads) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(workloads):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, workloads):
         latency = get_workload(name).metric == "latency"
         by_side: dict[str, list[float]] = {}
         for run in report.runs:
