@@ -17,6 +17,7 @@ from torch import nn
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.models.inputs import ModelInputs
+from pooler.models.weights import copy_named_weights
 
 
 @dataclass
@@ -185,18 +186,5 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy checkpoint tensors whose names match ours; returns the names consumed."""
-        params = dict(self.named_parameters())
-        consumed = set()
-        for name, tensor in weights:
-            param = params.get(name)
-            if param is None:
-                continue
-            with torch.no_grad():
-                param.copy_(tensor)
-            consumed.add(name)
-        missing = sorted(set(params) - consumed)
-        if missing:
-            raise ValueError(f"Checkpoint is missing weights for: {missing[:10]}"
-                             f"{' ...' if len(missing) > 10 else ''}")
-        return consumed
+        """Checkpoint names (prefix stripped) equal our parameter names; returns those consumed."""
+        return copy_named_weights(self, weights, "decoder backbone")

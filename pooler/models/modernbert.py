@@ -17,6 +17,7 @@ from torch import nn
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.models.inputs import ModelInputs
+from pooler.models.weights import copy_named_weights
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
 
@@ -193,20 +194,4 @@ class ModernBertModel(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Checkpoint names (prefix stripped) equal our parameter names; returns those consumed."""
-        params = dict(self.named_parameters())
-        consumed = set()
-        for name, tensor in weights:
-            param = params.get(name)
-            if param is None:
-                continue
-            if param.shape != tensor.shape:
-                raise ValueError(f"Checkpoint tensor {name} has shape {tuple(tensor.shape)}, "
-                                 f"the model expects {tuple(param.shape)}.")
-            with torch.no_grad():
-                param.copy_(tensor)
-            consumed.add(name)
-        missing = set(params) - consumed
-        if missing:
-            raise ValueError(f"Checkpoint is missing weights for: {sorted(missing)[:10]}"
-                             f"{' ...' if len(missing) > 10 else ''}")
-        return consumed
+        return copy_named_weights(self, weights, "ModernBERT backbone")

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from pooler.config import ModelConfig
+from pooler.models.weights import copy_named_weights
 from pooler.pooling.activation import (apply_activation, num_labels_of, sequence_activation,
                                        token_activation)
 from pooler.pooling.metadata import PoolingMetadata
@@ -27,24 +28,9 @@ _ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 def load_named(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                what: str) -> set[str]:
     """Copy tensors whose names equal the module's parameter names; all must be present."""
-    params = dict(module.named_parameters())
-    consumed = set()
-    for name, tensor in weights:
-        param = params.get(name)
-        if param is None:
-            continue
-        if param.shape != tensor.shape:
-            raise ValueError(f"{what}: checkpoint tensor {name!r} has shape "
-                             f"{tuple(tensor.shape)}, expected {tuple(param.shape)} "
-                             "(does num_labels / id2label in config.json match the weights?).")
-        with torch.no_grad():
-            param.copy_(tensor)
-        consumed.add(name)
-    missing = sorted(set(params) - consumed)
-    if missing:
-        raise ValueError(f"{what}: the checkpoint has no weights for {missing}; is this folder "
-                         "a fine-tuned task model? A base model cannot serve this task.")
-    return consumed
+    return copy_named_weights(
+        module, weights, what, "is this folder a fine-tuned task model, and do num_labels / "
+        "id2label in config.json match the weights? A base model cannot serve this task")
 
 
 class BertSequenceHead(nn.Module):

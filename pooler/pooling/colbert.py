@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pooler.colbert import LINEAR_WEIGHT_NAMES, ROLE_KEY
+from pooler.pooling.heads import finalize_token_embeddings
 from pooler.pooling.metadata import PoolingMetadata
 
 
@@ -61,7 +62,7 @@ class ColBERTPooler(nn.Module):
             counts = torch.diff(kept, prepend=kept.new_zeros(1)).tolist()
         out = list(vectors.split(counts))
         if per_request_dims or not all(p.normalize for p in params):
-            out = [self._finish(t, p) for t, p in zip(out, params)]
+            out = [finalize_token_embeddings(t, p) for t, p in zip(out, params)]
         return out
 
     def _keep_mask(self, metadata: PoolingMetadata, rows, lengths: list[int],
@@ -86,16 +87,6 @@ class ColBERTPooler(nn.Module):
             offset += n
         return keep
 
-    @staticmethod
-    def _finish(tokens: torch.Tensor, params) -> torch.Tensor:
-        if params.dimensions is not None:
-            if params.dimensions > tokens.shape[-1]:
-                raise ValueError(f"dimensions={params.dimensions} is larger than the "
-                                 f"model's token embedding size {tokens.shape[-1]}.")
-            tokens = tokens[:, : params.dimensions]
-        if params.normalize:
-            tokens = F.normalize(tokens.float(), p=2, dim=-1).to(tokens.dtype)
-        return tokens
 
 
 def build_colbert_poolers(model_config, backbone: nn.Module) -> dict[str, nn.Module]:

@@ -58,3 +58,17 @@ def finalize_embeddings(vectors: torch.Tensor,
             vector = F.normalize(vector.float(), p=2, dim=-1).to(vector.dtype)
         out.append(vector)
     return out
+
+
+def finalize_token_embeddings(tokens: torch.Tensor, params: PoolingParams) -> torch.Tensor:
+    """Optional Matryoshka truncation then L2 normalization of every token vector.
+
+    tokens: [num_tokens, dim] -> [num_tokens, dimensions or dim]."""
+    if params.dimensions is not None:
+        if params.dimensions > tokens.shape[-1]:
+            raise ValueError(f"dimensions={params.dimensions} is larger than the "
+                             f"model's token embedding size {tokens.shape[-1]}.")
+        tokens = tokens[:, : params.dimensions]
+    if params.normalize:
+        tokens = F.normalize(tokens.float(), p=2, dim=-1).to(tokens.dtype)
+    return tokens

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from pooler.pooling.heads import DenseProjector, finalize_embeddings
+from pooler.pooling.heads import (DenseProjector, finalize_embeddings,
+                                  finalize_token_embeddings)
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.pooling.methods import pool_sequences, split_tokens
 
@@ -42,12 +42,5 @@ class TokenEmbeddingPooler(nn.Module):
             if params.skip_special_tokens and special is not None:
                 keep = torch.tensor([not s for s in special], device=tokens.device)
                 tokens = tokens[keep]
-            if params.dimensions is not None:
-                if params.dimensions > tokens.shape[-1]:
-                    raise ValueError(f"dimensions={params.dimensions} is larger than the "
-                                     f"model's token embedding size {tokens.shape[-1]}.")
-                tokens = tokens[:, : params.dimensions]
-            if params.normalize:
-                tokens = F.normalize(tokens.float(), p=2, dim=-1).to(tokens.dtype)
-            out.append(tokens)
+            out.append(finalize_token_embeddings(tokens, params))
         return out
