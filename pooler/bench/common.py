@@ -19,6 +19,15 @@ _REPO = Path(__file__).resolve().parents[2]
 _SHARED_CANDIDATES = (_REPO.parent / "shared" / "models", _REPO.parent.parent / "shared" / "models")
 
 
+def pooler_engine(model: str | Path, opts: BenchOptions, quantization: str | None = None):
+    """The pooler Engine of a bench side, with the side's device, dtype, budget and threads."""
+    from pooler import Engine
+
+    return Engine(str(model), device=opts.device, dtype=opts.dtype, quantization=quantization,
+                  max_num_batched_tokens=opts.max_num_batched_tokens,
+                  max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+
+
 def shared_model(name: str) -> Path | None:
     """A real model folder from ../shared/models, or None when ../shared is absent."""
     for root in _SHARED_CANDIDATES:

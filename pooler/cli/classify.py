@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from pooler.cli.common import add_engine_args, add_input_args, engine_from_args, read_texts
+from pooler.cli.common import (add_engine_args, add_input_args, add_truncation_arg,
+                               engine_from_args, read_texts)
 
 
 def add_parser(sub) -> None:
@@ -16,8 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--pair", action="append", default=None,
                    help="second text of a pair, once per input text (cross-encoders)")
     p.add_argument("--raw-logits", action="store_true", help="skip the activation")
-    p.add_argument("--no-truncate", action="store_true",
-                   help="fail on over-long inputs instead of truncating them")
+    add_truncation_arg(p)
     p.set_defaults(func=run)
 
 

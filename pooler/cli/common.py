@@ -45,6 +45,11 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
                              "('-' for stdin)")
 
 
+def add_truncation_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-truncate", action="store_true",
+                        help="fail on over-long inputs instead of truncating them")
+
+
 def read_texts(args: argparse.Namespace) -> list[str]:
     if args.texts:
         return list(args.texts)

@@ -6,7 +6,8 @@ import sys
 
 import numpy as np
 
-from pooler.cli.common import add_engine_args, add_input_args, engine_from_args, read_texts
+from pooler.cli.common import (add_engine_args, add_input_args, add_truncation_arg,
+                               engine_from_args, read_texts)
 
 
 def add_parser(sub) -> None:
@@ -18,8 +19,7 @@ def add_parser(sub) -> None:
                    help="'-' for JSONL on stdout, a .jsonl path, or a .npy path")
     p.add_argument("--dimensions", type=int, default=None, help="Matryoshka truncation")
     p.add_argument("--no-normalize", action="store_true", help="skip L2 normalization")
-    p.add_argument("--no-truncate", action="store_true",
-                   help="fail on over-long inputs instead of truncating them")
+    add_truncation_arg(p)
     p.add_argument("--prompt-name", default=None, help="a prompt the model declares")
     p.add_argument("--prompt", default=None, help="a literal prefix for every text")
     p.add_argument("--preview", action="store_true",

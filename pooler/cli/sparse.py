@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-from pooler.cli.common import add_engine_args, add_input_args, engine_from_args, read_texts
+from pooler.cli.common import (add_engine_args, add_input_args, add_truncation_arg,
+                               engine_from_args, read_texts)
 
 
 def add_parser(sub) -> None:
@@ -28,8 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--query", action="store_true",
                    help="encode as queries (inference-free models use static weights)")
     p.add_argument("--tokens", action="store_true", help="also write {token: weight}")
-    p.add_argument("--no-truncate", action="store_true",
-                   help="fail on over-long inputs instead of truncating them")
+    add_truncation_arg(p)
     p.set_defaults(func=run)
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from pooler.bench import corpus
-from pooler.bench.common import cached_folder, digest, minilm_path, save_array, token_lens
+from pooler.bench.common import (cached_folder, digest, minilm_path, pooler_engine, save_array,
+                                 token_lens)
 from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -54,13 +55,9 @@ def _timed(fn, calls: int):
 
 
 def _pooler(opts: BenchOptions) -> SideResult:
-    from pooler import Engine
-
     path = model_path()
     query, docs, calls = _inputs(opts)
-    engine = Engine(str(path), device=opts.device, dtype=opts.dtype,
-                    max_num_batched_tokens=opts.max_num_batched_tokens,
-                    max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+    engine = pooler_engine(path, opts)
 
     def call() -> np.ndarray:  # [num_docs] scores in input order
         scores = np.zeros(len(docs), dtype=np.float32)

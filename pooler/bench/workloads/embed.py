@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from pooler.bench import corpus
+from pooler.bench.common import pooler_engine
 from pooler.bench.machine import encoder_flops_per_token, rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -54,11 +55,7 @@ def _save(opts: BenchOptions, name: str, array: np.ndarray) -> str | None:
 
 # ---- pooler -------------------------------------------------------------------------------
 def _engine(opts: BenchOptions, quantization: str | None):
-    from pooler import Engine
-
-    return Engine(opts.model, device=opts.device, dtype=opts.dtype, quantization=quantization,
-                  max_num_batched_tokens=opts.max_num_batched_tokens,
-                  max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+    return pooler_engine(opts.model, opts, quantization)
 
 
 def _pooler_throughput(quantization: str | None, side: str):

@@ -7,7 +7,8 @@ import random
 import time
 
 from pooler.bench import corpus
-from pooler.bench.common import digest, shared_model, shared_skip_reason, token_lens
+from pooler.bench.common import (digest, pooler_engine, shared_model, shared_skip_reason,
+                                 token_lens)
 from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -71,13 +72,9 @@ def _entities_digest(per_text: list[list[tuple]]) -> str:
 
 
 def _pooler(opts: BenchOptions) -> SideResult:
-    from pooler import Engine
-
     path = shared_model(MODEL)
     texts = _texts(opts)
-    engine = Engine(str(path), device=opts.device, dtype=opts.dtype,
-                    max_num_batched_tokens=opts.max_num_batched_tokens,
-                    max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+    engine = pooler_engine(path, opts)
     engine.ner(texts[:16], aggregation_strategy="simple", use_tqdm=False)  # warm up
     loaded = rss_mb()
     start = time.perf_counter()

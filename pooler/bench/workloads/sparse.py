@@ -7,7 +7,8 @@ import time
 import numpy as np
 
 from pooler.bench import corpus
-from pooler.bench.common import save_array, shared_model, shared_skip_reason, token_lens
+from pooler.bench.common import (pooler_engine, save_array, shared_model, shared_skip_reason,
+                                 token_lens)
 from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -19,13 +20,9 @@ def _texts(opts: BenchOptions) -> list[str]:
 
 
 def _pooler(opts: BenchOptions) -> SideResult:
-    from pooler import Engine
-
     path = shared_model(MODEL)
     texts = _texts(opts)
-    engine = Engine(str(path), device=opts.device, dtype=opts.dtype,
-                    max_num_batched_tokens=opts.max_num_batched_tokens,
-                    max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+    engine = pooler_engine(path, opts)
     engine.embed_sparse(texts[:16], use_tqdm=False)  # warm up
     loaded = rss_mb()
     start = time.perf_counter()
