@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from pooler.bench.registry import BenchOptions
+from pooler.bench.registry import BenchOptions, Side
 
 _REPO = Path(__file__).resolve().parents[2]
 # ../shared from the main checkout, ../../shared from a worktree under /work/wt.
@@ -85,6 +85,35 @@ def token_lens(model: Path, texts: list[str], pairs: list[str] | None = None,
     tok = TextTokenizer(cfg.path, cfg.tokenizer_config, lowercase=lower)
     encoded = tok.encode_batch(texts, pairs, max_length=max_length or cfg.max_model_len)
     return [len(e.input_ids) for e in encoded]
+
+
+def flops_per_token(model: Path, seq_lens: list[int]) -> float:
+    """Encoder forward FLOPs per real token of `model` over sequences of these lengths."""
+    from pooler.bench.machine import encoder_flops_per_token
+
+    return encoder_flops_per_token(json.loads((Path(model) / "config.json").read_text()),
+                                   seq_lens)
+
+
+def pooler_sides(opts: BenchOptions, make: Callable[[str | None, str], Callable],
+                 suffix: str = "") -> list[Side]:
+    """The pooler side of a workload, plus its int8 twin when --quantization int8 is given.
+    `make(quantization, result_name)` returns the side's run function."""
+    sides = [Side(f"pooler{suffix}", "pooler", make(None, f"pooler{suffix}"))]
+    if opts.quantization == "int8":
+        sides.append(Side(f"pooler int8{suffix}", "pooler",
+                          make("int8", f"pooler-int8{suffix}")))
+    return sides
+
+
+def save_json(opts: BenchOptions, name: str, obj) -> str | None:
+    """Structured outputs (one list per input, e.g. NER entities) for the runner's match
+    column, which scores them by per-input set F1 against the baseline's."""
+    if not opts.out_dir:
+        return None
+    path = Path(opts.out_dir) / f"{name}.json"
+    path.write_text(json.dumps(obj))
+    return str(path)
 
 
 def save_array(opts: BenchOptions, name: str, array) -> str | None:

@@ -29,7 +29,7 @@ class Row:
     loaded_rss_mb: float
     ratio: float | None          # vs the workload's baseline (texts/s, or p50 for latency)
     ceiling_pct: float | None    # tokens/s as a share of the GEMM-bound ceiling
-    cos_min: float | None        # outputs vs the baseline's outputs
+    cos_min: float | None        # outputs vs the baseline's (see _match: cosine, or set F1)
     cos_mean: float | None
     note: str = ""
     error: str | None = None
@@ -74,9 +74,21 @@ def run_side(workload: Workload, side: str, opts: BenchOptions) -> SideResult:
         os.unlink(result_path)
 
 
-def _cosines(a_file: str | None, b_file: str | None) -> tuple[float | None, float | None]:
-    if not a_file or not b_file:
+def _match(a_file: str | None, b_file: str | None) -> tuple[float | None, float | None]:
+    """(min, mean) over inputs of how well a side's outputs match the baseline's: cosine of
+    each output vector (.npy rows), or F1 of each input's set of items (.json lists, e.g. NER
+    entities as [label, start, end]; 1.0 when both sets are empty)."""
+    if not a_file or not b_file or Path(a_file).suffix != Path(b_file).suffix:
         return None, None
+    if a_file.endswith(".json"):
+        a, b = json.loads(Path(a_file).read_text()), json.loads(Path(b_file).read_text())
+        if len(a) != len(b):
+            return None, None
+        scores = []
+        for x, y in zip(a, b):
+            x, y = {tuple(i) for i in x}, {tuple(i) for i in y}
+            scores.append(1.0 if not x and not y else 2 * len(x & y) / (len(x) + len(y)))
+        return (min(scores), float(np.mean(scores))) if scores else (None, None)
     a, b = np.load(a_file), np.load(b_file)
     if a.shape != b.shape:
         return None, None
@@ -102,7 +114,7 @@ def _rows(workload: Workload, results: list[SideResult], errors: dict[str, str],
                 ratio = p50 / float(np.percentile(base.latencies_ms, 50))
             elif workload.metric == "throughput":
                 ratio = texts_per_s / (base.texts / base.seconds)
-        cos_min, cos_mean = _cosines(r.outputs_file, base.outputs_file if base else None)
+        cos_min, cos_mean = _match(r.outputs_file, base.outputs_file if base else None)
         rows.append(Row(workload.name, r.side, r.role, texts_per_s, tokens_per_s, p50, p99,
                         r.peak_rss_mb, r.loaded_rss_mb, ratio,
                         100 * tokens_per_s / ceiling if ceiling else None,
@@ -119,7 +131,8 @@ def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
     machine = machine_info()
     gemm = [measure_gemm_gflops(opts.threads)]
     log(f"fp32 GEMM 2048^3 at {opts.threads} threads: {gemm[0]:.0f} GFLOP/s")
-    flops = {w.name: w.flops_per_token(opts) for w in workloads if w.flops_per_token}
+    flops = {w.name: w.flops_per_token(opts) for w in workloads
+             if w.flops_per_token and not (w.skip and w.skip(opts))}
     runs = []
     with tempfile.TemporaryDirectory(prefix="pooler-bench-") as out_dir:
         for index in range(repeat):
@@ -159,7 +172,7 @@ def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
 
 # ---- rendering ----------------------------------------------------------------------------
 _HEADERS = ["workload", "side", "texts/s", "tokens/s", "p50 ms", "p99 ms", "RSS MB loaded/peak",
-            "vs baseline", "% ceiling", "cos min / mean", "note"]
+            "vs baseline", "% ceiling", "match min / mean", "note"]
 
 
 def _cells(row: Row) -> list[str]:
@@ -201,7 +214,8 @@ def summary_lines(report: BenchReport) -> list[str]:
         lines.append(f"{name}: {fpt / 1e6:.1f} MFLOP per real token -> fp32 ceiling "
                      f"{ceiling:.0f} tokens/s")
     lines.append("vs baseline: texts/s ratio for throughput workloads, p50 ratio for latency "
-                 "workloads (lower is faster); cos: outputs vs the baseline's")
+                 "workloads (lower is faster); match: cosine of each output vs the baseline's "
+                 "(NER: F1 of each text's entity set)")
     return lines
 
 

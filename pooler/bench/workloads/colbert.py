@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from pooler.bench import corpus
-from pooler.bench.common import (cached_folder, digest, minilm_path, pooler_engine, save_array,
-                                 token_lens)
+from pooler.bench.common import (cached_folder, digest, flops_per_token, minilm_path,
+                                 pooler_engine, pooler_sides, save_array, token_lens)
 from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -47,14 +47,21 @@ def _calls(opts: BenchOptions, shape: str) -> int:
     return 1 if opts.quick else _CALLS[shape]
 
 
-def _tokens(path: Path, queries: list[str], docs: list[list[str]]) -> int:
-    """Tokens the encoder runs per call: each query expanded to query_length with [MASK]s, each
-    passage with its [D] marker, truncated at document_length."""
+def _seq_lens(path: Path, queries: list[str], docs: list[list[str]]) -> list[int]:
+    """Length of every sequence the encoder runs per call: each query expanded to
+    query_length with [MASK]s, each passage with its [D] marker, truncated at
+    document_length."""
     st = json.loads((path / "config_sentence_transformers.json").read_text())
     q_len, d_len = int(st.get("query_length", 32)), int(st.get("document_length", 180))
     flat = [d for ds in docs for d in ds]
-    return q_len * len(queries) + sum(min(n + 1, d_len)
-                                      for n in token_lens(path, flat, max_length=d_len))
+    return [q_len] * len(queries) + [min(n + 1, d_len)
+                                     for n in token_lens(path, flat, max_length=d_len)]
+
+
+def _flops_per_token(opts: BenchOptions) -> float:
+    """Over the 10 x 100 inputs (the 1 x 100 passages have the same length mix)."""
+    path = model_path()
+    return flops_per_token(path, _seq_lens(path, *_inputs(opts, "10x100")))
 
 
 def _result(side: str, role: str, opts: BenchOptions, shape: str, path: Path, queries, docs,
@@ -62,7 +69,7 @@ def _result(side: str, role: str, opts: BenchOptions, shape: str, path: Path, qu
     calls = len(latencies)
     n_docs = sum(len(ds) for ds in docs)
     top = [[int(i) for i in np.argsort(-row, kind="stable")[:10]] for row in scores]
-    return SideResult(side, role, calls * n_docs, calls * _tokens(path, queries, docs),
+    return SideResult(side, role, calls * n_docs, calls * sum(_seq_lens(path, queries, docs)),
                       sum(latencies) / 1e3, latencies, loaded_rss_mb=loaded,
                       note=f"top-10 digest {digest(top)}",
                       outputs_file=save_array(opts, f"colbert-{side}", scores))
@@ -78,27 +85,32 @@ def _timed(fn, calls: int) -> tuple[list[float], object]:
 
 
 def _pooler(shape: str):
-    def run(opts: BenchOptions) -> SideResult:
-        path = model_path()
-        queries, docs = _inputs(opts, shape)
-        engine = pooler_engine(path, opts)
+    def make(quantization: str | None, side: str):
+        return lambda opts: _run_pooler(opts, shape, quantization, side)
+    return make
 
-        def call() -> np.ndarray:  # [num_queries, num_docs] scores in input order
-            if len(queries) == 1:
-                scores = np.zeros((1, len(docs[0])), dtype=np.float32)
-                for r in engine.rerank(queries[0], docs[0], use_tqdm=False):
-                    scores[0, r.index] = r.score
-                return scores
-            out = engine.score([q for q, ds in zip(queries, docs) for _ in ds],
-                               [d for ds in docs for d in ds], use_tqdm=False)
-            return np.array([o.score for o in out], dtype=np.float32).reshape(len(queries), -1)
 
-        engine.rerank(queries[0], docs[0][:8], use_tqdm=False)  # warm up
-        loaded = rss_mb()
-        latencies, scores = _timed(call, _calls(opts, shape))
-        return _result(f"pooler {shape}", "pooler", opts, shape, path, queries, docs,
-                       latencies, loaded, scores)
-    return run
+def _run_pooler(opts: BenchOptions, shape: str, quantization: str | None,
+                side: str) -> SideResult:
+    path = model_path()
+    queries, docs = _inputs(opts, shape)
+    engine = pooler_engine(path, opts, quantization)
+
+    def call() -> np.ndarray:  # [num_queries, num_docs] scores in input order
+        if len(queries) == 1:
+            scores = np.zeros((1, len(docs[0])), dtype=np.float32)
+            for r in engine.rerank(queries[0], docs[0], use_tqdm=False):
+                scores[0, r.index] = r.score
+            return scores
+        out = engine.score([q for q, ds in zip(queries, docs) for _ in ds],
+                           [d for ds in docs for d in ds], use_tqdm=False)
+        return np.array([o.score for o in out], dtype=np.float32).reshape(len(queries), -1)
+
+    engine.rerank(queries[0], docs[0][:8], use_tqdm=False)  # warm up
+    loaded = rss_mb()
+    latencies, scores = _timed(call, _calls(opts, shape))
+    return _result(side, "pooler", opts, shape, path, queries, docs, latencies, loaded,
+                   scores)
 
 
 def _pylate(shape: str):
@@ -135,8 +147,8 @@ def _pylate(shape: str):
 def _sides(opts: BenchOptions) -> list[Side]:
     sides = []
     for shape in SHAPES:
-        sides += [Side(f"pooler {shape}", "pooler", _pooler(shape)),
-                  Side(f"pylate {shape}", "peer", _pylate(shape))]
+        sides += pooler_sides(opts, _pooler(shape), suffix=f" {shape}") + [
+            Side(f"pylate {shape}", "peer", _pylate(shape))]
     return sides
 
 
@@ -145,5 +157,6 @@ register(Workload(
     description="ColBERT rerank (PyLate layout on the all-MiniLM-L6-v2 backbone), 1 x 100 and "
                 "10 x 100 passages per call, vs PyLate encode + rank.rerank",
     metric="throughput", sides=_sides, baseline="pylate 1x100",
-    baselines={f"pooler {s}": f"pylate {s}" for s in SHAPES} |
-              {f"pylate {s}": f"pylate {s}" for s in SHAPES}))
+    flops_per_token=_flops_per_token,
+    baselines={f"{side} {s}": f"pylate {s}" for s in SHAPES
+               for side in ("pooler", "pooler-int8", "pylate")}))

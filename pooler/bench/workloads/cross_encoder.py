@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from pooler.bench import corpus
-from pooler.bench.common import (cached_folder, digest, minilm_path, pooler_engine, save_array,
-                                 token_lens)
+from pooler.bench.common import (cached_folder, digest, flops_per_token, minilm_path,
+                                 pooler_engine, pooler_sides, save_array, token_lens)
 from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -45,6 +45,12 @@ def _result(side: str, role: str, opts: BenchOptions, path: Path, query: str, do
                       outputs_file=save_array(opts, f"cross_encoder-{side}", scores[None, :]))
 
 
+def _flops_per_token(opts: BenchOptions) -> float:
+    path = model_path()
+    query, docs, _ = _inputs(opts)
+    return flops_per_token(path, token_lens(path, [query] * len(docs), docs))
+
+
 def _timed(fn, calls: int):
     latencies, out = [], None
     for _ in range(calls):
@@ -54,21 +60,23 @@ def _timed(fn, calls: int):
     return latencies, out
 
 
-def _pooler(opts: BenchOptions) -> SideResult:
-    path = model_path()
-    query, docs, calls = _inputs(opts)
-    engine = pooler_engine(path, opts)
+def _pooler(quantization: str | None, side: str):
+    def run(opts: BenchOptions) -> SideResult:
+        path = model_path()
+        query, docs, calls = _inputs(opts)
+        engine = pooler_engine(path, opts, quantization)
 
-    def call() -> np.ndarray:  # [num_docs] scores in input order
-        scores = np.zeros(len(docs), dtype=np.float32)
-        for r in engine.rerank(query, docs, use_tqdm=False):
-            scores[r.index] = r.score
-        return scores
+        def call() -> np.ndarray:  # [num_docs] scores in input order
+            scores = np.zeros(len(docs), dtype=np.float32)
+            for r in engine.rerank(query, docs, use_tqdm=False):
+                scores[r.index] = r.score
+            return scores
 
-    engine.rerank(query, docs[:8], use_tqdm=False)  # warm up
-    loaded = rss_mb()
-    latencies, scores = _timed(call, calls)
-    return _result("pooler", "pooler", opts, path, query, docs, latencies, loaded, scores)
+        engine.rerank(query, docs[:8], use_tqdm=False)  # warm up
+        loaded = rss_mb()
+        latencies, scores = _timed(call, calls)
+        return _result(side, "pooler", opts, path, query, docs, latencies, loaded, scores)
+    return run
 
 
 def _cross_encoder(opts: BenchOptions) -> SideResult:
@@ -96,6 +104,6 @@ register(Workload(
     description="cross-encoder rerank (all-MiniLM-L6-v2 backbone, seeded 1-label head), "
                 "1 query x 100 passages per call vs sentence-transformers CrossEncoder.rank",
     metric="throughput",
-    sides=lambda opts: [Side("pooler", "pooler", _pooler),
-                        Side("CrossEncoder.rank", "peer", _cross_encoder)],
-    baseline="CrossEncoder.rank"))
+    sides=lambda opts: pooler_sides(opts, _pooler) + [
+        Side("CrossEncoder.rank", "peer", _cross_encoder)],
+    baseline="CrossEncoder.rank", flops_per_token=_flops_per_token))

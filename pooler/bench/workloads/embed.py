@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from pooler.bench import corpus
-from pooler.bench.common import pooler_engine
+from pooler.bench.common import pooler_engine, pooler_sides
 from pooler.bench.machine import encoder_flops_per_token, rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -154,22 +154,15 @@ def _st_latency(opts: BenchOptions) -> SideResult:
 
 
 # ---- registration -------------------------------------------------------------------------
-def _pooler_sides(opts: BenchOptions, make) -> list[Side]:
-    sides = [Side("pooler", "pooler", make(None, "pooler"))]
-    if opts.quantization == "int8":
-        sides.append(Side("pooler int8", "pooler", make("int8", "pooler-int8")))
-    return sides
-
-
 def _embed_sides(opts: BenchOptions) -> list[Side]:
-    return _pooler_sides(opts, _pooler_throughput) + [
+    return pooler_sides(opts, _pooler_throughput) + [
         Side("st b32", "peer", _st_throughput(32, "st b32")),
         Side("st best", "peer", _st_throughput(None, "st best")),
     ]
 
 
 def _latency_sides(opts: BenchOptions) -> list[Side]:
-    return _pooler_sides(opts, _pooler_latency) + [
+    return pooler_sides(opts, _pooler_latency) + [
         Side("sentence-transformers", "peer", _st_latency)]
 
 

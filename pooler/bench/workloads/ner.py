@@ -7,8 +7,8 @@ import random
 import time
 
 from pooler.bench import corpus
-from pooler.bench.common import (digest, pooler_engine, shared_model, shared_skip_reason,
-                                 token_lens)
+from pooler.bench.common import (digest, flops_per_token, pooler_engine, pooler_sides,
+                                 save_json, shared_model, shared_skip_reason, token_lens)
 from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -71,18 +71,26 @@ def _entities_digest(per_text: list[list[tuple]]) -> str:
     return f"{count} entities, digest {digest(per_text)}"
 
 
-def _pooler(opts: BenchOptions) -> SideResult:
+def _flops_per_token(opts: BenchOptions) -> float:
     path = shared_model(MODEL)
-    texts = _texts(opts)
-    engine = pooler_engine(path, opts)
-    engine.ner(texts[:16], aggregation_strategy="simple", use_tqdm=False)  # warm up
-    loaded = rss_mb()
-    start = time.perf_counter()
-    out = engine.ner(texts, aggregation_strategy="simple", use_tqdm=False)
-    seconds = time.perf_counter() - start
-    found = [[(e.entity_group, e.start, e.end) for e in ents] for ents in out]
-    return SideResult("pooler", "pooler", len(texts), sum(token_lens(path, texts)), seconds,
-                      loaded_rss_mb=loaded, note=_entities_digest(found))
+    return flops_per_token(path, token_lens(path, _texts(opts)))
+
+
+def _pooler(quantization: str | None, side: str):
+    def run(opts: BenchOptions) -> SideResult:
+        path = shared_model(MODEL)
+        texts = _texts(opts)
+        engine = pooler_engine(path, opts, quantization)
+        engine.ner(texts[:16], aggregation_strategy="simple", use_tqdm=False)  # warm up
+        loaded = rss_mb()
+        start = time.perf_counter()
+        out = engine.ner(texts, aggregation_strategy="simple", use_tqdm=False)
+        seconds = time.perf_counter() - start
+        found = [[(e.entity_group, e.start, e.end) for e in ents] for ents in out]
+        return SideResult(side, "pooler", len(texts), sum(token_lens(path, texts)), seconds,
+                          loaded_rss_mb=loaded, note=_entities_digest(found),
+                          outputs_file=save_json(opts, f"ner-{side}", found))
+    return run
 
 
 def _pipeline(opts: BenchOptions) -> SideResult:
@@ -110,7 +118,8 @@ def _pipeline(opts: BenchOptions) -> SideResult:
     sweep = ", ".join(f"b{b}={r:.0f}" for b, r in rates.items())
     return SideResult("transformers pipeline", "peer", len(texts),
                       sum(token_lens(path, texts)), seconds, loaded_rss_mb=loaded,
-                      note=f"batch {chosen} (sweep texts/s {sweep}); {_entities_digest(found)}")
+                      note=f"batch {chosen} (sweep texts/s {sweep}); {_entities_digest(found)}",
+                      outputs_file=save_json(opts, "ner-pipeline", found))
 
 
 register(Workload(
@@ -118,6 +127,7 @@ register(Workload(
     description="NER (ner-pii-minilm, aggregation simple) on 500 texts with names, emails, "
                 "phones and addresses vs the transformers token-classification pipeline",
     metric="throughput",
-    sides=lambda opts: [Side("pooler", "pooler", _pooler),
-                        Side("transformers pipeline", "peer", _pipeline)],
-    baseline="transformers pipeline", skip=lambda opts: shared_skip_reason(MODEL)))
+    sides=lambda opts: pooler_sides(opts, _pooler) + [
+        Side("transformers pipeline", "peer", _pipeline)],
+    baseline="transformers pipeline", flops_per_token=_flops_per_token,
+    skip=lambda opts: shared_skip_reason(MODEL)))
