@@ -84,12 +84,11 @@ class Engine:
         return self.core.model_runner.supported_tasks
 
     @property
-    def embedding_size(self) -> int:
-        """Size of an `embed` vector (after the model's Dense projections)."""
-        poolers = self.core.model_runner.model.pooler.poolers
-        pooler = poolers["embed"] if "embed" in poolers else None
-        projected = getattr(getattr(pooler, "projector", None), "out_features", None)
-        return projected or self.model_config.hidden_size
+    def embedding_size(self) -> int | None:
+        """Length of an `embed` vector before any `dimensions` truncation (after the model's
+        Dense projections; the vocabulary size for a declared SPLADE model); None when the
+        model has no embed task. The runner's embed pooler says it."""
+        return self.core.model_runner.output_size("embed")
 
     @property
     def default_task(self) -> str:
@@ -384,12 +383,15 @@ class Engine:
 
     # ---- plumbing -----------------------------------------------------------------------
     def verify_params(self, params: PoolingParams) -> PoolingParams:
-        params = params.verify(self.model_config, self.default_task)
-        if params.task == "embed" and params.dimensions is not None \
-                and params.dimensions > self.embedding_size:
+        """The one check of a request's params against this model (the server relies on it):
+        defaults filled, `dimensions` positive and at most the vector size, task supported."""
+        params = params.verify(self.model_config, self.default_task)  # dimensions > 0
+        size = (self.core.model_runner.output_size(params.task)
+                if params.dimensions is not None else None)
+        if size is not None and params.dimensions > size:
+            what = "embedding" if params.task == "embed" else "token embedding"
             raise ValueError(f"dimensions={params.dimensions} is larger than the model's "
-                             f"embedding size {self.embedding_size}; use a value <= "
-                             f"{self.embedding_size}.")
+                             f"{what} size {size}; use a value <= {size}.")
         if params.task not in self.supported_tasks:
             raise ValueError(f"Unsupported task: {params.task!r}. "
                              f"Supported tasks: {sorted(self.supported_tasks)}")

@@ -28,6 +28,11 @@ class ColBERTPooler(nn.Module):
                              persistent=False)
         self.linear_from_checkpoint = linear_from_checkpoint
 
+    @property
+    def out_features(self) -> int:
+        """Length of each token's vector: the projection's output."""
+        return self.projector.out_features
+
     def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> set[str]:
         """Stanford / plain layouts keep the projection in the main checkpoint."""
         if not self.linear_from_checkpoint:

@@ -21,6 +21,13 @@ class DispatchPooler(nn.Module):
     def get_supported_tasks(self) -> frozenset[str]:
         return frozenset(self.poolers.keys())
 
+    def output_size(self, task: str) -> int | None:
+        """Length of one vector `task` returns (embed: the pooled vector; token_embed: each
+        token's), as that task's pooler reports it; None when the model lacks the task or its
+        output is not such a vector."""
+        pooler = self.poolers[task] if task in self.poolers else None
+        return getattr(pooler, "out_features", None)
+
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         """hidden: [num_tokens, hidden] -> one output tensor per request, in request order."""
         by_task: dict[str, list[int]] = {}
@@ -63,9 +70,10 @@ def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPool
             mode, include_prompt = ("lasttoken" if model_config.attn_type == "decoder"
                                     else "cls"), True
         projector = DenseProjector(st.dense if st is not None else [])
-        poolers["embed"] = EmbeddingPooler(mode, include_prompt, projector)
+        poolers["embed"] = EmbeddingPooler(mode, include_prompt, projector,
+                                           model_config.hidden_size)
     if "token_embed" in tasks:
-        poolers["token_embed"] = TokenEmbeddingPooler()
+        poolers["token_embed"] = TokenEmbeddingPooler(model_config.hidden_size)
     family = _family_poolers(model_config, backbone, poolers)
     poolers.update(family)
     if "classify" in tasks and "classify" not in family:

@@ -14,10 +14,17 @@ class EmbeddingPooler(nn.Module):
     """embed: one vector per request."""
     task = "embed"
 
-    def __init__(self, mode: str, include_prompt: bool, projector: DenseProjector):
+    def __init__(self, mode: str, include_prompt: bool, projector: DenseProjector,
+                 hidden_size: int):
         super().__init__()
         self.mode, self.include_prompt = mode, include_prompt
         self.projector = projector
+        self.hidden_size = hidden_size
+
+    @property
+    def out_features(self) -> int:
+        """Length of an output vector: the last Dense module's, else the hidden size."""
+        return self.projector.out_features or self.hidden_size
 
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         pooled = pool_sequences(self.mode, hidden, metadata, self.include_prompt)  # [R, H]
@@ -28,9 +35,15 @@ class TokenEmbeddingPooler(nn.Module):
     """token_embed: every token's vector, [seq_len, dim] per request."""
     task = "token_embed"
 
-    def __init__(self, projector: nn.Module | None = None):
+    def __init__(self, hidden_size: int, projector: nn.Module | None = None):
         super().__init__()
         self.projector = projector
+        self.hidden_size = hidden_size
+
+    @property
+    def out_features(self) -> int:
+        """Length of each token's vector."""
+        return self.projector.out_features if self.projector is not None else self.hidden_size
 
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         out = []

@@ -178,6 +178,12 @@ class SparseOrDenseEmbedPooler(nn.Module):
         self.sparse = SpladePooler(MLMHead(model_config.hf_config, backbone.get_input_embeddings),
                                    layout.pooling, layout.activation)
 
+    @property
+    def out_features(self) -> int:
+        """Length of a plain embed vector: the vocabulary when the folder declares SPLADE
+        (sparse is then the default), else the dense pooler's."""
+        return self.sparse.head.vocab_size if self.default_sparse else self.dense.out_features
+
     def is_sparse(self, params: PoolingParams) -> bool:
         if SparseOptions.from_extra(params.extra) is not None:
             return True

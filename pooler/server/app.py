@@ -1,8 +1,7 @@
 """The app factory: `create_app(engine, settings)` -> a FastAPI app serving that engine.
 
 The lifespan starts the engine's background loop (one thread owns the model; handlers'
-requests from every client join its batches), probes the embedding size, then marks the
-server ready. On shutdown (uvicorn finishes in-flight requests first on SIGTERM) it drains the
+requests from every client join its batches), then marks the server ready. On shutdown (uvicorn finishes in-flight requests first on SIGTERM) it drains the
 engine and stops the loop.
 """
 from __future__ import annotations
@@ -49,10 +48,6 @@ def create_app(engine, settings: ServerSettings | None = None, *,
         if metrics.on_step not in loop.step_listeners:
             loop.step_listeners.append(metrics.on_step)
             loop.queue_listeners.append(metrics.on_queued)
-        if "embed" in engine.supported_tasks:
-            probe = await asyncio.get_running_loop().run_in_executor(
-                state.executor, lambda: engine.embed(["probe"], use_tqdm=False))
-            state.embedding_dim = int(probe[0].embedding.shape[-1])
         state.ready = True
         logger.info("pooler serving %s (tasks %s)", state.model_name,
                     sorted(engine.supported_tasks))
@@ -94,7 +89,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
         return {"model_id": state.model_name, "model_path": str(mc.path),
                 "model_dtype": mc.dtype, "architecture": mc.architecture,
                 "tasks": sorted(engine.supported_tasks), "default_task": engine.default_task,
-                "embedding_dimensions": state.embedding_dim,
+                "embedding_dimensions": engine.embedding_size,
                 "max_input_length": mc.max_model_len,
                 "max_batch_tokens": sc.max_num_batched_tokens,
                 "max_batch_requests": sc.max_num_seqs,

@@ -23,6 +23,7 @@ from fastapi.responses import Response
 
 from pooler.engine.engine_loop import CallContext, RequestCancelled, current_call
 from pooler.engine.input_processor import normalize_inputs
+from pooler.params import PoolingParams
 from pooler.server.errors import APIError, bad_request, unsupported
 from pooler.server.limits import Admission
 from pooler.server.metrics import ServerMetrics
@@ -57,7 +58,6 @@ class ServerState:
                                            thread_name_prefix="pooler-http")
         self.ready = False
         self.started_at = time.time()
-        self.embedding_dim: int | None = None
 
     # ---- checks (event loop; cheap) -----------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -82,15 +82,16 @@ class ServerState:
         except ValueError as exc:
             raise bad_request(str(exc), field) from None
 
-    def check_dimensions(self, dimensions: int | None) -> None:
+    def check_dimensions(self, dimensions: int | None, task: str = "embed") -> None:
+        """400 naming `dimensions` before any work is admitted. The engine's verify_params
+        decides (positive, at most the model's vector size for `task`); this only maps its
+        ValueError to the field. Run after `require`, so `task` itself is known good."""
         if dimensions is None:
             return
-        if dimensions <= 0:
-            raise bad_request(f"dimensions must be a positive integer, got {dimensions}.",
-                              "dimensions")
-        if self.embedding_dim is not None and dimensions > self.embedding_dim:
-            raise bad_request(f"dimensions={dimensions} is larger than the model's embedding "
-                              f"size {self.embedding_dim}.", "dimensions")
+        try:
+            self.engine.verify_params(PoolingParams(task=task, dimensions=dimensions))
+        except ValueError as exc:
+            raise bad_request(str(exc), "dimensions") from None
 
     def truncation(self, body, only_set: bool = False) -> dict[str, Any]:
         """Engine kwargs from a body's truncate / truncate_prompt_tokens /

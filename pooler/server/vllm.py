@@ -49,8 +49,7 @@ async def pooling(body: PoolingRequest, request: Request):
     task = body.task or state.engine.default_task
     state.require("encode", task, f"the {task!r} task")
     items = state.inputs(body.input, "input")
-    if task in ("embed", "token_embed"):
-        state.check_dimensions(body.dimensions)
+    state.check_dimensions(body.dimensions, task)
     truncation = state.truncation(body)
     params = PoolingParams(task=task, dimensions=body.dimensions, normalize=body.normalize,
                            use_activation=body.use_activation)

@@ -36,6 +36,10 @@ class ModelRunner(RunnerRequestState):
     def supported_tasks(self) -> frozenset[str]:
         return self.pooling_runner.supported_tasks
 
+    def output_size(self, task: str) -> int | None:
+        """Length of one `task` vector (see DispatchPooler.output_size)."""
+        return self.model.pooler.output_size(task)
+
     # ---- one step -----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.finish_requests(scheduler_output)

@@ -78,6 +78,10 @@ class TransformersRunner(RunnerRequestState):
     def supported_tasks(self) -> frozenset[str]:
         return self.pooling_runner.supported_tasks
 
+    def output_size(self, task: str) -> int | None:
+        """Length of one `task` vector; classifier heads (no pooler here) report None."""
+        return self.pooler.output_size(task) if self.pooler is not None else None
+
     def _load_model(self):
         try:
             import transformers

@@ -83,8 +83,11 @@ def test_preempted_docs_keep_their_reservations_and_score_on_retry(engine):
     core.add_request(q)
     _step_all(core)
     docs = _requests(engine, DOCS[:2], "document", [LateInteractionParams("score_doc", "k")] * 2)
+    # PoolingParams.verify alone, not Engine.verify_params (which rejects the size up front):
+    # a request that reaches the batch and fails inside the pooler.
     bad = Request("bad", docs[0].prompt_token_ids,
-                  engine.verify_params(PoolingParams(task="token_embed", dimensions=10_000)))
+                  PoolingParams(task="token_embed", dimensions=10_000).verify(
+                      engine.model_config, engine.default_task))
     for r in docs + [bad]:
         core.add_request(r)
     assert core.step() == []  # the batch fails as a whole: everything is preempted

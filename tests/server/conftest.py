@@ -10,11 +10,12 @@ import os
 import shutil
 import socket
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.server.health import wait_until_healthy
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -46,18 +47,8 @@ def serve(engine, settings=None, owns_engine: bool = False):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline or not thread.is_alive():
-            server.should_exit = True
-            raise RuntimeError("server did not become healthy")
-        time.sleep(0.05)
     try:
+        wait_until_healthy(url, 60, thread.is_alive)
         yield url, app
     finally:
         server.should_exit = True

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from pooler.cli.main import build_parser
+from tests.server.health import wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,16 +46,11 @@ def test_serve_subprocess_and_graceful_sigterm(minilm_path):
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "server never became healthy"
-            time.sleep(0.1)
+        try:
+            wait_until_healthy(url, 120, lambda: proc.poll() is None, poll_interval=0.1)
+        except RuntimeError as exc:
+            output = proc.stdout.read().decode() if proc.poll() is not None else ""
+            pytest.fail(f"{exc}\n{output}")
         assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "minilm"
 
         # An in-flight request when SIGTERM arrives still gets its full answer.

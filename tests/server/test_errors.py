@@ -40,6 +40,19 @@ def test_invalid_embeddings_requests(client, body, param, contains):
     assert_error(client.post("/v1/embeddings", json=body), 400, param, contains)
 
 
+@pytest.mark.parametrize("route,body,contains", [
+    ("/v1/embeddings", {"input": "a", "dimensions": 385}, "embedding size 384; use a value <="),
+    ("/embed", {"inputs": "a", "dimensions": 385}, "embedding size 384; use a value <="),
+    ("/pooling", {"input": "a", "dimensions": 385}, "embedding size 384"),
+    ("/pooling", {"input": "a", "task": "token_embed", "dimensions": 385},
+     "token embedding size 384"),
+    ("/pooling", {"input": "a", "task": "token_embed", "dimensions": -2}, "positive"),
+])
+def test_dimensions_rejected_by_the_engine_reported_as_the_field(client, route, body, contains):
+    """The engine's verify_params decides; every route answers 400 naming `dimensions`."""
+    assert_error(client.post(route, json=body), 400, "dimensions", contains)
+
+
 def test_unknown_model_bad_token_ids_and_overlong(client):
     assert_error(client.post("/v1/embeddings", json={"input": "a", "model": "gpt-4"}),
                  404, "model", "does not exist")
