@@ -386,6 +386,8 @@ class Engine:
         """The one check of a request's params against this model (the server relies on it):
         defaults filled, `dimensions` positive and at most the vector size, task supported."""
         params = params.verify(self.model_config, self.default_task)  # dimensions > 0
+        if params.task in self.supported_tasks:
+            self.core.model_runner.check_params(params)  # e.g. dimensions on sparse vectors
         size = (self.core.model_runner.output_size(params.task)
                 if params.dimensions is not None else None)
         if size is not None and params.dimensions > size:

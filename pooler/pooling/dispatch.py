@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from pooler.config import ModelConfig
+from pooler.params import PoolingParams
 from pooler.pooling.classify import build_sequence_classifier, build_token_classifier
 from pooler.pooling.heads import DenseProjector
 from pooler.pooling.metadata import PoolingMetadata
@@ -27,6 +28,14 @@ class DispatchPooler(nn.Module):
         output is not such a vector."""
         pooler = self.poolers[task] if task in self.poolers else None
         return getattr(pooler, "out_features", None)
+
+    def check_params(self, params: PoolingParams) -> None:
+        """Raise ValueError (naming the field and the fix) when the task's pooler cannot serve
+        these params; poolers opt in with a `check_params` method of their own."""
+        pooler = self.poolers[params.task] if params.task in self.poolers else None
+        check = getattr(pooler, "check_params", None)
+        if check is not None:
+            check(params)
 
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         """hidden: [num_tokens, hidden] -> one output tensor per request, in request order."""

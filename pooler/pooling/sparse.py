@@ -189,6 +189,12 @@ class SparseOrDenseEmbedPooler(nn.Module):
             return True
         return self.default_sparse and params.extra.get("sparse", None) is None
 
+    def check_params(self, params: PoolingParams) -> None:
+        if params.dimensions is not None and self.is_sparse(params):
+            raise ValueError("dimensions does not apply to sparse embeddings (one weight per "
+                             "vocabulary term); leave it unset, and use top_k to keep only "
+                             "the k largest weights.")
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         weights = list(weights)
         consumed = self.sparse.load_weights(weights)

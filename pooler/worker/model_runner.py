@@ -15,6 +15,7 @@ from pooler.config import ModelConfig
 from pooler.engine.scheduler import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pooler.loader import build_model, load_weights_into
 from pooler.models.inputs import ModelInputs
+from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.worker.memory import HeapTrimmer
 from pooler.worker.pooling_runner import PoolingRunner
@@ -39,6 +40,10 @@ class ModelRunner(RunnerRequestState):
     def output_size(self, task: str) -> int | None:
         """Length of one `task` vector (see DispatchPooler.output_size)."""
         return self.model.pooler.output_size(task)
+
+    def check_params(self, params: PoolingParams) -> None:
+        """ValueError when the model's pooler for params.task cannot serve them."""
+        self.model.pooler.check_params(params)
 
     # ---- one step -----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

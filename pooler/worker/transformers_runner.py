@@ -82,6 +82,10 @@ class TransformersRunner(RunnerRequestState):
         """Length of one `task` vector; classifier heads (no pooler here) report None."""
         return self.pooler.output_size(task) if self.pooler is not None else None
 
+    def check_params(self, params: PoolingParams) -> None:
+        if self.pooler is not None:
+            self.pooler.check_params(params)
+
     def _load_model(self):
         try:
             import transformers

@@ -131,6 +131,21 @@ def test_declared_sparse_encoder_folder(tmp_path):
 
 
 @needs_splade_tiny
+def test_dimensions_on_sparse_vectors_is_a_clear_error(tmp_path, splade_engine):
+    """A sparse vector has one weight per vocabulary term: `dimensions` cannot apply, and
+    the request fails before it is queued, not inside a batch."""
+    _sparse_encoder(SPLADE_TINY).save(str(tmp_path / "st"))
+    declared = Engine(str(tmp_path / "st"), device="cpu")
+    with pytest.raises(ValueError, match="dimensions does not apply to sparse.*top_k"):
+        declared.embed(TEXTS[:2], dimensions=8)
+    sparse = PoolingParams(task="embed", dimensions=8, extra={"sparse": {}})
+    with pytest.raises(ValueError, match="dimensions does not apply to sparse"):
+        splade_engine.verify_params(sparse)
+    # A plain MLM folder's embed is dense by default: dimensions truncates as usual.
+    assert splade_engine.embed(TEXTS[:2], dimensions=8)[0].embedding.shape == (8,)
+
+
+@needs_splade_tiny
 def test_inference_free_router_folder(tmp_path):
     """Router: query = SparseStaticEmbedding (static weights), document = SPLADE."""
     from sentence_transformers import SparseEncoder

@@ -128,6 +128,20 @@ def test_embed_sparse_route(shared_model_path, serve_app):
         np.testing.assert_allclose([x["value"] for x in got], e.values, atol=1e-6)
 
 
+def test_dimensions_on_a_declared_splade_model_is_a_400(shared_model_path, serve_app, tmp_path):
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
+
+    SparseEncoder(modules=[MLMTransformer(str(shared_model_path("splade-tiny"))),
+                           SpladePooling("max")], device="cpu").save(str(tmp_path / "st"))
+    engine = Engine(str(tmp_path / "st"))
+    with serve_app(engine, owns_engine=True) as (url, _), httpx.Client(base_url=url) as c:
+        r = c.post("/v1/embeddings", json={"input": "sparse", "dimensions": 8})
+        assert r.status_code == 400, r.text
+        assert "dimensions" in r.text and "top_k" in r.text
+        assert c.post("/v1/embeddings", json={"input": "sparse"}).status_code == 200
+
+
 def test_bi_encoder_score_and_rerank(url, engine):
     """An embedding model scores by cosine similarity, as sentence-transformers does."""
     query = "where is the eiffel tower?"
