@@ -67,6 +67,7 @@ class TransformersRunner(RunnerRequestState):
             from pooler.pooling.dispatch import build_pooler
 
             self.pooler = build_pooler(model_config, self.model)
+            self._load_head_weights()
             for module in self.pooler.modules():  # sentence-transformers Dense folders
                 if hasattr(module, "load_own_weights"):
                     module.load_own_weights()
@@ -85,6 +86,25 @@ class TransformersRunner(RunnerRequestState):
     def check_params(self, params: PoolingParams) -> None:
         if self.pooler is not None:
             self.pooler.check_params(params)
+
+    def _load_head_weights(self) -> None:
+        """Offer the checkpoint to pooler-side heads (the masked-LM head SPLADE needs), named
+        as the native loader names them: AutoModel loads the encoder only."""
+        from pooler.loader import iterate_weights, strip_prefix
+        from pooler.models import registry
+
+        spec = registry.NATIVE_ARCHITECTURES.get(self.model_config.architecture)
+        # Architectures without a native backbone: the usual task-model prefixes.
+        prefixes = (getattr(registry.load_backbone_class(spec), "weight_prefixes", ())
+                    if spec is not None else ("bert.", "roberta.", "model."))
+        weights = [(strip_prefix(n, prefixes), t)
+                   for n, t in iterate_weights(self.model_config.path)]
+        self.pooler.load_weights(weights, self.model_config)
+
+    def reset_caches(self) -> None:
+        """Free the device allocator's cached blocks (the native runner's contract)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _load_model(self):
         try:

@@ -241,3 +241,13 @@ def test_sparse_and_dense_requests_in_one_batch(splade_engine):
     alone_dense = splade_engine.embed(TEXTS[1], normalize=False)[0]
     np.testing.assert_allclose(_dense([alone_sparse], 30522)[0], mixed[0].data.numpy(), atol=1e-5)
     np.testing.assert_allclose(alone_dense.embedding, mixed[1].data.numpy(), atol=1e-5)
+
+
+@needs_splade_tiny
+def test_transformers_fallback_runner_serves_splade(splade_engine):
+    """runner='transformers' loads the masked-LM head into the SPLADE pooler too, and takes
+    reset_cache like the native runner."""
+    fallback = Engine(str(SPLADE_TINY), device="cpu", runner="transformers")
+    fallback.reset_cache()
+    _assert_same_sparse(_dense(fallback.embed_sparse(TEXTS), 30522),
+                        _dense(splade_engine.embed_sparse(TEXTS), 30522))
