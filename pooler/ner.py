@@ -85,14 +85,15 @@ def extract_entities(text: str, token_ids: Sequence[int], scores: np.ndarray,
         entities = [_aggregate_word(group, strategy, labels, rules)
                     for group in _words(tokens)]
     else:
-        entities = []
-        for t in tokens:
-            best = int(t.scores.argmax())
-            entities.append(Entity(score=float(t.scores[best]), word=t.word, start=t.start,
-                                   end=t.end, entity=labels[best], index=t.index))
-    if strategy != "none":
-        entities = _group(entities, rules)
+        # Each token's best label for all tokens at once (per-token argmax calls measured
+        # ~10% of the NER benchmark's post-processing).
+        best = scores.argmax(axis=1)  # [num_tokens]
+        top = scores.max(axis=1)  # [num_tokens]
+        entities = [Entity(score=float(top[t.index]), word=t.word, start=t.start, end=t.end,
+                           entity=labels[int(best[t.index])], index=t.index) for t in tokens]
     ignored = set(ignore_labels or ())
+    if strategy != "none":
+        entities = _group(entities, rules, ignored)
     return [e for e in entities if e.label not in ignored]
 
 
@@ -152,8 +153,9 @@ def _split_tag(label: str) -> tuple[str, str]:
     return "I", label
 
 
-def _group(entities: list[Entity], rules: SubwordRules) -> list[Entity]:
-    """Merge runs of adjacent results with the same tag; a B-/S- tag starts a new entity."""
+def _group(entities: list[Entity], rules: SubwordRules, ignored: set[str]) -> list[Entity]:
+    """Merge runs of adjacent results with the same tag; a B-/S- tag starts a new entity.
+    Groups whose tag is in `ignored` (e.g. "O") are dropped here, never built."""
     groups: list[list[Entity]] = []
     for e in entities:
         if groups:
@@ -163,7 +165,9 @@ def _group(entities: list[Entity], rules: SubwordRules) -> list[Entity]:
                 groups[-1].append(e)
                 continue
         groups.append([e])
-    return [Entity(score=float(np.nanmean([e.score for e in g])),
+    return [Entity(score=g[0].score if len(g) == 1 else float(np.mean([e.score for e in g])),
                    word=rules.join([e.word for e in g]), start=g[0].start, end=g[-1].end,
-                   entity_group=g[0].entity.split("-", 1)[-1])  # type: ignore[union-attr]
-            for g in groups]
+                   entity_group=group_tag)
+            for g in groups  # the tag after the B-/I- prefix names the group
+            if (group_tag := g[0].entity.split("-", 1)[-1])  # type: ignore[union-attr]
+            not in ignored]
