@@ -52,6 +52,7 @@ class ModelRunner(RunnerRequestState):
         if not new_reqs:
             return ModelRunnerOutput()
         req_ids = [r.req_id for r in new_reqs]
+        num_tokens = sum(len(r.prompt_token_ids) for r in new_reqs)
         try:
             self.add_requests(new_reqs)
             inputs, metadata = self._prepare_inputs(new_reqs)
@@ -65,7 +66,7 @@ class ModelRunner(RunnerRequestState):
             return ModelRunnerOutput(req_ids=req_ids,
                                      batch_error=f"{type(exc).__name__}: {exc}")
         finally:
-            self.heap_trimmer.maybe_trim()
+            self.heap_trimmer.maybe_trim(num_tokens)
         return ModelRunnerOutput(req_ids=req_ids, pooler_outputs=outputs, errors=errors)
 
     def _prepare_inputs(self, reqs: list[NewRequestData]) -> tuple[ModelInputs, PoolingMetadata]:

@@ -13,11 +13,28 @@ def test_trims_only_past_threshold(monkeypatch):
     calls, rss = [], [500.0]
     monkeypatch.setattr(trimmer, "_trim", lambda pad: calls.append(pad) or 1)
     monkeypatch.setattr(HeapTrimmer, "rss_mb", staticmethod(lambda: rss[0]))
-    trimmer.maybe_trim()            # first call sets the baseline
+    trimmer.maybe_trim(10)          # first call sets the baseline
     rss[0] = 590.0
-    trimmer.maybe_trim()
+    trimmer.maybe_trim(5000)
     assert calls == []
     rss[0] = 620.0
-    trimmer.maybe_trim()
+    trimmer.maybe_trim(5000)
     assert calls == [0]
     assert trimmer._baseline_mb == 620.0
+
+
+def test_reads_rss_only_every_check_every_tokens(monkeypatch):
+    """Small steps (one short query) skip the /proc read until enough tokens have run."""
+    trimmer = HeapTrimmer(threshold_mb=100, check_every_tokens=100)
+    if trimmer._trim is None:
+        pytest.skip("no glibc malloc_trim here")
+    reads, calls = [], []
+    monkeypatch.setattr(trimmer, "_trim", lambda pad: calls.append(pad) or 1)
+    monkeypatch.setattr(HeapTrimmer, "rss_mb", staticmethod(lambda: reads.append(1) or 900.0))
+    trimmer.maybe_trim(12)  # the first step always reads (baseline)
+    assert len(reads) == 1
+    for _ in range(8):      # 96 tokens: below the check interval
+        trimmer.maybe_trim(12)
+    assert len(reads) == 1
+    trimmer.maybe_trim(12)  # 108 tokens since the last read
+    assert len(reads) == 2 and calls == []
