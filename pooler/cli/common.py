@@ -20,7 +20,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     parser.add_argument("--device", default="auto", help="cpu | cuda | auto")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="token budget of one forward pass")
+                        help="token budget of one forward pass (default: 2048 on CPU, "
+                        "16384 on CUDA)")
     parser.add_argument("--max-num-seqs", type=int, default=256,
                         help="most sequences in one forward pass")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")

@@ -11,6 +11,7 @@ on the per-sequence path with a [L, L] mask, never padded.
 """
 from __future__ import annotations
 
+import inspect
 from functools import lru_cache
 
 import torch
@@ -18,8 +19,35 @@ import torch.nn.functional as F
 
 try:  # torch >= 2.9 ships a varlen flash-attention entry point (CUDA only).
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+    _VARLEN_PARAMS = frozenset(inspect.signature(_varlen_attn).parameters)
 except ImportError:  # pragma: no cover - older torch
-    _varlen_attn = None
+    _varlen_attn, _VARLEN_PARAMS = None, frozenset()
+
+
+def varlen_kwargs(causal: bool, half_window: int | None, scale: float | None, gqa: bool,
+                  params: frozenset[str] = _VARLEN_PARAMS) -> dict | None:
+    """Keyword arguments that ask this torch's varlen_attn for this attention pattern, or None
+    when its signature cannot express it (the per-sequence path runs instead). Its keywords
+    changed across releases: causal and local attention are `window_size=(left, right)` (flash
+    semantics: query i sees keys i-left..i+right, -1 unbounded) in torch 2.13."""
+    kwargs: dict = {}
+    if scale is not None:
+        if "scale" not in params:
+            return None
+        kwargs["scale"] = scale
+    if causal or half_window is not None:
+        if "window_size" in params:
+            left = -1 if half_window is None else half_window
+            kwargs["window_size"] = (left, 0 if causal else left)
+        elif "is_causal" in params and half_window is None:
+            kwargs["is_causal"] = True
+        else:
+            return None
+    if gqa:
+        if "enable_gqa" not in params:
+            return None
+        kwargs["enable_gqa"] = True
+    return kwargs
 
 
 # Longest sequence the fp32 matmul path takes, and the score bytes one chunk of it may hold.
@@ -75,13 +103,15 @@ def packed_attention(
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
     if num_unattended is not None and not any(num_unattended):
         num_unattended = None
-    if (_varlen_attn is not None and q.is_cuda and half_window is None
-            and num_unattended is None  # key masks: the per-sequence path below
-            and num_heads == num_kv_heads and q.dtype in (torch.float16, torch.bfloat16)):
-        return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                            is_causal=causal, scale=scale)
-    out = torch.empty_like(q)
     enable_gqa = num_heads != num_kv_heads
+    if (_varlen_attn is not None and q.is_cuda
+            and num_unattended is None  # key masks: the per-sequence path below
+            and q.dtype in (torch.float16, torch.bfloat16)):
+        kwargs = varlen_kwargs(causal, half_window, scale, enable_gqa)
+        if kwargs is not None:
+            return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                **kwargs)
+    out = torch.empty_like(q)
     start = 0
     i = 0
     n = len(seq_lens)

@@ -110,3 +110,19 @@ def test_failing_batch_is_bisected_and_preempted():
         retry = sched.schedule()
     assert results["r1"].status == RequestStatus.FAILED and "boom" in results["r1"].error
     assert all(results[r].status == RequestStatus.FINISHED for r in ("r0", "r2", "r3"))
+
+
+def test_default_token_budget_follows_the_device():
+    """CPU steps stay small (activations in cache); CUDA steps are large enough to fill the
+    GPU; a model longer than the budget raises it to one whole sequence."""
+    from types import SimpleNamespace
+
+    import torch
+
+    def model(device: str, max_len: int):
+        return SimpleNamespace(torch_device=torch.device(device), max_model_len=max_len)
+
+    assert SchedulerConfig.for_model(model("cpu", 512)).max_num_batched_tokens == 2048
+    assert SchedulerConfig.for_model(model("cuda", 512)).max_num_batched_tokens == 16384
+    assert SchedulerConfig.for_model(model("cpu", 8192)).max_num_batched_tokens == 8192
+    assert SchedulerConfig.for_model(model("cuda", 512), 300).max_num_batched_tokens == 300

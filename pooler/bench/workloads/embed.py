@@ -101,7 +101,10 @@ def _sentence_transformer(opts: BenchOptions):
     from pooler.model_folder import resolve_model_path
 
     device = "cuda" if opts.device == "cuda" else "cpu"
-    return SentenceTransformer(str(resolve_model_path(opts.model)), device=device)
+    # The peer runs in the dtype pooler runs in (e.g. bf16 on a GPU), or the ratio compares
+    # precisions instead of engines.
+    kwargs = {} if opts.dtype == "float32" else {"model_kwargs": {"dtype": opts.dtype}}
+    return SentenceTransformer(str(resolve_model_path(opts.model)), device=device, **kwargs)
 
 
 def _st_encode_rate(model, texts: list[str], batch_size: int) -> float:
