@@ -10,6 +10,8 @@ machine here reaches no hub and takes at most 64 MiB of files). Every check prin
 goes into OUT/gpu_check.json; a check that raises is recorded with its error and the rest run.
 
 Checks, per dtype (float32, bfloat16, float16):
+- tiny ModernBERT (local attention), Llama (causal) and Qwen3 (causal, GQA) folders: embed of
+  mixed-length token ids vs pooler's CPU engine in fp32 (the attention variants of varlen);
 - embed (mean pooling + normalize, MiniLM shape): vs sentence-transformers fp32 on CPU, over
   200 mixed texts (short queries and passages, some truncated) in one call, and one text alone
   vs in the batch;
@@ -64,6 +66,17 @@ def prepare(dest: Path) -> None:
             f for f in files if (f in _WEIGHT_FILES and Path(d) == Path(src))
             or f in ("README.md", "data_config.json", ".gitattributes")])
         print(f"prepared {out}")
+    # Tiny seeded models for the CUDA attention variants (weights small enough to carry):
+    # ModernBERT local attention (varlen window), decoders causal with and without GQA.
+    from tests.models.modernbert_folders import build_modernbert
+    from tests.models.tiny_task_models import save_decoder_model
+
+    tiny = dest / "tiny"
+    shutil.rmtree(tiny, ignore_errors=True)
+    build_modernbert(tiny / "modernbert_local")
+    save_decoder_model(tiny / "qwen3_gqa", "qwen3", "base")
+    save_decoder_model(tiny / "llama_causal", "llama", "base", num_key_value_heads=4)
+    print(f"prepared {tiny}")
 
 
 def ensure_weights(folder: Path) -> None:
@@ -223,6 +236,22 @@ def main() -> None:
                                 .score(query, docs)])
                 return {"max_abs_vs_cpu": float(np.abs(got - cpu_scores).max())}
             report.check(f"cross_encoder {device} {dtype}", ce_check)
+
+    for folder in sorted((folders / "tiny").glob("*")):
+        import json as _json
+        vocab = _json.loads((folder / "config.json").read_text())["vocab_size"]
+        rng = np.random.default_rng(0)
+        ids = [rng.integers(5, vocab, n).tolist() for n in (5, 9, 1, 9, 13, 2, 40, 60, 60)]
+        ref_tiny = np.stack([o.embedding for o in Engine(str(folder), device="cpu")
+                             .embed(ids, normalize=False)])
+        for dtype in DTYPES:
+            def tiny_check(folder=folder, dtype=dtype, ref_tiny=ref_tiny, ids=ids):
+                engine = Engine(str(folder), device=device, dtype=dtype)
+                got = np.stack([o.embedding for o in engine.embed(ids, normalize=False)]
+                               ).astype(np.float32)
+                return {"max_abs_vs_cpu": float(np.abs(got - ref_tiny).max()),
+                        "cos_min_vs_cpu": _cos_min(got, ref_tiny)}
+            report.check(f"tiny {folder.name} {device} {dtype}", tiny_check)
 
     if "minilm" in present:
         folder = present["minilm"]

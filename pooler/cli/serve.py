@@ -12,7 +12,7 @@ from pooler.cli.common import add_engine_args, engine_from_args
 
 
 def add_parser(sub) -> None:
-    from pooler.server.state import ServerSettings
+    from pooler.server.settings import ServerSettings
 
     d = ServerSettings()
     p = sub.add_parser(
@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
 
 def build_app(args):
     from pooler.server.app import create_app
-    from pooler.server.state import ServerSettings
+    from pooler.server.settings import ServerSettings
 
     if args.model_arg:
         args.model = args.model_arg

@@ -14,7 +14,6 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -27,21 +26,7 @@ from pooler.params import PoolingParams
 from pooler.server.errors import APIError, bad_request, unsupported
 from pooler.server.limits import Admission
 from pooler.server.metrics import ServerMetrics
-
-
-@dataclass
-class ServerSettings:
-    served_model_name: str | None = None
-    api_key: str | None = None
-    max_input_items: int = 4096          # inputs in one request (413 above)
-    max_payload_bytes: int = 32 * 2**20  # request body size (413 above)
-    max_queue: int = 16384               # inputs admitted and unanswered (503 above)
-    max_workers: int = 64                # threads running blocking Engine calls
-
-    def __post_init__(self):
-        for name in ("max_input_items", "max_payload_bytes", "max_queue", "max_workers"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+from pooler.server.settings import ServerSettings
 
 
 class ServerState:
