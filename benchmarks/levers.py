@@ -7,6 +7,7 @@ of the measuring thread (time.thread_time): it counts the work done, not the wai
     python benchmarks/levers.py st --texts 400                # sentence-transformers b32 and b8
     python benchmarks/levers.py single                        # where a one-query call spends
     python benchmarks/levers.py attention                     # packed attention variants
+    python benchmarks/levers.py attention-ab --threads 2      # matmul path on/off, whole jobs
     python benchmarks/levers.py linear --rows 12              # 24 MiniLM-shaped linears
     python benchmarks/levers.py int8-accuracy --texts 2000    # min/mean cosine per fp32 set
 """
@@ -219,11 +220,49 @@ def int8_accuracy(args):
               f"mean {cos.mean():.5f}")
 
 
+def attention_ab(args):
+    """Whole jobs with the CPU matmul attention path off (_MATH_MAX_LEN 0: SDPA for every
+    length) and on (192), alternating in one process, 3 rounds each: embed on the corpus, NER
+    on the bench's PII texts, ColBERT rerank 1 x 100 (the last two need ../shared and the bench's
+    cached ColBERT folder)."""
+    from pooler import Engine
+    from pooler.bench.common import shared_model
+    from pooler.layers import attention as att
+
+    texts = mixed_corpus(2000)[:args.texts]
+    jobs = {"embed": (lambda e=Engine(MODEL, num_threads=args.threads, device="cpu"):
+                      e.embed(texts, use_tqdm=False))}
+    ner_model = shared_model("ner-pii-minilm")
+    if ner_model is not None:
+        from pooler.bench.workloads.ner import pii_texts
+        ner_texts = pii_texts(500)
+        ner_engine = Engine(str(ner_model), num_threads=args.threads, device="cpu")
+        jobs["ner"] = lambda: ner_engine.ner(ner_texts, use_tqdm=False)
+    from pooler.bench.registry import BenchOptions
+    from pooler.bench.workloads import colbert
+    query, docs = colbert._inputs(BenchOptions(model=MODEL, threads=args.threads), "1x100")
+    colbert_engine = Engine(str(colbert.model_path()), num_threads=args.threads, device="cpu")
+    jobs["colbert 1x100"] = lambda: colbert_engine.rerank(query[0], docs[0], use_tqdm=False)
+    clock = _clock(args.threads)
+    for name, job in jobs.items():
+        job()  # warm up
+        seconds = {0: [], 192: []}
+        for _ in range(3):
+            for limit in seconds:
+                att._MATH_MAX_LEN = limit
+                start = clock()
+                job()
+                seconds[limit].append(clock() - start)
+        print(f"{name}: SDPA everywhere {min(seconds[0]):.3f} s, matmul <= 192 tokens "
+              f"{min(seconds[192]):.3f} s (ratio {min(seconds[192]) / min(seconds[0]):.3f})")
+    att._MATH_MAX_LEN = 192
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("lever", choices=["engine", "st", "single", "attention", "linear",
-                                          "int8-accuracy"])
+    parser.add_argument("lever", choices=["engine", "st", "single", "attention", "attention-ab",
+                                          "linear", "int8-accuracy"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--texts", type=int, default=400)
     parser.add_argument("--rows", type=int, default=12)
@@ -232,7 +271,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     {"engine": engine_throughput, "st": st_throughput, "single": single_query,
-     "attention": attention, "linear": linear, "int8-accuracy": int8_accuracy}[args.lever](args)
+     "attention": attention, "attention-ab": attention_ab, "linear": linear, "int8-accuracy": int8_accuracy}[args.lever](args)
 
 
 if __name__ == "__main__":

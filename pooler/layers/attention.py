@@ -2,9 +2,10 @@
 
 CPU: sequences of equal length share one call. In fp32, sequences up to _MATH_MAX_LEN tokens
 run as two batched matmuls and a softmax, in chunks whose [chunk, heads, L, L] scores fit in L2
-(_SCORE_BYTES); measured 10-55% faster per token than torch's CPU flash kernel for L <= 200
-and slower from L = 256 (docs/benchmarks.md), which runs the longer ones.
-CUDA: torch's varlen flash kernel when present, else the same per-sequence path.
+(_SCORE_BYTES); measured 8-57% faster per token than torch's CPU flash kernel for L <= 200
+and slower from L = 256, which runs the longer ones; whole jobs 2-8% faster (docs/benchmarks.md).
+CUDA: torch's varlen flash kernel for fp16/bf16 when this torch's signature can express the
+pattern (causal, local window, GQA: see varlen_kwargs), else the per-sequence SDPA path.
 Optional per-sequence key mask (`num_unattended`): the last n tokens of a sequence are computed
 as queries but no token attends to them (ColBERT query expansion); sequences with a count run
 on the per-sequence path with a [L, L] mask, never padded.
