@@ -109,6 +109,23 @@ def _f1(a: list[set], b: list[set]) -> float:
     return 1.0 if total == 0 else 2 * common / total
 
 
+def _rate(call, items: int) -> float:
+    """items per second of one timed call."""
+    start = time.perf_counter()
+    call()
+    return items / (time.perf_counter() - start)
+
+
+def _p50_ms(call, inputs) -> float:
+    """Median latency of call(x) over inputs, one at a time."""
+    latencies = []
+    for x in inputs:
+        start = time.perf_counter()
+        call(x)
+        latencies.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(latencies)
+
+
 class Report:
     def __init__(self, out: Path):
         self.out, self.rows = out, []
@@ -265,29 +282,17 @@ def main() -> None:
                     engine = Engine(str(folder), device=device, dtype=dtype,
                                     max_num_batched_tokens=budget)
                     engine.embed(big[:64], use_tqdm=False)
-                    t = time.perf_counter()
-                    engine.embed(big, use_tqdm=False)
-                    row[f"pooler_budget{budget}_texts_s"] = len(big) / (time.perf_counter() - t)
-                lat = []
-                for q in queries:
-                    t = time.perf_counter()
-                    engine.embed(q)
-                    lat.append((time.perf_counter() - t) * 1e3)
-                row["pooler_single_p50_ms"] = statistics.median(lat)
+                    row[f"pooler_budget{budget}_texts_s"] = _rate(
+                        lambda: engine.embed(big, use_tqdm=False), len(big))
+                row["pooler_single_p50_ms"] = _p50_ms(engine.embed, queries)
                 del engine
                 st = SentenceTransformer(str(folder), device=device,
                                          model_kwargs={"dtype": getattr(torch, dtype)})
                 st.encode(big[:64], batch_size=32)
                 for b in (32, 128, 512):
-                    t = time.perf_counter()
-                    st.encode(big, batch_size=b)
-                    row[f"st_b{b}_texts_s"] = len(big) / (time.perf_counter() - t)
-                lat = []
-                for q in queries:
-                    t = time.perf_counter()
-                    st.encode(q)
-                    lat.append((time.perf_counter() - t) * 1e3)
-                row["st_single_p50_ms"] = statistics.median(lat)
+                    row[f"st_b{b}_texts_s"] = _rate(lambda: st.encode(big, batch_size=b),
+                                                    len(big))
+                row["st_single_p50_ms"] = _p50_ms(st.encode, queries)
                 best_pooler = max(v for k, v in row.items() if k.startswith("pooler_budget"))
                 row["ratio_vs_st_b32"] = best_pooler / row["st_b32_texts_s"]
                 row["ratio_vs_st_best"] = best_pooler / max(
