@@ -17,7 +17,7 @@ from pooler.loader import build_model, load_weights_into
 from pooler.models.inputs import ModelInputs
 from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
-from pooler.worker.memory import HeapTrimmer
+from pooler.worker.memory import HeapTrimmer, tune_malloc_for_steps
 from pooler.worker.pooling_runner import PoolingRunner
 from pooler.worker.request_state import RunnerRequestState
 
@@ -32,6 +32,8 @@ class ModelRunner(RunnerRequestState):
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
         self.requests: dict[str, NewRequestData] = {}
         self.heap_trimmer = HeapTrimmer()
+        if self.device.type == "cpu":
+            tune_malloc_for_steps()  # reuse activation pages across steps (memory.py)
 
     @property
     def supported_tasks(self) -> frozenset[str]:

@@ -38,3 +38,26 @@ def test_reads_rss_only_every_check_every_tokens(monkeypatch):
     assert len(reads) == 1
     trimmer.maybe_trim(12)  # 108 tokens since the last read
     assert len(reads) == 2 and calls == []
+
+
+def _tune_in_subprocess(env_extra: dict) -> str:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("POOLER_MALLOC_TUNING", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+    env.update(env_extra)
+    code = "from pooler.worker.memory import tune_malloc_for_steps as t; print(t(), t())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def test_malloc_tuning_is_set_once_and_can_be_turned_off():
+    """The glibc thresholds are process-global: pooler sets them unless told not to, and never
+    over a user's own MALLOC_*_ settings."""
+    if HeapTrimmer()._trim is None:
+        pytest.skip("no glibc here")
+    assert _tune_in_subprocess({}) == "True True"
+    assert _tune_in_subprocess({"POOLER_MALLOC_TUNING": "0"}) == "False False"
+    assert _tune_in_subprocess({"MALLOC_TRIM_THRESHOLD_": "1000000"}) == "False False"
