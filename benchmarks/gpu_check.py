@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pooler import Engine  # noqa: E402
 from pooler.bench import corpus  # noqa: E402
+from pooler.bench.common import one_at_a_time  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "float16")
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -118,12 +119,7 @@ def _rate(call, items: int) -> float:
 
 def _p50_ms(call, inputs) -> float:
     """Median latency of call(x) over inputs, one at a time."""
-    latencies = []
-    for x in inputs:
-        start = time.perf_counter()
-        call(x)
-        latencies.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(latencies)
+    return statistics.median(one_at_a_time(call, inputs)[0])
 
 
 class Report:

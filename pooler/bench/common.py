@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -73,7 +74,7 @@ def cached_folder(name: str, build: Callable[[Path], None]) -> Path:
     return dest
 
 
-def token_lens(model: Path, texts: list[str], pairs: list[str] | None = None,
+def token_lens(model: str | Path, texts: list[str], pairs: list[str] | None = None,
                max_length: int | None = None) -> list[int]:
     """Real tokens (special tokens included, padding not) of each input as the model's own
     tokenizer makes them, truncated at max_length (default: the model's maximum)."""
@@ -123,6 +124,26 @@ def save_array(opts: BenchOptions, name: str, array) -> str | None:
     path = Path(opts.out_dir) / f"{name}.npy"
     np.save(path, np.asarray(array, dtype=np.float32))
     return str(path)
+
+
+def timed_calls(fn: Callable[[], object], calls: int) -> tuple[list[float], object]:
+    """Wall time in ms of each of `calls` calls of fn(), and the last call's result."""
+    latencies, out = [], None
+    for _ in range(calls):
+        start = time.perf_counter()
+        out = fn()
+        latencies.append((time.perf_counter() - start) * 1e3)
+    return latencies, out
+
+
+def one_at_a_time(fn: Callable[[object], object], inputs: list) -> tuple[list[float], list]:
+    """fn(x) for each input in turn: the wall time in ms of each call, and the results."""
+    latencies, outputs = [], []
+    for x in inputs:
+        start = time.perf_counter()
+        outputs.append(fn(x))
+        latencies.append((time.perf_counter() - start) * 1e3)
+    return latencies, outputs
 
 
 def digest(obj) -> str:

@@ -8,14 +8,14 @@ the queries, encode each query's passages, rerank. pooler: `Engine.rerank` for o
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 
 from pooler.bench import corpus
 from pooler.bench.common import (cached_folder, digest, flops_per_token, minilm_path,
-                                 pooler_engine, pooler_sides, save_array, token_lens)
+                                 pooler_engine, pooler_sides, save_array, timed_calls,
+                                 token_lens)
 from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -75,15 +75,6 @@ def _result(side: str, role: str, opts: BenchOptions, shape: str, path: Path, qu
                       outputs_file=save_array(opts, f"colbert-{side}", scores))
 
 
-def _timed(fn, calls: int) -> tuple[list[float], object]:
-    latencies, out = [], None
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        out = fn()
-        latencies.append((time.perf_counter() - t0) * 1e3)
-    return latencies, out
-
-
 def _pooler(shape: str):
     def make(quantization: str | None, side: str):
         return lambda opts: _run_pooler(opts, shape, quantization, side)
@@ -108,7 +99,7 @@ def _run_pooler(opts: BenchOptions, shape: str, quantization: str | None,
 
     engine.rerank(queries[0], docs[0][:8], use_tqdm=False)  # warm up
     loaded = rss_mb()
-    latencies, scores = _timed(call, _calls(opts, shape))
+    latencies, scores = timed_calls(call, _calls(opts, shape))
     return _result(side, "pooler", opts, shape, path, queries, docs, latencies, loaded,
                    scores)
 
@@ -138,7 +129,7 @@ def _pylate(shape: str):
                      show_progress_bar=False)
         model.encode(queries[:1], is_query=True, show_progress_bar=False)
         loaded = rss_mb()
-        latencies, scores = _timed(call, _calls(opts, shape))
+        latencies, scores = timed_calls(call, _calls(opts, shape))
         return _result(f"pylate {shape}", "peer", opts, shape, path, queries, docs,
                        latencies, loaded, scores)
     return run

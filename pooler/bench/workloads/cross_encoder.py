@@ -5,14 +5,14 @@ saved by sentence-transformers `CrossEncoder(...).save` (real on-disk layout, re
 cached under ~/.cache/pooler-bench. Peer: `CrossEncoder.rank` (batch 32, its default)."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 
 from pooler.bench import corpus
 from pooler.bench.common import (cached_folder, digest, flops_per_token, minilm_path,
-                                 pooler_engine, pooler_sides, save_array, token_lens)
+                                 pooler_engine, pooler_sides, save_array, timed_calls,
+                                 token_lens)
 from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -51,15 +51,6 @@ def _flops_per_token(opts: BenchOptions) -> float:
     return flops_per_token(path, token_lens(path, [query] * len(docs), docs))
 
 
-def _timed(fn, calls: int):
-    latencies, out = [], None
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        out = fn()
-        latencies.append((time.perf_counter() - t0) * 1e3)
-    return latencies, out
-
-
 def _pooler(quantization: str | None, side: str):
     def run(opts: BenchOptions) -> SideResult:
         path = model_path()
@@ -74,7 +65,7 @@ def _pooler(quantization: str | None, side: str):
 
         engine.rerank(query, docs[:8], use_tqdm=False)  # warm up
         loaded = rss_mb()
-        latencies, scores = _timed(call, calls)
+        latencies, scores = timed_calls(call, calls)
         return _result(side, "pooler", opts, path, query, docs, latencies, loaded, scores)
     return run
 
@@ -94,7 +85,7 @@ def _cross_encoder(opts: BenchOptions) -> SideResult:
 
     model.rank(query, docs[:8], batch_size=32)  # warm up
     loaded = rss_mb()
-    latencies, scores = _timed(call, calls)
+    latencies, scores = timed_calls(call, calls)
     return _result("CrossEncoder.rank", "peer", opts, path, query, docs, latencies, loaded,
                    scores)
 

@@ -5,13 +5,13 @@ Peer: sentence-transformers `encode` (at batch 32, and at the batch size that ru
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 
 from pooler.bench import corpus
-from pooler.bench.common import pooler_engine, pooler_sides
-from pooler.bench.machine import encoder_flops_per_token, rss_mb
+from pooler.bench.common import (flops_per_token, one_at_a_time, pooler_engine,
+                                 pooler_sides, save_array, token_lens)
+from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
 # Batch sizes the "best batch" peer side tries on a sample before its timed run.
@@ -28,29 +28,13 @@ def query_texts(opts: BenchOptions) -> list[str]:
 
 
 def _token_lens(opts: BenchOptions, texts: list[str]) -> list[int]:
-    """Real token count of each text as every side sees it (truncated at the model's max)."""
-    from pooler.config import ModelConfig
-    from pooler.engine.tokenizer import TextTokenizer
-
-    cfg = ModelConfig(model=opts.model, device="cpu")
-    lower = bool(cfg.st and cfg.st.do_lower_case)
-    tok = TextTokenizer(cfg.path, cfg.tokenizer_config, lowercase=lower)
-    return [len(e.input_ids) for e in tok.encode_batch(texts, max_length=cfg.max_model_len)]
+    return token_lens(opts.model, texts)
 
 
 def _flops_per_token(opts: BenchOptions) -> float:
-    from pooler.model_folder import read_json, resolve_model_path
+    from pooler.model_folder import resolve_model_path
 
-    hf_config = read_json(resolve_model_path(opts.model) / "config.json")
-    return encoder_flops_per_token(hf_config, _token_lens(opts, corpus_texts(opts)))
-
-
-def _save(opts: BenchOptions, name: str, array: np.ndarray) -> str | None:
-    if not opts.out_dir:
-        return None
-    path = Path(opts.out_dir) / f"{name}.npy"
-    np.save(path, np.asarray(array, dtype=np.float32))
-    return str(path)
+    return flops_per_token(resolve_model_path(opts.model), _token_lens(opts, corpus_texts(opts)))
 
 
 # ---- pooler -------------------------------------------------------------------------------
@@ -70,7 +54,7 @@ def _pooler_throughput(quantization: str | None, side: str):
         seconds = time.perf_counter() - start
         emb = np.stack([o.embedding for o in outputs])
         return SideResult(side, "pooler", len(texts), tokens, seconds, loaded_rss_mb=loaded,
-                          outputs_file=_save(opts, f"embed-{side}", emb))
+                          outputs_file=save_array(opts, f"embed-{side}", emb))
     return run
 
 
@@ -81,16 +65,12 @@ def _pooler_latency(quantization: str | None, side: str):
         for text in texts[:10]:
             engine.embed(text)
         loaded = rss_mb()
-        latencies, outputs = [], []
         start = time.perf_counter()
-        for text in texts:
-            t0 = time.perf_counter()
-            outputs.append(engine.embed(text)[0].embedding)
-            latencies.append((time.perf_counter() - t0) * 1e3)
+        latencies, outputs = one_at_a_time(lambda t: engine.embed(t)[0].embedding, texts)
         seconds = time.perf_counter() - start
         return SideResult(side, "pooler", len(texts), sum(_token_lens(opts, texts)), seconds,
                           latencies, loaded_rss_mb=loaded,
-                          outputs_file=_save(opts, f"single_query-{side}", np.stack(outputs)))
+                          outputs_file=save_array(opts, f"single_query-{side}", np.stack(outputs)))
     return run
 
 
@@ -134,7 +114,7 @@ def _st_throughput(batch_size: int | None, side: str):
         seconds = time.perf_counter() - start
         note = f"batch {chosen}" + (f"; {note}" if note else "")
         return SideResult(side, "peer", len(texts), tokens, seconds, loaded_rss_mb=loaded,
-                          note=note, outputs_file=_save(opts, f"embed-{side}", emb))
+                          note=note, outputs_file=save_array(opts, f"embed-{side}", emb))
     return run
 
 
@@ -144,16 +124,12 @@ def _st_latency(opts: BenchOptions) -> SideResult:
     for text in texts[:10]:
         model.encode(text)
     loaded = rss_mb()
-    latencies, outputs = [], []
     start = time.perf_counter()
-    for text in texts:
-        t0 = time.perf_counter()
-        outputs.append(model.encode(text))
-        latencies.append((time.perf_counter() - t0) * 1e3)
+    latencies, outputs = one_at_a_time(model.encode, texts)
     seconds = time.perf_counter() - start
     return SideResult("sentence-transformers", "peer", len(texts),
                       sum(_token_lens(opts, texts)), seconds, latencies, loaded_rss_mb=loaded,
-                      outputs_file=_save(opts, "single_query-st", np.stack(outputs)))
+                      outputs_file=save_array(opts, "single_query-st", np.stack(outputs)))
 
 
 # ---- registration -------------------------------------------------------------------------
