@@ -54,13 +54,16 @@ class DispatchPooler(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
                      model_config: ModelConfig) -> set[str]:
-        """Offer checkpoint tensors the backbone did not take to the task heads."""
+        """Offer checkpoint tensors the backbone did not take to the task heads. `weights`
+        may be a lazy iterator: it is not read at all when no head takes weights."""
+        loaders = [pooler.load_weights for pooler in self.poolers.values()
+                   if hasattr(pooler, "load_weights")]
+        if not loaders:
+            return set()
         weights = list(weights)
         consumed: set[str] = set()
-        for pooler in self.poolers.values():
-            loader = getattr(pooler, "load_weights", None)
-            if loader is not None:
-                consumed |= loader(weights)
+        for loader in loaders:
+            consumed |= loader(weights)
         return consumed
 
 

@@ -89,7 +89,8 @@ class TransformersRunner(RunnerRequestState):
 
     def _load_head_weights(self) -> None:
         """Offer the checkpoint to pooler-side heads (the masked-LM head SPLADE needs), named
-        as the native loader names them: AutoModel loads the encoder only."""
+        as the native loader names them: AutoModel loads the encoder only. Lazy: a pooler
+        without such heads (a plain embedder) never reads the checkpoint again."""
         from pooler.loader import iterate_weights, strip_prefix
         from pooler.models import registry
 
@@ -97,8 +98,8 @@ class TransformersRunner(RunnerRequestState):
         # Architectures without a native backbone: the usual task-model prefixes.
         prefixes = (getattr(registry.load_backbone_class(spec), "weight_prefixes", ())
                     if spec is not None else ("bert.", "roberta.", "model."))
-        weights = [(strip_prefix(n, prefixes), t)
-                   for n, t in iterate_weights(self.model_config.path)]
+        weights = ((strip_prefix(n, prefixes), t)
+                   for n, t in iterate_weights(self.model_config.path))
         self.pooler.load_weights(weights, self.model_config)
 
     def reset_caches(self) -> None:
