@@ -142,14 +142,12 @@ def packed_attention(
                 and q.device.type == "cpu" and q.dtype == torch.float32):
             _math_attention(qs, ks, vs, scale if scale is not None else q.shape[-1] ** -0.5,
                             out[start:end])
-            start = end
-            i = j
-            continue
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
-                                           is_causal=causal and mask is None, scale=scale,
-                                           enable_gqa=enable_gqa)
-        # One strided copy straight into place (reshape-then-assign would copy twice).
-        out[start:end].view(count, length, num_heads, -1).copy_(o.transpose(1, 2))
+        else:
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
+                                               is_causal=causal and mask is None, scale=scale,
+                                               enable_gqa=enable_gqa)
+            # One strided copy straight into place (reshape-then-assign would copy twice).
+            out[start:end].view(count, length, num_heads, -1).copy_(o.transpose(1, 2))
         start = end
         i = j
     return out
