@@ -36,7 +36,7 @@ QueueListener = Callable[[float], None]
 class CallContext:
     """Per-call facts a caller (the HTTP server) hands to Engine methods without new
     parameters: every Engine method that reaches run_processed honours `cancel`, and
-    _encode adds its tokenization time to `tokenize_seconds`."""
+    _run_texts adds its tokenization time to `tokenize_seconds`."""
     cancel: threading.Event | None = None
     tokenize_seconds: float = 0.0
 

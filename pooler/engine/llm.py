@@ -146,8 +146,9 @@ class Engine:
         items = normalize_inputs(inputs)
         pairs = self._check_pairs(items, text_pair)
         params = PoolingParams(task="classify", use_activation=use_activation)
-        processed, results = self._run_texts(items, params, truncate, truncate_prompt_tokens,
-                                             use_tqdm, priority, pairs=pairs)
+        processed, results = self._run_texts(
+            items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
+            use_tqdm, priority, pairs=pairs)
         labels = labels_of(self.model_config.hf_config)
         outputs = []
         for r in results:
@@ -166,8 +167,9 @@ class Engine:
         items = normalize_inputs(inputs)
         params = PoolingParams(task="token_classify", use_activation=use_activation,
                                skip_special_tokens=skip_special_tokens)
-        processed, results = self._run_texts(items, params, truncate, truncate_prompt_tokens,
-                                             use_tqdm, priority)
+        processed, results = self._run_texts(
+            items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
+            use_tqdm, priority)
         labels = labels_of(self.model_config.hf_config)
         outputs = []
         for item, r in zip(processed, results):
@@ -192,8 +194,9 @@ class Engine:
             raise ValueError("ner needs texts (entity offsets point into the text), not token "
                              "ids; pass strings.")
         params = PoolingParams(task="token_classify", use_activation=True)
-        processed, results = self._run_texts(items, params, truncate, truncate_prompt_tokens,
-                                             use_tqdm, priority)
+        processed, results = self._run_texts(
+            items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
+            use_tqdm, priority)
         labels = labels_of(self.model_config.hf_config)
         rules = SubwordRules(self.tokenizer.backend)
         return [extract_entities(text, item.prompt_token_ids, _as_numpy(r.data), item.offsets,
@@ -201,14 +204,19 @@ class Engine:
                                  ignore_labels, ignore_subwords)
                 for text, item, r in zip(items, processed, results)]
 
-    def _run_texts(self, items: list, params: PoolingParams, truncate: bool,
-                   truncate_prompt_tokens: int | None, use_tqdm: bool | None, priority: int,
-                   pairs: list[str] | None = None
+    def _run_texts(self, items: list, params: PoolingParams, truncation: TruncationOptions,
+                   use_tqdm: bool | None, priority: int, pairs: list[str] | None = None,
+                   prompt: str | None = None
                    ) -> tuple[list[ProcessedInput], list[RequestOutput]]:
-        """Like _encode, but also returns the processed inputs (offsets, special masks)."""
-        params = self.verify_params(params)
-        processed = self.processor.process(
-            items, pairs=pairs, truncation=TruncationOptions(truncate, truncate_prompt_tokens))
+        """Tokenize normalized items (the time goes to the caller's CallContext, for the
+        server's metrics) and run them with verified params; returns the processed inputs
+        (offsets, special-token masks) with the results."""
+        started = time.perf_counter()
+        processed = self.processor.process(items, pairs=pairs, truncation=truncation,
+                                           prompt=prompt)
+        call = current_call.get()
+        if call is not None:
+            call.tokenize_seconds += time.perf_counter() - started
         return processed, self.run_processed(processed, [params] * len(processed), priority,
                                              use_tqdm)
 
@@ -405,13 +413,8 @@ class Engine:
         params = self.verify_params(params)
         items = normalize_inputs(inputs)
         prompt_text = self.processor.resolve_prompt(prompt, prompt_name)
-        started = time.perf_counter()
-        processed = self.processor.process(items, pairs=pairs, truncation=truncation,
-                                           prompt=prompt_text)
-        call = current_call.get()
-        if call is not None:
-            call.tokenize_seconds += time.perf_counter() - started
-        return self.run_processed(processed, [params] * len(processed), priority, use_tqdm)
+        return self._run_texts(items, params, truncation, use_tqdm, priority, pairs,
+                               prompt_text)[1]
 
     def run_processed(self, processed: list[ProcessedInput], params: list[PoolingParams],
                       priority: int = 0, use_tqdm: bool | None = None,
