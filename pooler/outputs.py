@@ -110,3 +110,9 @@ class RerankResult:
     index: int
     score: float
     document: str | None = None
+
+
+def as_numpy(data) -> np.ndarray:
+    """A runner's output tensor (any dtype) or array as float32 numpy."""
+    array = data.float().numpy() if hasattr(data, "numpy") else np.asarray(data)
+    return array.astype(np.float32, copy=False)

@@ -24,8 +24,7 @@ from pooler.model_folder import DEFAULT_MODEL
 from pooler.ner import SubwordRules, check_strategy, extract_entities
 from pooler.outputs import (ClassificationOutput, EmbeddingOutput, Entity, PoolingOutput,
                             RerankResult, ScoreOutput, SparseEmbeddingOutput,
-                            TokenClassificationOutput,
-                            TokenEmbeddingOutput)
+                            TokenClassificationOutput, TokenEmbeddingOutput, as_numpy)
 from pooler.params import PoolingParams
 from pooler.pooling.activation import labels_of
 
@@ -104,7 +103,7 @@ class Engine:
         results = self._encode(inputs, params, TruncationOptions(
             truncate, truncate_prompt_tokens, truncation_direction), prompt, prompt_name,
             use_tqdm, priority)
-        return [EmbeddingOutput(_as_numpy(r.data), r.num_tokens, r.request_id)
+        return [EmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
                 for r in results]
 
     def token_embed(self, inputs: str | Sequence, *, normalize: bool | None = None,
@@ -118,7 +117,7 @@ class Engine:
         results = self._encode(inputs, params, TruncationOptions(
             truncate, truncate_prompt_tokens, truncation_direction), prompt, prompt_name,
             use_tqdm, priority)
-        return [TokenEmbeddingOutput(_as_numpy(r.data), r.num_tokens, r.request_id)
+        return [TokenEmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
                 for r in results]
 
     def encode(self, inputs: str | Sequence, pooling_params: PoolingParams | None = None, *,
@@ -131,7 +130,7 @@ class Engine:
         results = self._encode(inputs, params, TruncationOptions(
             truncate, truncate_prompt_tokens, truncation_direction), prompt, prompt_name,
             use_tqdm, priority)
-        return [PoolingOutput(_as_numpy(r.data), r.num_tokens, r.extra["task"], r.request_id)
+        return [PoolingOutput(as_numpy(r.data), r.num_tokens, r.extra["task"], r.request_id)
                 for r in results]
 
     # ---- classify / token_classify / NER (issue 3) ---------------------------------------
@@ -152,7 +151,7 @@ class Engine:
         labels = labels_of(self.model_config.hf_config)
         outputs = []
         for r in results:
-            probs = _as_numpy(r.data)  # [num_labels]
+            probs = as_numpy(r.data)  # [num_labels]
             order = np.argsort(-probs, kind="stable")
             ranked = [{"label": labels[i], "score": float(probs[i])} for i in order]
             outputs.append(ClassificationOutput(probs, ranked[0]["label"], ranked[0]["score"],
@@ -173,7 +172,7 @@ class Engine:
         labels = labels_of(self.model_config.hf_config)
         outputs = []
         for item, r in zip(processed, results):
-            probs = _as_numpy(r.data)  # [num_kept_tokens, num_labels]
+            probs = as_numpy(r.data)  # [num_kept_tokens, num_labels]
             ids = item.prompt_token_ids
             if skip_special_tokens and item.special_tokens_mask is not None:
                 ids = [t for t, s in zip(ids, item.special_tokens_mask) if not s]
@@ -199,7 +198,7 @@ class Engine:
             use_tqdm, priority)
         labels = labels_of(self.model_config.hf_config)
         rules = SubwordRules(self.tokenizer.backend)
-        return [extract_entities(text, item.prompt_token_ids, _as_numpy(r.data), item.offsets,
+        return [extract_entities(text, item.prompt_token_ids, as_numpy(r.data), item.offsets,
                                  item.special_tokens_mask, labels, rules, aggregation_strategy,
                                  ignore_labels, ignore_subwords)
                 for text, item, r in zip(items, processed, results)]
@@ -314,7 +313,7 @@ class Engine:
             ROLE_KEY: role, UNATTENDED_KEY: int(p.extra.get(UNATTENDED_KEY, 0))}))
             for p in processed]
         results = self.run_processed(processed, params, priority, use_tqdm)
-        return [TokenEmbeddingOutput(_as_numpy(r.data), r.num_tokens, r.request_id)
+        return [TokenEmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
                 for r in results]
 
     def reset_cache(self) -> None:
@@ -376,7 +375,7 @@ class Engine:
     @staticmethod
     def _sparse_output(vector, num_tokens: int, request_id: str,
                        tokenizer: TextTokenizer) -> SparseEmbeddingOutput:
-        dense = _as_numpy(vector)                          # [vocab]
+        dense = as_numpy(vector)                          # [vocab]
         indices = np.flatnonzero(dense)
         order = np.lexsort((indices, -dense[indices]))     # weight descending, then id
         indices = indices[order].astype(np.int64)
@@ -489,6 +488,3 @@ class Engine:
         return results
 
 
-def _as_numpy(data) -> np.ndarray:
-    array = data.float().numpy() if hasattr(data, "numpy") else np.asarray(data)
-    return array.astype(np.float32, copy=False)

@@ -22,7 +22,7 @@ import numpy as np
 from pooler.colbert import ROLE_KEY, UNATTENDED_KEY
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.engine.input_processor import TruncationOptions, normalize_inputs
-from pooler.outputs import RerankResult, ScoreOutput
+from pooler.outputs import RerankResult, ScoreOutput, as_numpy
 from pooler.params import LateInteractionParams, PoolingParams
 
 if TYPE_CHECKING:
@@ -189,8 +189,7 @@ def _bi_encoder_scores(engine: "Engine", request: ScoreRequest, truncation, use_
     params = engine.verify_params(PoolingParams(task="embed"))
     results = engine.run_processed(processed, [params] * len(processed), priority, use_tqdm,
                                    cancel=cancel)
-    vectors = np.stack([np.asarray(r.data.float().numpy() if hasattr(r.data, "float")
-                                   else r.data, dtype=np.float32) for r in results])
+    vectors = np.stack([as_numpy(r.data) for r in results])
     vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     q_row = {qi: n for n, qi in enumerate(used_q)}
     d_row = {dj: len(used_q) + n for n, dj in enumerate(used_d)}
