@@ -67,7 +67,7 @@ def st_throughput(args):
 
 def single_query(args):
     from pooler import Engine
-    from pooler.engine.scheduler import NewRequestData
+    from pooler.step_contract import NewRequestData
     from pooler.params import PoolingParams
     texts = queries(200, seed=7)
     engine = Engine(MODEL, num_threads=args.threads, device="cpu", **json.loads(args.kw))

@@ -1,4 +1,4 @@
-"""ColBERT models as they exist on disk, and their input preprocessing.
+"""ColBERT models as they exist on disk (the input builder is pooler/engine/colbert_inputs.py).
 
 Three layouts, detected from the model folder:
 - pylate: sentence-transformers `modules.json` with Transformer + `Dense` (`1_Dense/`, no bias)
@@ -22,13 +22,11 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pooler.model_folder import SentenceTransformerLayout, read_json
 
-if TYPE_CHECKING:
-    from pooler.engine.input_processor import ProcessedInput
-    from pooler.engine.tokenizer import TextTokenizer
+from pooler.tokenizer import TextTokenizer
 
 COLBERT_ROLES = ("query", "document")
 # PoolingParams.extra keys the ColBERT pooler and the model runner read.
@@ -176,51 +174,3 @@ class ColBERTTokens:
                                  "tokenizer has none.")
         return cls(marker(config.query_marker, "query"),
                    marker(config.document_marker, "document"), expansion, frozenset(skip))
-
-
-class ColBERTInputBuilder:
-    """Texts -> ProcessedInput for ColBERT queries and documents."""
-
-    def __init__(self, config: ColBERTConfig, tokenizer: "TextTokenizer", max_model_len: int):
-        self.config = config
-        self.tokenizer = tokenizer
-        self.tokens = ColBERTTokens.resolve(config, tokenizer)
-        self.max_model_len = max_model_len
-
-    def build(self, texts: list[str | list[int]], role: str) -> list["ProcessedInput"]:
-        """role: "query" | "document". Token-id inputs are taken as the caller made them
-        (markers and expansion included), only truncated to the role's length."""
-        from pooler.engine.input_processor import ProcessedInput
-
-        if role not in COLBERT_ROLES:
-            raise ValueError(f"ColBERT role must be one of {list(COLBERT_ROLES)}, got {role!r}.")
-        query = role == "query"
-        length = self.config.query_length if query else self.config.document_length
-        length = min(length or self.max_model_len, self.max_model_len)
-        marker = self.tokens.query_marker_id if query else self.tokens.document_marker_id
-        text_indices = [i for i, t in enumerate(texts) if isinstance(t, str)]
-        encoded = self.tokenizer.encode_batch(
-            [texts[i] for i in text_indices],
-            max_length=length - 1 if marker is not None else length) if text_indices else []
-        by_index = dict(zip(text_indices, encoded))
-        out = []
-        for i, item in enumerate(texts):
-            if i not in by_index:
-                ids = list(item)[:length]
-                out.append(ProcessedInput(prompt_token_ids=ids))
-                continue
-            enc = by_index[i]
-            ids, special = list(enc.input_ids), list(enc.special_tokens_mask)
-            if marker is not None:  # right after [CLS]
-                ids.insert(1, marker)
-                special.insert(1, 1)
-            unattended = 0
-            if query and self.config.do_query_expansion and len(ids) < length:
-                pad = length - len(ids)
-                ids += [self.tokens.expansion_id] * pad
-                special += [0] * pad
-                unattended = 0 if self.config.attend_to_expansion_tokens else pad
-            out.append(ProcessedInput(prompt_token_ids=ids, token_type_ids=[0] * len(ids),
-                                      special_tokens_mask=special, text=item,
-                                      extra={UNATTENDED_KEY: unattended}))
-        return out

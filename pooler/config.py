@@ -11,7 +11,7 @@ import torch
 from pooler.colbert import ColBERTConfig, detect_colbert
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
-from pooler.models import registry
+from pooler import architectures
 from pooler.sparse_layout import router_transformer_path
 from pooler.tasks import TASK_PREFERENCE, check_task
 
@@ -59,9 +59,9 @@ class ModelConfig:
             raise FileNotFoundError(f"{self.path} has no config.json; is it a model folder?")
         hf_config.update(self.hf_overrides or {})
         self.hf_config = hf_config
-        self.architecture = registry.architecture_of(hf_config)
+        self.architecture = architectures.architecture_of(hf_config)
         if self.runner == "native":
-            spec = registry.get_arch_spec(self.architecture)
+            spec = architectures.get_arch_spec(self.architecture)
             self.head, self.attn_type = spec.head, spec.attn_type
         else:
             self.head, self.attn_type = _fallback_head(self.architecture, hf_config)
@@ -87,7 +87,7 @@ class ModelConfig:
 
     @property
     def model_tasks(self) -> frozenset[str]:
-        return registry.HEAD_TASKS[self.head]
+        return architectures.HEAD_TASKS[self.head]
 
     @property
     def selected_task(self) -> str:

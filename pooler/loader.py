@@ -1,62 +1,24 @@
-"""Read checkpoint tensors from a model folder and build the native model."""
+"""Build the native model from a model folder: backbone, poolers, weights."""
 from __future__ import annotations
 
-import json
+import importlib
 import logging
-from pathlib import Path
-from typing import Iterator
 
-import torch
-from safetensors import safe_open
 from torch import nn
 
+from pooler import architectures
+from pooler.architectures import ArchSpec
+from pooler.checkpoint import iterate_weights, strip_prefix
 from pooler.config import ModelConfig
-from pooler.models import registry
+from pooler.pooling.dispatch import build_pooler
 
 logger = logging.getLogger(__name__)
 
-_LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
 
-
-def checkpoint_files(path: Path) -> list[Path]:
-    """The weight files of a folder: safetensors (single or sharded) first, else torch .bin."""
-    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        index = path / index_name
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return [path / s for s in shards]
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (path / name).is_file():
-            return [path / name]
-    raise FileNotFoundError(f"No weights in {path}: expected model.safetensors, a sharded "
-                            "safetensors index, or pytorch_model.bin.")
-
-
-def iterate_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) with legacy names (`LayerNorm.gamma/beta`) mapped to weight/bias."""
-    for file in checkpoint_files(path):
-        if file.suffix == ".safetensors":
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    yield _modern_name(name), f.get_tensor(name)
-        else:
-            state = torch.load(file, map_location="cpu", weights_only=True)
-            for name, tensor in state.items():
-                yield _modern_name(name), tensor
-
-
-def _modern_name(name: str) -> str:
-    for old, new in _LEGACY_SUFFIXES.items():
-        if name.endswith(old):
-            return name[: -len(old)] + new
-    return name
-
-
-def strip_prefix(name: str, prefixes: tuple[str, ...]) -> str:
-    for prefix in prefixes:
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
+def load_backbone_class(spec: ArchSpec) -> type[nn.Module]:
+    """The family file is imported on first use: a process serving BERT never imports Llama."""
+    module = importlib.import_module(f"pooler.models.{spec.family}")
+    return getattr(module, spec.backbone)
 
 
 class PoolingModel(nn.Module):
@@ -84,10 +46,8 @@ def load_weights_into(model: PoolingModel, model_config: ModelConfig) -> None:
 
 
 def build_model(model_config: ModelConfig) -> PoolingModel:
-    from pooler.pooling.dispatch import build_pooler
-
-    spec = registry.get_arch_spec(model_config.architecture)
-    backbone_cls = registry.load_backbone_class(spec)
+    spec = architectures.get_arch_spec(model_config.architecture)
+    backbone_cls = load_backbone_class(spec)
     backbone = backbone_cls(model_config.hf_config)
     pooler = build_pooler(model_config, backbone)
     model = PoolingModel(backbone, pooler)

@@ -22,7 +22,7 @@ _SHARED_CANDIDATES = (_REPO.parent / "shared" / "models", _REPO.parent.parent / 
 
 def pooler_engine(model: str | Path, opts: BenchOptions, quantization: str | None = None):
     """The pooler Engine of a bench side, with the side's device, dtype, budget and threads."""
-    from pooler import Engine
+    from pooler.engine.llm import Engine
 
     return Engine(str(model), device=opts.device, dtype=opts.dtype, quantization=quantization,
                   max_num_batched_tokens=opts.max_num_batched_tokens,
@@ -79,7 +79,7 @@ def token_lens(model: str | Path, texts: list[str], pairs: list[str] | None = No
     """Real tokens (special tokens included, padding not) of each input as the model's own
     tokenizer makes them, truncated at max_length (default: the model's maximum)."""
     from pooler.config import ModelConfig
-    from pooler.engine.tokenizer import TextTokenizer
+    from pooler.tokenizer import TextTokenizer
 
     cfg = ModelConfig(model=str(model), device="cpu")
     lower = bool(cfg.st and cfg.st.do_lower_case)

@@ -31,7 +31,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_from_args(args: argparse.Namespace):
-    from pooler import Engine
+    from pooler.engine.llm import Engine
 
     return Engine(args.model, task=args.task, runner=args.runner, dtype=args.dtype,
                   device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,

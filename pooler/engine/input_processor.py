@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
 
 from pooler.config import ModelConfig
-from pooler.engine.tokenizer import TextTokenizer
+from pooler.tokenizer import TextTokenizer
 
 # One input: a text, or token ids the caller already made.
 PromptInput = Union[str, Sequence[int], dict]

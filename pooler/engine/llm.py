@@ -14,12 +14,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
+from pooler.engine import scoring
 from pooler.engine.core import EngineCore
 from pooler.engine.engine_loop import EngineLoop, RequestCancelled, current_call
 from pooler.engine.input_processor import (InputProcessor, ProcessedInput, TruncationOptions,
                                            normalize_inputs)
 from pooler.engine.request import Request, RequestOutput
-from pooler.engine.tokenizer import TextTokenizer
 from pooler.model_folder import DEFAULT_MODEL
 from pooler.ner import SubwordRules, check_strategy, extract_entities
 from pooler.outputs import (ClassificationOutput, EmbeddingOutput, Entity, PoolingOutput,
@@ -27,6 +27,7 @@ from pooler.outputs import (ClassificationOutput, EmbeddingOutput, Entity, Pooli
                             TokenClassificationOutput, TokenEmbeddingOutput, as_numpy)
 from pooler.params import PoolingParams
 from pooler.pooling.activation import labels_of
+from pooler.tokenizer import TextTokenizer
 
 # Offline jobs at least this long show a progress bar unless use_tqdm says otherwise.
 _TQDM_MIN_INPUTS = 100
@@ -266,8 +267,6 @@ class Engine:
         ColBERT: MaxSim of token vectors (each query encoded once); cross-encoder: the
         classifier's relevance; embedding model: cosine similarity. With the background loop
         running, setting `cancel` aborts the call and releases everything it cached."""
-        from pooler.engine import scoring
-
         return scoring.score(self, queries, documents, truncate=truncate,
                              truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
                              priority=priority, cancel=cancel,
@@ -278,8 +277,6 @@ class Engine:
                **kwargs) -> list[RerankResult]:
         """Documents sorted by score, best first (ties keep input order); `top_n` keeps the
         best n. Takes score()'s keyword options."""
-        from pooler.engine import scoring
-
         return scoring.rerank(self, query, documents, top_n=top_n,
                               return_documents=return_documents, **kwargs)
 
@@ -297,7 +294,7 @@ class Engine:
 
     @functools.cached_property
     def colbert_inputs(self):
-        from pooler.colbert import ColBERTInputBuilder
+        from pooler.engine.colbert_inputs import ColBERTInputBuilder
 
         if self.model_config.colbert is None:
             raise ValueError(f"{self.model_config.model} is not a ColBERT model (no PyLate "
@@ -456,6 +453,16 @@ class Engine:
             output.extra = {"task": p.task}
         return ordered
 
+    def drop_cached_queries(self, keys: list[str]) -> None:
+        """Drop ColBERT queries from the late-interaction cache once every request submitted
+        so far has taken effect: with the background loop, on its thread behind any pending
+        abort; else under the step lock."""
+        late_interaction = self.core.model_runner.pooling_runner.late_interaction
+        if self._loop is not None and self._loop.is_running:
+            self._loop.call_soon(lambda: late_interaction.drop_queries(keys))
+        else:
+            with self._step_lock:
+                late_interaction.drop_queries(keys)
 
     def _step_until_done(self, requests: list[Request], bar) -> dict[str, RequestOutput]:
         with self._step_lock:  # one stepping thread at a time when no loop runs

@@ -9,57 +9,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
 
 from pooler.config import SchedulerConfig
 from pooler.engine.request import Request, RequestOutput, RequestStatus
 from pooler.params import PoolingParams
-
-
-@dataclass
-class NewRequestData:
-    """What the model runner needs of a request scheduled (again) for the first time."""
-    req_id: str
-    prompt_token_ids: list[int]
-    token_type_ids: list[int] | None
-    special_tokens_mask: list[int] | None
-    num_prompt_tokens: int
-    pooling_params: PoolingParams
-
-    @classmethod
-    def from_request(cls, request: Request) -> "NewRequestData":
-        return cls(request.request_id, request.prompt_token_ids, request.token_type_ids,
-                   request.special_tokens_mask, request.num_prompt_tokens, request.pooling_params)
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    total_num_scheduled_tokens: int = 0
-    # Requests that ended (finished, aborted, failed) since the previous step.
-    finished_req_ids: set[str] = field(default_factory=set)
-    # Requests taken back from the runner to be scheduled again later.
-    preempted_req_ids: set[str] = field(default_factory=set)
-    # Requests aborted before they were ever scheduled: the runner never saw them, but their
-    # params may hold reservations (a ColBERT doc's use of a cached query) to release.
-    unscheduled_aborted: dict[str, PoolingParams] = field(default_factory=dict)
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.scheduled_new_reqs or self.finished_req_ids
-                    or self.preempted_req_ids or self.unscheduled_aborted)
-
-
-@dataclass
-class ModelRunnerOutput:
-    req_ids: list[str] = field(default_factory=list)
-    # One CPU tensor per request in req_ids (None where that request failed).
-    pooler_outputs: list = field(default_factory=list)
-    # Per-request failures (e.g. a ColBERT doc whose query is not cached).
-    errors: dict[str, str] = field(default_factory=dict)
-    # The whole forward pass failed; every scheduled request gets retried or failed.
-    batch_error: str | None = None
+from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
 class Scheduler:
@@ -138,7 +92,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._seen_by_runner.add(request.request_id)
-            out.scheduled_new_reqs.append(NewRequestData.from_request(request))
+            out.scheduled_new_reqs.append(_new_request_data(request))
             out.num_scheduled_tokens[request.request_id] = request.num_tokens
             token_budget -= request.num_tokens
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
@@ -183,3 +137,9 @@ class Scheduler:
             self._seen_by_runner.discard(request.request_id)
             self._finished_since_last_step.add(request.request_id)
             self._preempted_since_last_step.discard(request.request_id)
+
+
+def _new_request_data(request: Request) -> NewRequestData:
+    return NewRequestData(request.request_id, request.prompt_token_ids, request.token_type_ids,
+                          request.special_tokens_mask, request.num_prompt_tokens,
+                          request.pooling_params)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -25,8 +25,22 @@ from pooler.engine.input_processor import TruncationOptions, normalize_inputs
 from pooler.outputs import RerankResult, ScoreOutput, as_numpy
 from pooler.params import LateInteractionParams, PoolingParams
 
-if TYPE_CHECKING:
-    from pooler.engine.llm import Engine
+
+
+class ScoringEngine(Protocol):
+    """The few things scoring needs of the engine (pooler.engine.llm.Engine provides them):
+    scoring depends on this interface, the engine on scoring, never both ways."""
+    model_config: Any
+    processor: Any
+    colbert_inputs: Any
+
+    @property
+    def supported_tasks(self) -> frozenset[str]: ...
+    def verify_params(self, params: PoolingParams) -> PoolingParams: ...
+    def run_processed(self, processed: list, params: list[PoolingParams], priority: int = 0,
+                      use_tqdm: bool | None = None, **kwargs) -> list: ...
+    def classify(self, inputs: Any, **kwargs) -> list: ...
+    def drop_cached_queries(self, keys: list[str]) -> None: ...
 
 SCORING_KINDS = ("late_interaction", "cross_encoder", "bi_encoder")
 
@@ -52,7 +66,7 @@ def pair_inputs(queries: Any, documents: Any) -> ScoreRequest:
     return ScoreRequest(qs, ds, pairs)
 
 
-def scoring_kind(engine: "Engine") -> str:
+def scoring_kind(engine: ScoringEngine) -> str:
     if engine.model_config.colbert is not None:
         return "late_interaction"
     tasks = engine.supported_tasks
@@ -65,7 +79,7 @@ def scoring_kind(engine: "Engine") -> str:
                      "model (embed).")
 
 
-def score(engine: "Engine", queries: Any, documents: Any, *, truncate: bool = True,
+def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool = True,
           truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
           priority: int = 0, cancel: threading.Event | None = None,
           use_activation: bool | None = None) -> list[ScoreOutput]:
@@ -86,7 +100,7 @@ def score(engine: "Engine", queries: Any, documents: Any, *, truncate: bool = Tr
     return [ScoreOutput(float(s), qi, di) for s, (qi, di) in zip(scores, request.pairs)]
 
 
-def rerank(engine: "Engine", query: Any, documents: Sequence, *, top_n: int | None = None,
+def rerank(engine: ScoringEngine, query: Any, documents: Sequence, *, top_n: int | None = None,
            return_documents: bool = False, **kwargs) -> list[RerankResult]:
     if isinstance(query, (list, tuple)) and query and not isinstance(query[0], int):
         raise ValueError("rerank takes one query (a string or token ids), got a list of "
@@ -103,7 +117,7 @@ def rerank(engine: "Engine", query: Any, documents: Sequence, *, top_n: int | No
 
 
 # ---- ColBERT ---------------------------------------------------------------------------------
-def _late_interaction_scores(engine: "Engine", request: ScoreRequest, use_tqdm, priority,
+def _late_interaction_scores(engine: ScoringEngine, request: ScoreRequest, use_tqdm, priority,
                              cancel) -> list[float]:
     builder = engine.colbert_inputs
     used = sorted({qi for qi, _ in request.pairs})
@@ -141,7 +155,7 @@ def _late_interaction_scores(engine: "Engine", request: ScoreRequest, use_tqdm, 
             raise RequestCancelled("cancelled between the query and document stages")
     except BaseException:
         # The documents will never run: drop what the queries cached (once quiesced).
-        _drop_queries_when_quiet(engine, keys)
+        engine.drop_cached_queries(keys)
         raise
     # From here every document releases its own use, whatever happens to it.
     try:
@@ -151,7 +165,7 @@ def _late_interaction_scores(engine: "Engine", request: ScoreRequest, use_tqdm, 
         raise
     except BaseException:
         # Not a per-request failure: a submission went wrong; make sure nothing stays.
-        _drop_queries_when_quiet(engine, keys)
+        engine.drop_cached_queries(keys)
         raise
     failed = [(i, r.error) for i, r in enumerate(results) if r.error]
     if failed:
@@ -160,27 +174,15 @@ def _late_interaction_scores(engine: "Engine", request: ScoreRequest, use_tqdm, 
     return [float(r.data) for r in results]
 
 
-def _colbert_params(engine: "Engine", item, role: str,
+def _colbert_params(engine: ScoringEngine, item, role: str,
                     li: LateInteractionParams) -> PoolingParams:
     extra = {ROLE_KEY: role, UNATTENDED_KEY: int(item.extra.get(UNATTENDED_KEY, 0))}
     return engine.verify_params(PoolingParams(task="token_embed", late_interaction=li,
                                               extra=extra))
 
 
-def _drop_queries_when_quiet(engine: "Engine", keys: list[str]) -> None:
-    """Drop cached queries after every request submitted so far has taken effect: with the
-    background loop, on its thread behind any pending abort; else under the step lock."""
-    late_interaction = engine.core.model_runner.pooling_runner.late_interaction
-    loop = engine._loop
-    if loop is not None and loop.is_running:
-        loop.call_soon(lambda: late_interaction.drop_queries(keys))
-    else:
-        with engine._step_lock:
-            late_interaction.drop_queries(keys)
-
-
 # ---- bi-encoder ------------------------------------------------------------------------------
-def _bi_encoder_scores(engine: "Engine", request: ScoreRequest, truncation, use_tqdm,
+def _bi_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncation, use_tqdm,
                        priority, cancel) -> list[float]:
     used_q = sorted({qi for qi, _ in request.pairs})
     used_d = sorted({di for _, di in request.pairs})
@@ -197,7 +199,7 @@ def _bi_encoder_scores(engine: "Engine", request: ScoreRequest, truncation, use_
 
 
 # ---- cross-encoder ---------------------------------------------------------------------------
-def _cross_encoder_scores(engine: "Engine", request: ScoreRequest, truncate,
+def _cross_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncate,
                           truncate_prompt_tokens, use_tqdm, priority,
                           use_activation) -> list[float]:
     if not all(isinstance(x, str) for x in request.queries + request.documents):

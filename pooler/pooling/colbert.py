@@ -97,7 +97,7 @@ class ColBERTPooler(nn.Module):
 def build_colbert_poolers(model_config, backbone: nn.Module) -> dict[str, nn.Module]:
     """token_embed for a ColBERT model (PyLate Dense folders, or the checkpoint's linear)."""
     from pooler.colbert import ColBERTTokens
-    from pooler.engine.tokenizer import TextTokenizer
+    from pooler.tokenizer import TextTokenizer
     from pooler.pooling.heads import DenseProjector
 
     config = model_config.colbert
@@ -120,7 +120,7 @@ def _linear_out_features(model_config) -> int:
     """Output size of the checkpoint's projection, read from the file header when possible."""
     from safetensors import safe_open
 
-    from pooler.loader import checkpoint_files, iterate_weights
+    from pooler.checkpoint import checkpoint_files, iterate_weights
 
     files = checkpoint_files(model_config.path)
     if all(f.suffix == ".safetensors" for f in files):

@@ -26,7 +26,7 @@ class DenseProjector(nn.Module):
 
     def load_own_weights(self) -> None:
         """Each Dense module keeps its weights in its own folder."""
-        from pooler.loader import iterate_weights
+        from pooler.checkpoint import iterate_weights
 
         for spec, linear in zip(self.specs, self.linears):
             state = dict(iterate_weights(spec.path))

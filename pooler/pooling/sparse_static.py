@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from pooler.engine.tokenizer import TextTokenizer
+from pooler.tokenizer import TextTokenizer
 from pooler.model_folder import read_json
 
 
@@ -25,7 +25,7 @@ class StaticSparseEncoder:
         if idf_path is not None and str(idf_path).endswith(".json"):
             self.weight = self._from_idf_json(self._find(idf_path))
         else:
-            from pooler.loader import iterate_weights
+            from pooler.checkpoint import iterate_weights
 
             state = dict(iterate_weights(folder))
             if "weight" not in state:

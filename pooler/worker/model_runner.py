@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from pooler.config import ModelConfig
-from pooler.engine.scheduler import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pooler.loader import build_model, load_weights_into
 from pooler.models.inputs import ModelInputs
 from pooler.params import PoolingParams

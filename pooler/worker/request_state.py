@@ -1,7 +1,7 @@
 """Per-request bookkeeping shared by every model runner (native and transformers fallback)."""
 from __future__ import annotations
 
-from pooler.engine.scheduler import NewRequestData, SchedulerOutput
+from pooler.step_contract import NewRequestData, SchedulerOutput
 
 
 class RunnerRequestState:

@@ -15,7 +15,7 @@ import traceback
 import torch
 
 from pooler.config import ModelConfig
-from pooler.engine.scheduler import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pooler.params import PoolingParams
 from pooler.pooling.activation import apply_activation, sequence_activation, token_activation
 from pooler.pooling.metadata import PoolingMetadata
@@ -91,12 +91,13 @@ class TransformersRunner(RunnerRequestState):
         """Offer the checkpoint to pooler-side heads (the masked-LM head SPLADE needs), named
         as the native loader names them: AutoModel loads the encoder only. Lazy: a pooler
         without such heads (a plain embedder) never reads the checkpoint again."""
-        from pooler.loader import iterate_weights, strip_prefix
-        from pooler.models import registry
+        from pooler.architectures import NATIVE_ARCHITECTURES
+        from pooler.checkpoint import iterate_weights, strip_prefix
+        from pooler.loader import load_backbone_class
 
-        spec = registry.NATIVE_ARCHITECTURES.get(self.model_config.architecture)
+        spec = NATIVE_ARCHITECTURES.get(self.model_config.architecture)
         # Architectures without a native backbone: the usual task-model prefixes.
-        prefixes = (getattr(registry.load_backbone_class(spec), "weight_prefixes", ())
+        prefixes = (getattr(load_backbone_class(spec), "weight_prefixes", ())
                     if spec is not None else ("bert.", "roberta.", "model."))
         weights = ((strip_prefix(n, prefixes), t)
                    for n, t in iterate_weights(self.model_config.path))

@@ -56,18 +56,18 @@ def test_dense_projected_model(dense_folder, runner):
 
 
 def test_transformers_runner_plain_base_model(tmp_path, minilm_path, monkeypatch):
-    import pooler.loader
+    import pooler.checkpoint
 
     folder = save_tiny_bert(tmp_path / "bert", minilm_path, seed=5)
     add_st_pooling(folder, "mean")
     read = []  # names of the tensors pooler itself reads from the checkpoint
-    real_iterate = pooler.loader.iterate_weights
+    real_iterate = pooler.checkpoint.iterate_weights
 
     def counting_iterate(path):
         for name, tensor in real_iterate(path):
             read.append(name)
             yield name, tensor
-    monkeypatch.setattr(pooler.loader, "iterate_weights", counting_iterate)
+    monkeypatch.setattr(pooler.checkpoint, "iterate_weights", counting_iterate)
     engine = Engine(str(folder), runner="transformers")
     assert read == []  # no pooler-side head: transformers' own load is the only read
     _assert_size_matches_embed(engine, 32)

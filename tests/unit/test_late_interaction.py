@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pooler.engine.scheduler import SchedulerOutput
+from pooler.step_contract import SchedulerOutput
 from pooler.params import LateInteractionParams, PoolingParams
 from pooler.worker.late_interaction import LateInteractionRunner, maxsim
 from pooler.worker.model_runner import ModelRunner

@@ -5,7 +5,8 @@ import pytest
 
 from pooler.config import SchedulerConfig
 from pooler.engine.request import Request, RequestStatus
-from pooler.engine.scheduler import ModelRunnerOutput, Scheduler
+from pooler.engine.scheduler import Scheduler
+from pooler.step_contract import ModelRunnerOutput
 from pooler.params import PoolingParams
 
 

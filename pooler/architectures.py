@@ -1,11 +1,11 @@
 """Which architectures the native runner implements, and what each can do.
 
 Each architecture name (the `architectures[0]` of config.json) maps to a model family file in
-`pooler/models/`, a head kind that decides the pooling tasks, and an attention type.
+`pooler/models/`, a head kind that decides the pooling tasks, and an attention type. Pure data:
+reading a config needs it, so it sits below the models (pooler/loader.py imports the classes).
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 
@@ -82,7 +82,3 @@ def get_arch_spec(architecture: str) -> ArchSpec:
             "(`--runner transformers` on the CLI).")
     return spec
 
-
-def load_backbone_class(spec: ArchSpec):
-    module = importlib.import_module(f"pooler.models.{spec.family}")
-    return getattr(module, spec.backbone)
