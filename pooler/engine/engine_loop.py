@@ -13,7 +13,7 @@ import time
 from concurrent.futures import Future
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from pooler.engine.core import EngineCore
 from pooler.engine.request import Request, RequestOutput
@@ -98,11 +98,13 @@ class EngineLoop:
         self._inbox.put(("abort", list(request_ids), None))
         self._wakeup.set()
 
-    def call_soon(self, fn: Callable[[], None]) -> None:
+    def call_soon(self, fn: Callable[[], Any]) -> Future:
         """Run `fn` on the loop thread between steps, after everything submitted before it
-        (e.g. release state once an abort has taken effect)."""
-        self._inbox.put(("call", fn, None))
+        (e.g. release state once an abort has taken effect). The future holds its result."""
+        future: Future = Future()
+        self._inbox.put(("call", fn, future))
         self._wakeup.set()
+        return future
 
     # ---- the loop thread ----------------------------------------------------------------
     def _drain_inbox(self) -> None:
@@ -121,9 +123,10 @@ class EngineLoop:
                     self._submitted_at[payload.request_id] = payload.arrival_time
             elif kind == "call":
                 try:
-                    payload()
-                except Exception:  # a callback's bug must not stop the loop
+                    future.set_result(payload())
+                except Exception as exc:  # a callback's bug must not stop the loop
                     logger.exception("engine loop callback failed")
+                    future.set_exception(exc)
             else:
                 for req_id in self.core.abort_requests(payload):
                     self._submitted_at.pop(req_id, None)

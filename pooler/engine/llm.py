@@ -315,9 +315,20 @@ class Engine:
 
     def reset_cache(self) -> None:
         """Free derived caches (tokenizer clones, device allocator blocks). Unlike
-        reload_weights, this keeps cached ColBERT queries: they are in-flight request state."""
+        reload_weights and reset_encoder_cache, this keeps cached ColBERT queries: they are
+        in-flight request state."""
         self.tokenizer.clear_cache()
         self.core.model_runner.reset_caches()
+
+    def reset_encoder_cache(self) -> None:
+        """The model runner's reset_encoder_cache, between steps: drops every cached ColBERT
+        query (in-flight scoring calls whose documents have not run yet then fail)."""
+        self._between_steps(self.core.model_runner.reset_encoder_cache)
+
+    def reset_mm_cache(self) -> None:
+        """The model runner's reset_mm_cache, between steps: pooler serves text models, so
+        there is nothing to reset, and cached ColBERT queries stay."""
+        self._between_steps(self.core.model_runner.reset_mm_cache)
 
     # ---- sparse embeddings (issue 7) ------------------------------------------------------
     def embed_sparse(self, inputs: str | Sequence, *, top_k: int | None = None,
@@ -382,8 +393,10 @@ class Engine:
             num_tokens=num_tokens, request_id=request_id)
 
     def reload_weights(self) -> None:
-        """Load the model folder's weights again, in place (after a fine-tune wrote them)."""
-        self.core.reload_weights()
+        """Load the model folder's weights again, in place (after a fine-tune wrote them),
+        between steps; the runner then resets its caches (reset_encoder_cache drops cached
+        ColBERT queries)."""
+        self._between_steps(self.core.reload_weights)
 
     # ---- plumbing -----------------------------------------------------------------------
     def verify_params(self, params: PoolingParams) -> PoolingParams:
@@ -455,14 +468,20 @@ class Engine:
 
     def drop_cached_queries(self, keys: list[str]) -> None:
         """Drop ColBERT queries from the late-interaction cache once every request submitted
-        so far has taken effect: with the background loop, on its thread behind any pending
-        abort; else under the step lock."""
+        so far has taken effect (behind any pending abort). Does not wait."""
         late_interaction = self.core.model_runner.pooling_runner.late_interaction
+        self._between_steps(lambda: late_interaction.drop_queries(keys), wait=False)
+
+    def _between_steps(self, fn, wait: bool = True) -> None:
+        """Run `fn` where no step is running: on the background loop's thread (after
+        everything submitted before it), else under the step lock."""
         if self._loop is not None and self._loop.is_running:
-            self._loop.call_soon(lambda: late_interaction.drop_queries(keys))
+            done = self._loop.call_soon(fn)
+            if wait:
+                done.result()
         else:
             with self._step_lock:
-                late_interaction.drop_queries(keys)
+                fn()
 
     def _step_until_done(self, requests: list[Request], bar) -> dict[str, RequestOutput]:
         with self._step_lock:  # one stepping thread at a time when no loop runs

@@ -12,19 +12,19 @@ from dataclasses import dataclass
 import torch
 
 from pooler.config import ModelConfig
-from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pooler.loader import build_model, load_weights_into
 from pooler.models.inputs import ModelInputs
 from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
+from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pooler.worker.memory import HeapTrimmer, tune_malloc_for_steps
 from pooler.worker.pooling_runner import PoolingRunner
-from pooler.worker.request_state import RunnerRequestState
+from pooler.worker.runner_base import ModelRunnerBase
 
 logger = logging.getLogger(__name__)
 
 
-class ModelRunner(RunnerRequestState):
+class ModelRunner(ModelRunnerBase):
     def __init__(self, model_config: ModelConfig):
         self.model_config = model_config
         self.device = model_config.torch_device
@@ -101,10 +101,9 @@ class ModelRunner(RunnerRequestState):
         return inputs, metadata
 
     # ---- weights ------------------------------------------------------------------------
-    def reload_weights(self) -> None:
-        """Swap the folder's current weights into the model in place. Cached ColBERT queries
-        were computed with the old weights: drop them."""
-        self.pooling_runner.late_interaction.clear()
+    def _swap_weights(self) -> None:
+        """The folder's current weights into the model in place (reload_weights then clears
+        what the old weights computed)."""
         if self.model_config.quantization is not None:
             # Quantized layers cannot take fp32 checkpoint tensors: quantize a fresh copy and
             # copy its state over, keeping every module object (and reference to it) in place.

@@ -75,6 +75,11 @@ class PoolingRunner:
         reserved (a ColBERT doc's use of its cached query)."""
         self.late_interaction.release_unscheduled(aborted)
 
+    def clear(self) -> None:
+        """Drop the composed late-interaction state (cached ColBERT queries and their pending
+        uses). Called by the model runner's reset_encoder_cache only."""
+        self.late_interaction.clear()
+
     # ---- pooling ------------------------------------------------------------------------
     def pool(self, hidden_states: torch.Tensor, metadata: PoolingMetadata,
              finished_mask: list[bool]) -> tuple[list[torch.Tensor | None], dict[str, str]]:

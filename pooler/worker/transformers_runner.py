@@ -19,7 +19,7 @@ from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOut
 from pooler.params import PoolingParams
 from pooler.pooling.activation import apply_activation, sequence_activation, token_activation
 from pooler.pooling.metadata import PoolingMetadata
-from pooler.worker.request_state import RunnerRequestState
+from pooler.worker.runner_base import ModelRunnerBase
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +54,11 @@ class FallbackTasks:
     def on_unscheduled_aborted(self, aborted) -> None:
         """Nothing is reserved for a request before it runs here (no late interaction)."""
 
+    def clear(self) -> None:
+        """No late-interaction state to drop: the fallback does not cache ColBERT queries."""
 
-class TransformersRunner(RunnerRequestState):
+
+class TransformersRunner(ModelRunnerBase):
     def __init__(self, model_config: ModelConfig):
         self.model_config = model_config
         self.device = model_config.torch_device
@@ -67,11 +70,7 @@ class TransformersRunner(RunnerRequestState):
             from pooler.pooling.dispatch import build_pooler
 
             self.pooler = build_pooler(model_config, self.model)
-            self._load_head_weights()
-            for module in self.pooler.modules():  # sentence-transformers Dense folders
-                if hasattr(module, "load_own_weights"):
-                    module.load_own_weights()
-            self.pooler.to(device=self.device, dtype=model_config.torch_dtype).eval()
+            self._load_pooler_weights()
         hf = model_config.hf_config
         self.pad_token_id = hf.get("pad_token_id")
 
@@ -86,6 +85,13 @@ class TransformersRunner(RunnerRequestState):
     def check_params(self, params: PoolingParams) -> None:
         if self.pooler is not None:
             self.pooler.check_params(params)
+
+    def _load_pooler_weights(self) -> None:
+        self._load_head_weights()
+        for module in self.pooler.modules():  # sentence-transformers Dense folders
+            if hasattr(module, "load_own_weights"):
+                module.load_own_weights()
+        self.pooler.to(device=self.device, dtype=self.model_config.torch_dtype).eval()
 
     def _load_head_weights(self) -> None:
         """Offer the checkpoint to pooler-side heads (the masked-LM head SPLADE needs), named
@@ -198,6 +204,9 @@ class TransformersRunner(RunnerRequestState):
                                    device=device))
 
     # ---- weights ------------------------------------------------------------------------
-    def reload_weights(self) -> None:
-        """Load the folder's current weights again (a fresh from_pretrained)."""
+    def _swap_weights(self) -> None:
+        """Load the folder's current weights again: a fresh from_pretrained, and the
+        pooler-side heads (masked-LM head, Dense folders) from the same files."""
         self.model = self._load_model()
+        if self.pooler is not None:
+            self._load_pooler_weights()

@@ -111,6 +111,29 @@ def test_reload_clears_late_interaction_state_and_reset_cache_does_not(engine):
     np.testing.assert_array_equal(engine.encode_documents(DOCS[:1])[0].embeddings, before)
 
 
+@pytest.mark.parametrize("background_loop", [False, True])
+def test_each_reset_on_a_cached_query(engine, background_loop):
+    """reset_cache and reset_mm_cache keep a cached query; reset_encoder_cache and
+    reload_weights drop it (README: the reset table)."""
+    if background_loop:
+        engine.start_background_loop()
+    expected = {"reset_cache": True, "reset_mm_cache": True,
+                "reset_encoder_cache": False, "reload_weights": False}
+    for method, survives in expected.items():
+        [q] = _requests(engine, ["query"], "query", [LateInteractionParams("cache_query",
+                                                                           method, 2)])
+        engine.run_processed([_as_processed(q)], [q.pooling_params])
+        assert _li(engine).query_uses(method) == 2
+        getattr(engine, method)()
+        assert (_li(engine).num_cached_queries == 1) is survives, method
+        _li(engine).clear()
+
+
+def _as_processed(request):
+    from pooler.engine.input_processor import ProcessedInput
+    return ProcessedInput(prompt_token_ids=request.prompt_token_ids)
+
+
 def test_score_and_rerank_api(engine):
     scores = engine.score("a query about foxes", DOCS)
     assert [(s.query_index, s.document_index) for s in scores] == [(0, j) for j in range(4)]

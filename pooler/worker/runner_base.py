@@ -1,0 +1,55 @@
+"""What every model runner (native and transformers fallback) shares: per-request bookkeeping,
+and the one path by which weights change.
+
+Weights change only through `reload_weights`, which swaps them in (`_swap_weights`, per runner)
+and then calls both resets. `reset_encoder_cache` is the single entry that drops state computed
+from the old weights (the composed late-interaction cache of ColBERT queries, via
+`pooling_runner.clear()`), so no query embedded with old weights is ever scored again.
+`reset_mm_cache` resets the multimodal cache only and deliberately leaves late-interaction
+state alone: that cache has nothing to do with scoring.
+"""
+from __future__ import annotations
+
+from pooler.step_contract import NewRequestData, SchedulerOutput
+
+
+class ModelRunnerBase:
+    """Needs `self.pooling_runner` (add_request, on_requests_finished, on_unscheduled_aborted,
+    clear) and `self.requests` ({req_id: NewRequestData}); subclasses implement
+    `_swap_weights`."""
+
+    requests: dict[str, NewRequestData]
+
+    def finish_requests(self, scheduler_output: SchedulerOutput) -> None:
+        # Finished ids go to the pooling runner *before* preempted ids join the removal set:
+        # a preempted request keeps its pooling-side reservations until it is rescheduled.
+        finished = scheduler_output.finished_req_ids
+        self.pooling_runner.on_requests_finished(finished)
+        if scheduler_output.unscheduled_aborted:
+            self.pooling_runner.on_unscheduled_aborted(scheduler_output.unscheduled_aborted)
+        for req_id in finished | scheduler_output.preempted_req_ids:
+            self.requests.pop(req_id, None)
+
+    def add_requests(self, new_reqs: list[NewRequestData]) -> None:
+        for req in new_reqs:
+            self.pooling_runner.add_request(req.req_id, req.pooling_params)
+            self.requests[req.req_id] = req
+
+    # ---- weights and the caches derived from them ---------------------------------------
+    def reload_weights(self) -> None:
+        """Swap the folder's current weights in, then invalidate what the old ones computed."""
+        self._swap_weights()
+        self.reset_mm_cache()
+        self.reset_encoder_cache()
+
+    def reset_encoder_cache(self) -> None:
+        """Drop encoder outputs kept across steps: pooler keeps none outside the pooling
+        runner, whose late-interaction cache (ColBERT queries) is cleared here and only here."""
+        self.pooling_runner.clear()
+
+    def reset_mm_cache(self) -> None:
+        """pooler serves text models: there is no multimodal cache to reset. Must not touch
+        late-interaction state (see the module docstring)."""
+
+    def _swap_weights(self) -> None:
+        raise NotImplementedError
