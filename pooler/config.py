@@ -17,14 +17,14 @@ from pooler.tasks import TASK_PREFERENCE, check_task
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-RUNNERS = ("native", "transformers")
+RUNNERS = ("auto", "native", "transformers")
 
 
 @dataclass
 class ModelConfig:
     model: str = DEFAULT_MODEL
     task: str | None = None
-    runner: str = "native"
+    runner: str = "auto"  # auto: native when the architecture has a native family
     dtype: str = "float32"
     device: str = "auto"
     max_model_len: int | None = None
@@ -41,6 +41,8 @@ class ModelConfig:
     st: SentenceTransformerLayout | None = field(init=False)
     tokenizer_config: dict[str, Any] = field(init=False)
     colbert: ColBERTConfig | None = field(init=False)  # ColBERT layout, None otherwise
+    runner_reason: str | None = field(init=False)  # why the fallback runs, when it does
+    transformers_config: Any = field(init=False)  # PretrainedConfig, fallback runner only
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
@@ -60,11 +62,24 @@ class ModelConfig:
         hf_config.update(self.hf_overrides or {})
         self.hf_config = hf_config
         self.architecture = architectures.architecture_of(hf_config)
+        if self.runner == "auto":
+            native = self.architecture in architectures.NATIVE_ARCHITECTURES
+            self.runner = "native" if native else "transformers"
+            self.runner_reason = (None if native else
+                                  f"{self.architecture} has no native implementation")
+        else:
+            self.runner_reason = None if self.runner == "native" else "runner='transformers' " \
+                                                                     "was asked for"
+        self.transformers_config = None
         if self.runner == "native":
             spec = architectures.get_arch_spec(self.architecture)
             self.head, self.attn_type = spec.head, spec.attn_type
         else:
-            self.head, self.attn_type = _fallback_head(self.architecture, hf_config)
+            # The fallback reads model facts through transformers' own config class, which
+            # resolves each family's names (DistilBERT's `dim`, XLM's `emb_dim`, T5's `d_model`).
+            self.transformers_config = load_transformers_config(self.path, self.hf_overrides)
+            self.head, self.attn_type = _fallback_head(self.architecture,
+                                                       self.transformers_config)
         self.st = read_sentence_transformer_layout(self.root_path)
         self.tokenizer_config = read_json(self.path / "tokenizer_config.json") or {}
         self.colbert = detect_colbert(self.path, hf_config, self.st)
@@ -83,7 +98,15 @@ class ModelConfig:
 
     @property
     def hidden_size(self) -> int:
+        if self.transformers_config is not None:
+            return int(self.transformers_config.hidden_size)
         return int(self.hf_config.get("hidden_size") or self.hf_config["d_model"])
+
+    @property
+    def pad_token_id(self) -> int | None:
+        source = self.transformers_config
+        return getattr(source, "pad_token_id", None) if source is not None else \
+            self.hf_config.get("pad_token_id")
 
     @property
     def model_tasks(self) -> frozenset[str]:
@@ -110,11 +133,18 @@ class ModelConfig:
 
     def _derive_max_model_len(self) -> int:
         limits = []
-        positions = self.hf_config.get("max_position_embeddings")
+        if self.transformers_config is not None:
+            positions = getattr(self.transformers_config, "max_position_embeddings", None)
+            # Nystromformer reshapes every batch to this fixed length (the fallback pads to it).
+            segment = getattr(self.transformers_config, "segment_means_seq_len", None)
+            if isinstance(segment, int) and segment > 0:
+                limits.append(segment)
+        else:
+            positions = self.hf_config.get("max_position_embeddings")
         if positions:
             # RoBERTa-style models offset positions by padding_idx + 1.
             offset = self.hf_config.get("pad_token_id", 1) + 1 if self.hf_config.get(
-                "model_type") in ("roberta", "xlm-roberta") else 0
+                "model_type") in _PADDING_IDX_POSITIONS else 0
             limits.append(int(positions) - offset)
         tok_max = self.tokenizer_config.get("model_max_length")
         if isinstance(tok_max, int) and tok_max < 10**9:
@@ -134,7 +164,26 @@ class ModelConfig:
         return self.max_model_len
 
 
-def _fallback_head(architecture: str, hf_config: dict) -> tuple[str, str]:
+# Families whose position ids start after padding_idx (RoBERTa's scheme): they lose
+# pad_token_id + 1 positions.
+_PADDING_IDX_POSITIONS = ("roberta", "xlm-roberta", "camembert", "data2vec-text", "xmod",
+                          "longformer", "luke", "mpnet")
+
+
+def load_transformers_config(path: Path, overrides: dict[str, Any] | None):
+    """transformers' PretrainedConfig for the folder (the fallback runner's source of facts)."""
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ValueError("runner='transformers' needs the transformers package: "
+                         "pip install transformers") from exc
+    config = transformers.AutoConfig.from_pretrained(path)
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
+    return config
+
+
+def _fallback_head(architecture: str, config) -> tuple[str, str]:
     """Head kind and attention type for the transformers fallback runner."""
     if architecture.endswith("ForTokenClassification"):
         head = "token_cls"
@@ -144,8 +193,10 @@ def _fallback_head(architecture: str, hf_config: dict) -> tuple[str, str]:
         head = "mlm"
     else:
         head = "base"
-    decoder = bool(hf_config.get("is_decoder")) or architecture.endswith("ForCausalLM") or \
-        hf_config.get("model_type") in ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2")
+    decoder = bool(getattr(config, "is_decoder", False)) or \
+        architecture.endswith("ForCausalLM") or \
+        getattr(config, "model_type", "") in ("llama", "qwen2", "qwen3", "mistral", "gemma",
+                                              "gemma2")
     return head, "decoder" if decoder else "encoder_only"
 
 

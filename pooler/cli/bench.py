@@ -47,7 +47,7 @@ def run(args) -> int:
                          "or 'all'.")
     if args.repeat < 1:
         raise ValueError("--repeat must be at least 1.")
-    if args.runner != "native" or args.task is not None:
+    if args.runner not in ("auto", "native") or args.task is not None:
         raise ValueError("pooler bench runs the native runner with each workload's own task; "
                          "drop --runner/--task.")
     device = "cuda" if args.device == "cuda" else "cpu"

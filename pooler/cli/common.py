@@ -15,7 +15,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              f"(default: {DEFAULT_MODEL})")
     parser.add_argument("--task", default=None,
                         help="embed | classify | token_embed | token_classify (default: model's)")
-    parser.add_argument("--runner", default="native", choices=["native", "transformers"],
+    parser.add_argument("--runner", default="auto", choices=["auto", "native", "transformers"],
                         help="native engine, or the transformers fallback")
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     parser.add_argument("--device", default="auto", help="cpu | cuda | auto")

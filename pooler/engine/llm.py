@@ -42,7 +42,7 @@ class Engine:
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, task: str | None = None,
-                 runner: str = "native", dtype: str = "float32", device: str = "auto",
+                 runner: str = "auto", dtype: str = "float32", device: str = "auto",
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int = 256, num_threads: int | None = None,
                  hf_overrides: dict[str, Any] | None = None, quantization: str | None = None):

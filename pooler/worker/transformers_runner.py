@@ -9,19 +9,24 @@ share pooler's embed / token_embed poolers (sentence-transformers Pooling, Dense
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import traceback
 
 import torch
 
 from pooler.config import ModelConfig
-from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pooler.params import PoolingParams
 from pooler.pooling.activation import apply_activation, sequence_activation, token_activation
 from pooler.pooling.metadata import PoolingMetadata
+from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pooler.tokenizer import TextTokenizer
 from pooler.worker.runner_base import ModelRunnerBase
 
 logger = logging.getLogger(__name__)
+
+# transformers families whose outputs depend on the batch's padding (see __init__).
+_PADDING_SENSITIVE = frozenset({"convbert", "canine", "funnel"})
 
 _AUTO_CLASSES = {"seq_cls": "AutoModelForSequenceClassification",
                  "token_cls": "AutoModelForTokenClassification",
@@ -71,8 +76,24 @@ class TransformersRunner(ModelRunnerBase):
 
             self.pooler = build_pooler(model_config, self.model)
             self._load_pooler_weights()
-        hf = model_config.hf_config
-        self.pad_token_id = hf.get("pad_token_id")
+        self.pad_token_id = model_config.pad_token_id
+        # Pad as the tokenizer would (the config's pad id can differ, and a family that reads
+        # padded positions, e.g. Nystromformer's landmarks, sees the difference).
+        tokenizer = TextTokenizer(model_config.path, model_config.tokenizer_config)
+        pad_id = tokenizer.special_token_id("pad_token")
+        self.padding_id = pad_id if pad_id is not None else (self.pad_token_id or 0)
+        self.forward_inputs = frozenset(inspect.signature(self.model.forward).parameters)
+        config = model_config.transformers_config
+        # Nystromformer reshapes every sequence to this fixed length: pad each batch to it.
+        segment = getattr(config, "segment_means_seq_len", None)
+        self.fixed_length = segment if isinstance(segment, int) and segment > 0 else None
+        # Outputs that read padded positions (ConvBERT's span convolution) change with the
+        # batch's padding: run those sequences one at a time so results are batch-invariant.
+        self.one_at_a_time = config.model_type in _PADDING_SENSITIVE
+        logger.warning("Using the transformers fallback runner for %s (%s): padded batches "
+                       "through transformers' own classes%s.", model_config.architecture,
+                       model_config.runner_reason,
+                       ", one sequence at a time" if self.one_at_a_time else "")
 
     @property
     def supported_tasks(self) -> frozenset[str]:
@@ -115,17 +136,21 @@ class TransformersRunner(ModelRunnerBase):
             torch.cuda.empty_cache()
 
     def _load_model(self):
-        try:
-            import transformers
-        except ImportError as exc:  # pragma: no cover - installed with the test extra
-            raise ValueError("runner='transformers' needs the transformers package: "
-                             "pip install transformers") from exc
-        auto = getattr(transformers, _AUTO_CLASSES[self.model_config.head])
-        config = transformers.AutoConfig.from_pretrained(self.model_config.path)
-        for key, value in (self.model_config.hf_overrides or {}).items():
-            setattr(config, key, value)
-        model = auto.from_pretrained(self.model_config.path, config=config,
-                                     dtype=self.model_config.torch_dtype)
+        import transformers
+
+        config = self.model_config.transformers_config
+        architecture = self.model_config.architecture
+        base = self.model_config.head in ("base", "mlm")
+        if base and "Encoder" in architecture and hasattr(transformers, architecture):
+            # An encoder-only checkpoint of an encoder-decoder family (T5EncoderModel): its own
+            # class, since AutoModel would build the decoder and ask for decoder inputs.
+            model_class = getattr(transformers, architecture)
+        else:
+            model_class = getattr(transformers, _AUTO_CLASSES[self.model_config.head])
+        model = model_class.from_pretrained(self.model_config.path, config=config,
+                                            dtype=self.model_config.torch_dtype)
+        if base and config.is_encoder_decoder and hasattr(model, "get_encoder"):
+            model = model.get_encoder()  # embeddings come from the encoder alone
         return model.to(self.device).eval().requires_grad_(False)
 
     # ---- one step -----------------------------------------------------------------------
@@ -148,9 +173,10 @@ class TransformersRunner(ModelRunnerBase):
 
     def _run(self, reqs: list[NewRequestData]) -> list[torch.Tensor]:
         head = self.model_config.head
-        if head == "seq_cls" and self.pad_token_id is None and len(reqs) > 1:
+        if len(reqs) > 1 and (self.one_at_a_time or (head == "seq_cls"
+                                                     and self.pad_token_id is None)):
             # transformers cannot find the last token of a padded decoder batch without a
-            # pad id: run such sequences one at a time.
+            # pad id, and padding-sensitive families change with the padding: one at a time.
             return [out for r in reqs for out in self._run([r])]
         batch, mask = self._pad(reqs)
         if head == "seq_cls":
@@ -175,8 +201,8 @@ class TransformersRunner(ModelRunnerBase):
 
     def _pad(self, reqs: list[NewRequestData]) -> tuple[dict, torch.Tensor]:
         """Right-padded input_ids / attention_mask (/ token_type_ids for pairs)."""
-        max_len = max(len(r.prompt_token_ids) for r in reqs)
-        pad = self.pad_token_id if self.pad_token_id is not None else 0
+        max_len = self.fixed_length or max(len(r.prompt_token_ids) for r in reqs)
+        pad = self.padding_id
         ids = torch.full((len(reqs), max_len), pad, dtype=torch.long)
         mask = torch.zeros((len(reqs), max_len), dtype=torch.long)
         types = torch.zeros((len(reqs), max_len), dtype=torch.long)
@@ -188,6 +214,9 @@ class TransformersRunner(ModelRunnerBase):
                 types[i, :n] = torch.tensor(r.token_type_ids)
         batch = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
         if types.any():
+            if "token_type_ids" not in self.forward_inputs:
+                raise ValueError(f"{self.model_config.architecture} takes no token type ids, "
+                                 "so it cannot tell a text pair's two texts apart.")
             batch["token_type_ids"] = types.to(self.device)
         return batch, mask.to(self.device)
 

@@ -39,8 +39,10 @@ def save_tiny_bert(dst: Path, tokenizer_src: Path, *, kind: str = "bert", seed: 
     return dst
 
 
-def add_st_pooling(folder: Path, mode: str, normalize: bool = False) -> None:
-    """Make the folder a sentence-transformers model with the given pooling mode."""
+def add_st_pooling(folder: Path, mode: str, normalize: bool = False,
+                   dimension: int | None = None) -> None:
+    """Make the folder a sentence-transformers model with the given pooling mode (dimension:
+    the hidden size, when config.json names it otherwise)."""
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     if normalize:
@@ -49,9 +51,10 @@ def add_st_pooling(folder: Path, mode: str, normalize: bool = False) -> None:
         (folder / "2_Normalize").mkdir(exist_ok=True)
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir(exist_ok=True)
-    config = json.loads((folder / "config.json").read_text())
+    if dimension is None:
+        dimension = json.loads((folder / "config.json").read_text())["hidden_size"]
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": config["hidden_size"],
+        "word_embedding_dimension": dimension,
         "pooling_mode_cls_token": mode == "cls", "pooling_mode_mean_tokens": mode == "mean",
         "pooling_mode_max_tokens": mode == "max", "pooling_mode_mean_sqrt_len_tokens": False,
         "pooling_mode_lasttoken": mode == "lasttoken"}))
