@@ -15,6 +15,17 @@ class EmbeddingOutput:
 
 
 @dataclass
+class ChunkEmbeddingOutput:
+    """embed_chunks (late chunking): one chunk of a document, pooled from the token states of
+    the whole document."""
+    embedding: np.ndarray  # [dim] float32
+    start: int  # character span of the chunk in the document
+    end: int
+    text: str
+    num_tokens: int  # document tokens inside the chunk
+
+
+@dataclass
 class TokenEmbeddingOutput:
     embeddings: np.ndarray  # [num_tokens, dim] float32
     num_tokens: int

@@ -111,12 +111,14 @@ class InputProcessor:
 
     def process(self, inputs: list[str | list[int]], *, pairs: list[str] | None = None,
                 truncation: TruncationOptions | None = None,
-                prompt: str | None = None) -> list[ProcessedInput]:
+                prompt: str | None = None, whole: bool = False) -> list[ProcessedInput]:
+        """whole=True: no truncation and no length check (the caller splits long inputs into
+        windows, see long_inputs.py)."""
         truncation = truncation or TruncationOptions()
         if truncation.direction not in ("right", "left"):
             raise ValueError(f"truncation_direction must be 'right' or 'left', "
                              f"got {truncation.direction!r}.")
-        max_length = self.max_length_for(truncation)
+        max_length = 1 << 62 if whole else self.max_length_for(truncation)
         results: list[ProcessedInput | None] = [None] * len(inputs)
         text_indices = [i for i, x in enumerate(inputs) if isinstance(x, str)]
         if pairs is not None and len(text_indices) != len(inputs):
@@ -131,7 +133,8 @@ class InputProcessor:
                 texts = [prompt + t for t in texts]
                 num_prompt_tokens = self._num_prompt_tokens(prompt)
             encoded = self.tokenizer.encode_batch(
-                texts, pairs, max_length=max_length if truncation.truncate else None,
+                texts, pairs, max_length=max_length if truncation.truncate and not whole
+                else None,
                 direction=truncation.direction)
             for i, text, enc in zip(text_indices, texts, encoded):
                 if not truncation.truncate and len(enc.input_ids) > max_length:

@@ -14,7 +14,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
-from pooler.engine import scoring
+from pooler.engine import long_inputs, scoring
 from pooler.engine.core import EngineCore
 from pooler.engine.engine_loop import EngineLoop, RequestCancelled, current_call
 from pooler.engine.input_processor import (InputProcessor, ProcessedInput, TruncationOptions,
@@ -22,8 +22,8 @@ from pooler.engine.input_processor import (InputProcessor, ProcessedInput, Trunc
 from pooler.engine.request import Request, RequestOutput
 from pooler.model_folder import DEFAULT_MODEL
 from pooler.ner import SubwordRules, check_strategy, extract_entities
-from pooler.outputs import (ClassificationOutput, EmbeddingOutput, Entity, PoolingOutput,
-                            RerankResult, ScoreOutput, SparseEmbeddingOutput,
+from pooler.outputs import (ChunkEmbeddingOutput, ClassificationOutput, EmbeddingOutput, Entity,
+                            PoolingOutput, RerankResult, ScoreOutput, SparseEmbeddingOutput,
                             TokenClassificationOutput, TokenEmbeddingOutput, as_numpy)
 from pooler.params import PoolingParams
 from pooler.pooling.activation import labels_of
@@ -99,13 +99,72 @@ class Engine:
               normalize: bool | None = None, truncate: bool = True,
               truncate_prompt_tokens: int | None = None, truncation_direction: str = "right",
               prompt: str | None = None, prompt_name: str | None = None,
-              use_tqdm: bool | None = None, priority: int = 0) -> list[EmbeddingOutput]:
+              use_tqdm: bool | None = None, priority: int = 0,
+              long_input: str = "truncate", chunk_overlap: int = 0) -> list[EmbeddingOutput]:
+        """long_input="chunk": an input longer than the model's max length is embedded in
+        windows (sharing `chunk_overlap` tokens) whose vectors are averaged, weighted by their
+        tokens (pooler/engine/long_inputs.py); the default truncates."""
         params = PoolingParams(task="embed", dimensions=dimensions, normalize=normalize)
-        results = self._encode(inputs, params, TruncationOptions(
-            truncate, truncate_prompt_tokens, truncation_direction), prompt, prompt_name,
-            use_tqdm, priority)
+        truncation = TruncationOptions(truncate, truncate_prompt_tokens, truncation_direction)
+        if long_input not in long_inputs.LONG_INPUT_MODES:
+            raise ValueError(f"long_input must be one of {list(long_inputs.LONG_INPUT_MODES)}, "
+                             f"got {long_input!r}.")
+        if long_input == "chunk":
+            return self._embed_chunked(inputs, params, truncation, prompt, prompt_name,
+                                       chunk_overlap, use_tqdm, priority)
+        results = self._encode(inputs, params, truncation, prompt, prompt_name, use_tqdm,
+                               priority)
         return [EmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
                 for r in results]
+
+    def embed_chunks(self, document: str, chunks: Sequence[tuple[int, int]] | None = None, *,
+                     chunker: str = "sentences", normalize: bool | None = None,
+                     dimensions: int | None = None, window_overlap: int | None = None,
+                     use_tqdm: bool | None = None,
+                     priority: int = 0) -> list[ChunkEmbeddingOutput]:
+        """Late chunking: encode the whole document once (in windows overlapping by
+        `window_overlap` tokens, default a quarter of the max length, when it is longer than
+        the max length) and pool each chunk from the document's token states: the mean of the
+        token vectors inside the chunk's character span, then Matryoshka truncation and
+        normalization as for embed. `chunks`: (start, end) character spans; without them the
+        document is cut into sentences (chunker="sentences")."""
+        if not isinstance(document, str) or not document.strip():
+            raise ValueError("document must be a non-empty string.")
+        if chunks is None:
+            if chunker != "sentences":
+                raise ValueError(f"chunker must be 'sentences' (or pass chunks), got "
+                                 f"{chunker!r}.")
+            spans = long_inputs.sentence_spans(document)
+        else:
+            spans = long_inputs.check_chunks(chunks, document)
+        final = self.verify_params(PoolingParams(task="embed", dimensions=dimensions,
+                                                 normalize=normalize))
+        token_params = self.verify_params(PoolingParams(task="token_embed", normalize=False))
+        [item] = self.processor.process([document], whole=True)
+        special = item.special_tokens_mask or [0] * len(item.prompt_token_ids)
+        max_len = self.model_config.max_model_len
+        windows = long_inputs.split_into_windows(
+            item, max_len, max_len // 4 if window_overlap is None else window_overlap)
+        results = self.run_processed(windows.inputs, [token_params] * len(windows.inputs),
+                                     priority, use_tqdm)
+        # Token vectors of the document's content tokens, each from its best window.
+        num_content = sum(1 for m in special if not m)
+        vectors = [as_numpy(r.data) for r in results]  # [window_len, dim] each
+        picks = long_inputs.assign_tokens(num_content, windows.spans)
+        content = np.stack([vectors[w][windows.num_prefix + i] for w, i in picks])
+        content_index = [i for i, m in enumerate(special) if not m]
+        offsets = [item.offsets[i] for i in content_index]
+        out = []
+        for start, end in spans:
+            inside = long_inputs.tokens_in_span(offsets, [0] * len(offsets), start, end)
+            if not inside:
+                raise ValueError(f"chunk ({start}, {end}) covers no token of the document "
+                                 "(only whitespace or characters the tokenizer drops).")
+            vector = content[inside].astype(np.float64).mean(0)
+            out.append(ChunkEmbeddingOutput(
+                long_inputs.finalize(vector, final.dimensions, final.normalize), start, end,
+                document[start:end], len(inside)))
+        return out
 
     def token_embed(self, inputs: str | Sequence, *, normalize: bool | None = None,
                     skip_special_tokens: bool = False, truncate: bool = True,
@@ -415,6 +474,40 @@ class Engine:
             raise ValueError(f"Unsupported task: {params.task!r}. "
                              f"Supported tasks: {sorted(self.supported_tasks)}")
         return params
+
+    def _embed_chunked(self, inputs, params: PoolingParams, truncation: TruncationOptions,
+                       prompt: str | None, prompt_name: str | None, overlap: int,
+                       use_tqdm: bool | None, priority: int) -> list[EmbeddingOutput]:
+        """Embed over-long inputs window by window; every window of every input runs in the
+        same engine batches. Windows are pooled raw (no normalization, full size), averaged
+        with their token counts as weights, then truncated and normalized as asked."""
+        final = self.verify_params(params)
+        if final.extra.get("sparse"):
+            raise ValueError("long_input='chunk' applies to dense embeddings, not sparse ones.")
+        raw = final.clone()
+        raw.normalize, raw.dimensions = False, None
+        items = normalize_inputs(inputs)
+        prompt_text = self.processor.resolve_prompt(prompt, prompt_name)
+        processed = self.processor.process(items, truncation=truncation, prompt=prompt_text,
+                                           whole=True)
+        limit = self.processor.max_length_for(truncation)
+        groups = [long_inputs.split_into_windows(p, limit, overlap)
+                  if len(p.prompt_token_ids) > limit else None for p in processed]
+        flat = [w for p, g in zip(processed, groups) for w in (g.inputs if g else [p])]
+        results = iter(self.run_processed(flat, [raw] * len(flat), priority, use_tqdm))
+        out = []
+        for p, group in zip(processed, groups):
+            if group is None:
+                r = next(results)
+                vector, tokens = as_numpy(r.data).astype(np.float64), r.num_tokens
+            else:
+                window_results = [next(results) for _ in group.inputs]
+                vector = long_inputs.weighted_mean([as_numpy(r.data) for r in window_results],
+                                                   [e - s for s, e in group.spans])
+                tokens = sum(r.num_tokens for r in window_results)
+            out.append(EmbeddingOutput(
+                long_inputs.finalize(vector, final.dimensions, final.normalize), tokens))
+        return out
 
     def _encode(self, inputs, params: PoolingParams, truncation: TruncationOptions,
                 prompt: str | None, prompt_name: str | None, use_tqdm: bool | None,
