@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from pooler.colbert import ColBERTConfig, detect_colbert
+from pooler.hub import refuse_remote_code
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler import architectures
@@ -30,6 +31,7 @@ class ModelConfig:
     max_model_len: int | None = None
     hf_overrides: dict[str, Any] | None = None
     quantization: str | None = None
+    revision: str | None = None  # hub branch, tag or commit when `model` is a repository id
 
     # Derived from the folder in __post_init__.
     path: Path = field(init=False)       # folder of the transformer (weights, tokenizer)
@@ -51,12 +53,13 @@ class ModelConfig:
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}.")
         if self.task is not None:
             check_task(self.task)
-        self.root_path = resolve_model_path(self.model)
+        self.root_path = resolve_model_path(self.model, self.revision)
         # Inference-free SPLADE keeps its MLM in a sentence-transformers Router subfolder.
         self.path = router_transformer_path(self.root_path)
         hf_config = read_json(self.path / "config.json")
         if hf_config is None:
             raise FileNotFoundError(f"{self.path} has no config.json; is it a model folder?")
+        refuse_remote_code(hf_config, self.model)
         hf_config.update(self.hf_overrides or {})
         self.hf_config = hf_config
         self.architecture = architectures.architecture_of(hf_config)

@@ -11,8 +11,11 @@ from pooler.model_folder import DEFAULT_MODEL
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help="model folder, installed model package name, or HF cache name "
+                        help="model folder, installed model package name, or Hugging Face hub "
+                             "id ORG/NAME (cached, else downloaded) "
                              f"(default: {DEFAULT_MODEL})")
+    parser.add_argument("--revision", default=None,
+                        help="hub branch, tag or commit hash of a hub model (default: main)")
     parser.add_argument("--task", default=None,
                         help="embed | classify | token_embed | token_classify (default: model's)")
     parser.add_argument("--runner", default="native", choices=["native", "transformers"],
@@ -36,7 +39,8 @@ def engine_from_args(args: argparse.Namespace):
     return Engine(args.model, task=args.task, runner=args.runner, dtype=args.dtype,
                   device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
                   max_num_seqs=args.max_num_seqs, num_threads=args.threads,
-                  quantization=getattr(args, "quantization", None))
+                  quantization=getattr(args, "quantization", None),
+                  revision=getattr(args, "revision", None))
 
 
 def add_input_args(parser: argparse.ArgumentParser) -> None:
