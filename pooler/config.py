@@ -13,6 +13,8 @@ from pooler.hub import refuse_remote_code
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler import architectures
+from pooler.rerank_prompt import (RerankPrompt, apply_reranker_overrides,
+                                  classifier_from_token_labels, rerank_prompt_of)
 from pooler.sparse_layout import router_transformer_path
 from pooler.tasks import TASK_PREFERENCE, check_task
 
@@ -43,6 +45,7 @@ class ModelConfig:
     st: SentenceTransformerLayout | None = field(init=False)
     tokenizer_config: dict[str, Any] = field(init=False)
     colbert: ColBERTConfig | None = field(init=False)  # ColBERT layout, None otherwise
+    rerank_prompt: RerankPrompt | None = field(init=False)  # LM rerankers (Qwen3-Reranker)
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
@@ -60,8 +63,14 @@ class ModelConfig:
         if hf_config is None:
             raise FileNotFoundError(f"{self.path} has no config.json; is it a model folder?")
         refuse_remote_code(hf_config, self.model)
-        hf_config.update(self.hf_overrides or {})
+        user_overrides = self.hf_overrides or {}
+        # A Qwen3-Reranker folder becomes its classifier form unless the user chose otherwise.
+        hf_config.update(apply_reranker_overrides(hf_config, f"{self.model} {self.root_path}",
+                                                  user_overrides))
+        hf_config.update(user_overrides)
+        hf_config.update(classifier_from_token_labels(hf_config, self.runner))
         self.hf_config = hf_config
+        self.rerank_prompt = rerank_prompt_of(hf_config)
         self.architecture = architectures.architecture_of(hf_config)
         if self.runner == "native":
             spec = architectures.get_arch_spec(self.architecture)

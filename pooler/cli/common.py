@@ -28,6 +28,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256,
                         help="most sequences in one forward pass")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--hf-overrides", default=None, type=_json_object,
+                        help="JSON object merged into config.json, e.g. a Qwen3-Reranker as a "
+                             "classifier: '{\"architectures\": [\"Qwen3ForSequenceClassification\"], "
+                             "\"classifier_from_token\": [\"no\", \"yes\"], "
+                             "\"is_original_qwen3_reranker\": true}'")
     parser.add_argument("--quantization", default=None, choices=["int8"],
                         help="int8: dynamic int8 linear layers on CPU (opt-in; "
                              "see docs/benchmarks.md for speed and accuracy)")
@@ -40,7 +45,18 @@ def engine_from_args(args: argparse.Namespace):
                   device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
                   max_num_seqs=args.max_num_seqs, num_threads=args.threads,
                   quantization=getattr(args, "quantization", None),
-                  revision=getattr(args, "revision", None))
+                  revision=getattr(args, "revision", None),
+                  hf_overrides=getattr(args, "hf_overrides", None))
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object ({...})")
+    return value
 
 
 def add_input_args(parser: argparse.ArgumentParser) -> None:

@@ -238,7 +238,7 @@ class Engine:
                              "inputs; give one text_pair per input.")
         if not all(isinstance(x, str) for x in items):
             raise ValueError("Sentence pairs must be given as texts, not token ids.")
-        reason = self._pair_incapable_reason()
+        reason = None if self.model_config.rerank_prompt else self._pair_incapable_reason()
         if reason:
             raise ValueError(f"text_pair was given, but this model does not take sentence "
                              f"pairs: {reason}. Pass single texts (join the two texts "

@@ -89,7 +89,7 @@ def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPool
     family = _family_poolers(model_config, backbone, poolers)
     poolers.update(family)
     if "classify" in tasks and "classify" not in family:
-        poolers["classify"] = build_sequence_classifier(model_config)
+        poolers["classify"] = build_sequence_classifier(model_config, backbone)
     if "token_classify" in tasks and "token_classify" not in family:
         poolers["token_classify"] = build_token_classifier(model_config)
     return DispatchPooler(poolers)
