@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from pooler.bge_m3_layout import BGEM3Layout, detect_bge_m3
 from pooler.colbert import ColBERTConfig, detect_colbert
 from pooler.hub import refuse_remote_code
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
@@ -46,6 +47,7 @@ class ModelConfig:
     tokenizer_config: dict[str, Any] = field(init=False)
     colbert: ColBERTConfig | None = field(init=False)  # ColBERT layout, None otherwise
     rerank_prompt: RerankPrompt | None = field(init=False)  # LM rerankers (Qwen3-Reranker)
+    bge_m3: BGEM3Layout | None = field(init=False)  # BGE-M3 sparse + ColBERT heads, if any
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
@@ -80,6 +82,7 @@ class ModelConfig:
         self.st = read_sentence_transformer_layout(self.root_path)
         self.tokenizer_config = read_json(self.path / "tokenizer_config.json") or {}
         self.colbert = detect_colbert(self.path, hf_config, self.st)
+        self.bge_m3 = detect_bge_m3(self.path, hf_config) if self.runner == "native" else None
         self.max_model_len = self._derive_max_model_len()
 
     # ---- derived facts ------------------------------------------------------------------

@@ -19,11 +19,13 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from pooler.bge_m3_layout import BGE_M3_OUTPUTS, SCORE_MODES, check_weights
 from pooler.colbert import ROLE_KEY, UNATTENDED_KEY
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.engine.input_processor import TruncationOptions, normalize_inputs
-from pooler.outputs import RerankResult, ScoreOutput, as_numpy
+from pooler.outputs import BGEM3Score, RerankResult, ScoreOutput, as_numpy
 from pooler.params import LateInteractionParams, PoolingParams
+from pooler.worker.late_interaction import maxsim
 
 
 
@@ -42,7 +44,7 @@ class ScoringEngine(Protocol):
     def classify(self, inputs: Any, **kwargs) -> list: ...
     def drop_cached_queries(self, keys: list[str]) -> None: ...
 
-SCORING_KINDS = ("late_interaction", "cross_encoder", "bi_encoder")
+SCORING_KINDS = ("late_interaction", "cross_encoder", "bi_encoder", "bge_m3")
 
 
 @dataclass
@@ -67,6 +69,8 @@ def pair_inputs(queries: Any, documents: Any) -> ScoreRequest:
 
 
 def scoring_kind(engine: ScoringEngine) -> str:
+    if getattr(engine.model_config, "bge_m3", None) is not None:
+        return "bge_m3"
     if engine.model_config.colbert is not None:
         return "late_interaction"
     tasks = engine.supported_tasks
@@ -82,14 +86,27 @@ def scoring_kind(engine: ScoringEngine) -> str:
 def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool = True,
           truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
           priority: int = 0, cancel: threading.Event | None = None,
-          use_activation: bool | None = None) -> list[ScoreOutput]:
-    """use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores)."""
+          use_activation: bool | None = None, bge_m3_mode: str | None = None,
+          bge_m3_weights: Sequence[float] | None = None) -> list[ScoreOutput]:
+    """use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores).
+    BGE-M3: `bge_m3_mode` picks one of SCORE_MODES (default "colbert+sparse+dense") and
+    `bge_m3_weights` the (dense, sparse, colbert) weights of the combinations."""
     request = pair_inputs(queries, documents)
     kind = scoring_kind(engine)
     if use_activation is False and kind != "cross_encoder":
         raise ValueError("Raw scores (use_activation=False / raw_scores=true) apply to "
                          f"cross-encoders only; this model scores by {kind.replace('_', ' ')}.")
+    if kind != "bge_m3" and (bge_m3_mode is not None or bge_m3_weights is not None):
+        raise ValueError("bge_m3_mode / bge_m3_weights apply to BGE-M3 models only (a folder "
+                         "with colbert_linear.pt and sparse_linear.pt).")
     truncation = TruncationOptions(truncate, truncate_prompt_tokens)
+    if kind == "bge_m3":
+        mode = bge_m3_mode or "colbert+sparse+dense"
+        if mode not in SCORE_MODES:
+            raise ValueError(f"bge_m3_mode must be one of {list(SCORE_MODES)}, got {mode!r}.")
+        results = bge_m3_scores(engine, request, truncation, bge_m3_weights, use_tqdm,
+                                priority, cancel)
+        return [ScoreOutput(r.by_mode(mode), r.query_index, r.document_index) for r in results]
     if kind == "late_interaction":
         scores = _late_interaction_scores(engine, request, use_tqdm, priority, cancel)
     elif kind == "bi_encoder":
@@ -196,6 +213,46 @@ def _bi_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncation,
     q_row = {qi: n for n, qi in enumerate(used_q)}
     d_row = {dj: len(used_q) + n for n, dj in enumerate(used_d)}
     return [float(vectors[q_row[qi]] @ vectors[d_row[di]]) for qi, di in request.pairs]
+
+
+# ---- BGE-M3 ----------------------------------------------------------------------------------
+def bge_m3_scores(engine: ScoringEngine, request: ScoreRequest, truncation: TruncationOptions,
+                  weights: Sequence[float] | None, use_tqdm=None, priority: int = 0,
+                  cancel=None) -> list[BGEM3Score]:
+    """Every distinct query and document runs once, with all three outputs from its one
+    forward pass; then each pair's scores as FlagEmbedding's compute_score: dense dot product,
+    sparse dot product of the lexical weights, ColBERT MaxSim averaged over the query's
+    vectors, and the weighted (dense, sparse, colbert) combinations."""
+    w_dense, w_sparse, w_colbert = check_weights(weights)
+    used_q = sorted({qi for qi, _ in request.pairs})
+    used_d = sorted({di for _, di in request.pairs})
+    texts = [request.queries[i] for i in used_q] + [request.documents[j] for j in used_d]
+    processed = engine.processor.process(texts, truncation=truncation)
+    params = engine.verify_params(PoolingParams(task="embed",
+                                                extra={"bge_m3": list(BGE_M3_OUTPUTS)}))
+    results = engine.run_processed(processed, [params] * len(processed), priority, use_tqdm,
+                                   cancel=cancel)
+    q_out = {qi: results[n].data for n, qi in enumerate(used_q)}
+    d_out = {dj: results[len(used_q) + n].data for n, dj in enumerate(used_d)}
+    colbert: dict[tuple[int, int], float] = {}
+    for qi in used_q:  # one MaxSim call per query over all of its documents
+        docs = [di for q, di in request.pairs if q == qi]
+        query = q_out[qi]["colbert"]  # [query_len - 1, dim]
+        sums = maxsim(query, [d_out[di]["colbert"] for di in docs])
+        for di, s in zip(docs, sums):
+            colbert[qi, di] = float(s) / max(query.shape[0], 1)
+    scores = []
+    for qi, di in request.pairs:
+        q, d = q_out[qi], d_out[di]
+        dense = float(q["dense"].float() @ d["dense"].float())
+        sparse = float(q["sparse"].float() @ d["sparse"].float())
+        col = colbert[qi, di]
+        scores.append(BGEM3Score(
+            dense, sparse, col,
+            (dense * w_dense + sparse * w_sparse) / (w_dense + w_sparse),
+            (dense * w_dense + sparse * w_sparse + col * w_colbert) /
+            (w_dense + w_sparse + w_colbert), qi, di))
+    return scores
 
 
 # ---- cross-encoder ---------------------------------------------------------------------------
