@@ -68,12 +68,14 @@ def create_app(hub: FakeHub) -> FastAPI:
         hub.requests.append((request.method, request.url.path, request.headers.get("range")))
         return await call_next(request)
 
-    def lookup(repo_id: str, rev: str, request: Request) -> tuple[FakeRepo | None, str | None,
-                                                                  Response | None]:
+    def lookup(repo_id: str, rev: str, request: Request, files: bool = False
+               ) -> tuple[FakeRepo | None, str | None, Response | None]:
+        """files: a file download, which a gated repo serves only with its token (its info
+        and file listing are public, as on the hub)."""
         repo = hub.repos.get(repo_id)
         if repo is None:  # the hub answers 401 for unknown and private repos alike
             return None, None, _error(401, "RepoNotFound", f"Repository {repo_id} not found")
-        if repo.token is not None and \
+        if files and repo.token is not None and \
                 request.headers.get("authorization") != f"Bearer {repo.token}":
             return None, None, _error(401, "GatedRepo",
                                       f"Access to model {repo_id} is restricted.")
@@ -109,7 +111,7 @@ def create_app(hub: FakeHub) -> FastAPI:
 
     @app.api_route("/{org}/{name}/resolve/{rev}/{path:path}", methods=["GET", "HEAD"])
     def resolve(org: str, name: str, rev: str, path: str, request: Request):
-        repo, commit, error = lookup(f"{org}/{name}", rev, request)
+        repo, commit, error = lookup(f"{org}/{name}", rev, request, files=True)
         if error is not None:
             return error
         data = repo.files.get(path)
