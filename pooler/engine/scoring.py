@@ -5,6 +5,9 @@ share this module.
 ColBERT runs in two stages through the engine: every distinct query once as `cache_query`
 (uses = how many documents it is scored against), then every document as `score_doc`; the
 pooling runner's late-interaction runner turns each document's output into its MaxSim score.
+BGE-M3 takes the same two stages: a query caches its dense vector, lexical weights and
+ColBERT vectors (one forward pass), each document's output is its (dense, sparse, colbert)
+scores, and the weighted combinations are made here.
 Cache keys are fresh UUIDs, never derived from a client's ids. If the call is cancelled or
 fails before its documents were submitted, the queries it cached are dropped once the engine
 has quiesced its requests; once the documents are submitted, each document releases its own
@@ -25,7 +28,6 @@ from pooler.engine.engine_loop import RequestCancelled
 from pooler.engine.input_processor import TruncationOptions, normalize_inputs
 from pooler.outputs import BGEM3Score, RerankResult, ScoreOutput, as_numpy
 from pooler.params import LateInteractionParams, PoolingParams
-from pooler.worker.late_interaction import maxsim
 
 
 
@@ -133,10 +135,22 @@ def rerank(engine: ScoringEngine, query: Any, documents: Sequence, *, top_n: int
             for o in ranked]
 
 
-# ---- ColBERT ---------------------------------------------------------------------------------
+# ---- ColBERT (and BGE-M3): queries cached once, documents scored in the runner --------------
 def _late_interaction_scores(engine: ScoringEngine, request: ScoreRequest, use_tqdm, priority,
                              cancel) -> list[float]:
     builder = engine.colbert_inputs
+    results = _two_stage(engine, request, builder.build,
+                         lambda item, role, li: _colbert_params(engine, item, role, li),
+                         use_tqdm, priority, cancel)
+    return [float(r.data) for r in results]
+
+
+def _two_stage(engine: ScoringEngine, request: ScoreRequest, build, make_params, use_tqdm,
+               priority, cancel) -> list:
+    """Run every distinct query once as `cache_query` (uses = its documents), then every
+    document as `score_doc`; the runner's late-interaction cache turns each document's output
+    into its score(s). `build(items, role)` makes the inputs, `make_params(item, role, li)`
+    each request's verified params. Returns the documents' results in pair order."""
     used = sorted({qi for qi, _ in request.pairs})
     # Distinct queries are encoded once; each gets a fresh key no client can guess or reuse.
     key_of: dict[int, str] = {}
@@ -153,12 +167,12 @@ def _late_interaction_scores(engine: ScoringEngine, request: ScoreRequest, use_t
     query_indices = list(first_of_key.values())
 
     # Build everything before submitting anything: bad input fails with nothing cached.
-    query_inputs = builder.build([request.queries[qi] for qi in query_indices], "query")
-    doc_inputs = builder.build([request.documents[di] for _, di in request.pairs], "document")
-    query_params = [_colbert_params(engine, item, "query", LateInteractionParams(
+    query_inputs = build([request.queries[qi] for qi in query_indices], "query")
+    doc_inputs = build([request.documents[di] for _, di in request.pairs], "document")
+    query_params = [make_params(item, "query", LateInteractionParams(
         "cache_query", key_of[qi], uses[key_of[qi]])) for qi, item in
         zip(query_indices, query_inputs)]
-    doc_params = [_colbert_params(engine, item, "document", LateInteractionParams(
+    doc_params = [make_params(item, "document", LateInteractionParams(
         "score_doc", key_of[qi])) for (qi, _), item in zip(request.pairs, doc_inputs)]
 
     keys = list(uses)
@@ -188,7 +202,7 @@ def _late_interaction_scores(engine: ScoringEngine, request: ScoreRequest, use_t
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(results)} documents failed; document "
                            f"{request.pairs[failed[0][0]][1]}: {failed[0][1]}")
-    return [float(r.data) for r in results]
+    return results
 
 
 def _colbert_params(engine: ScoringEngine, item, role: str,
@@ -219,38 +233,25 @@ def _bi_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncation,
 def bge_m3_scores(engine: ScoringEngine, request: ScoreRequest, truncation: TruncationOptions,
                   weights: Sequence[float] | None, use_tqdm=None, priority: int = 0,
                   cancel=None) -> list[BGEM3Score]:
-    """Every distinct query and document runs once, with all three outputs from its one
-    forward pass; then each pair's scores as FlagEmbedding's compute_score: dense dot product,
-    sparse dot product of the lexical weights, ColBERT MaxSim averaged over the query's
-    vectors, and the weighted (dense, sparse, colbert) combinations."""
+    """Each pair's scores as FlagEmbedding's compute_score, through the late-interaction
+    cache: every distinct query runs once (its dense vector, lexical weights and ColBERT
+    vectors from one forward pass stay cached), every document runs once and the runner
+    scores it against its query (pooler/worker/late_interaction.py: bge_m3_scores). The
+    weighted (dense, sparse, colbert) combinations are made here."""
     w_dense, w_sparse, w_colbert = check_weights(weights)
-    used_q = sorted({qi for qi, _ in request.pairs})
-    used_d = sorted({di for _, di in request.pairs})
-    texts = [request.queries[i] for i in used_q] + [request.documents[j] for j in used_d]
-    processed = engine.processor.process(texts, truncation=truncation)
-    params = engine.verify_params(PoolingParams(task="embed",
-                                                extra={"bge_m3": list(BGE_M3_OUTPUTS)}))
-    results = engine.run_processed(processed, [params] * len(processed), priority, use_tqdm,
-                                   cancel=cancel)
-    q_out = {qi: results[n].data for n, qi in enumerate(used_q)}
-    d_out = {dj: results[len(used_q) + n].data for n, dj in enumerate(used_d)}
-    colbert: dict[tuple[int, int], float] = {}
-    for qi in used_q:  # one MaxSim call per query over all of its documents
-        docs = [di for q, di in request.pairs if q == qi]
-        query = q_out[qi]["colbert"]  # [query_len - 1, dim]
-        sums = maxsim(query, [d_out[di]["colbert"] for di in docs])
-        for di, s in zip(docs, sums):
-            colbert[qi, di] = float(s) / max(query.shape[0], 1)
+    extra = {"bge_m3": list(BGE_M3_OUTPUTS)}
+    results = _two_stage(
+        engine, request, lambda items, role: engine.processor.process(items, truncation=truncation),
+        lambda item, role, li: engine.verify_params(PoolingParams(
+            task="embed", late_interaction=li, extra=dict(extra))),
+        use_tqdm, priority, cancel)
     scores = []
-    for qi, di in request.pairs:
-        q, d = q_out[qi], d_out[di]
-        dense = float(q["dense"].float() @ d["dense"].float())
-        sparse = float(q["sparse"].float() @ d["sparse"].float())
-        col = colbert[qi, di]
+    for r, (qi, di) in zip(results, request.pairs):
+        dense, sparse, colbert = (float(x) for x in r.data)  # the runner's [3] scores
         scores.append(BGEM3Score(
-            dense, sparse, col,
+            dense, sparse, colbert,
             (dense * w_dense + sparse * w_sparse) / (w_dense + w_sparse),
-            (dense * w_dense + sparse * w_sparse + col * w_colbert) /
+            (dense * w_dense + sparse * w_sparse + colbert * w_colbert) /
             (w_dense + w_sparse + w_colbert), qi, di))
     return scores
 

@@ -117,8 +117,12 @@ def test_compute_score_matches_flagembedding(engine, reference):
     ref = reference.compute_score([[QUERY, d] for d in docs], batch_size=1,
                                   weights_for_different_modes=WEIGHTS)
     forwards = _count_forwards(engine)
+    cache = engine.core.model_runner.pooling_runner.late_interaction
     got = engine.score_bge_m3(QUERY, docs, weights=WEIGHTS)
-    assert forwards() == 1  # the query and all documents in one pass
+    # Two steps: the query (its three outputs cached), then every document scored against it
+    # in the runner; the cache empties itself.
+    assert forwards() == 2
+    assert cache.num_cached_queries == 0 and cache.num_pending_docs == 0
     for mode in ("dense", "sparse", "colbert", "sparse+dense", "colbert+sparse+dense"):
         np.testing.assert_allclose([g.by_mode(mode) for g in got], ref[mode], atol=1e-5,
                                    err_msg=mode)
