@@ -77,6 +77,21 @@ def select_model_files(repo_files: list[str]) -> list[str]:
     return selected
 
 
+def cached_snapshot_complete(repo_id: str, commit: str, snapshot: Path) -> bool | None:
+    """Whether a cached snapshot holds every file pooler needs, by the file listing
+    huggingface_hub caches beside it (None when there is no such listing: a snapshot made by
+    another tool, or an older huggingface_hub)."""
+    try:
+        import huggingface_hub
+        listing = getattr(huggingface_hub, "get_cached_repo_tree", None)
+        if listing is None:
+            return None
+        files = [f.path for f in listing(repo_id, revision=commit, cache_dir=hub_cache_dir())]
+    except Exception:  # no listing cached for this commit (CachedRepoTreeNotFoundError)
+        return None
+    return all((snapshot / f).is_file() for f in select_model_files(files))
+
+
 def refuse_remote_code(hf_config: dict, model: str) -> None:
     """Raise RemoteCodeRequired when config.json maps the model to code in its repository
     (`auto_map`) for an architecture pooler does not implement itself."""

@@ -64,9 +64,12 @@ def find_in_hf_cache(name: str, revision: str | None = None) -> Path | None:
     ref = repo_dir / "refs" / revision
     commit = ref.read_text().strip() if ref.is_file() else revision
     snapshot = repo_dir / "snapshots" / commit
-    if snapshot.is_dir() and _looks_complete(snapshot):
-        return snapshot
-    return None
+    if not snapshot.is_dir():
+        return None
+    complete = hub.cached_snapshot_complete(name, commit, snapshot)
+    if complete is None:  # no file listing cached: judge by what a model folder holds
+        complete = _looks_complete(snapshot)
+    return snapshot if complete else None
 
 
 def _looks_complete(folder: Path) -> bool:

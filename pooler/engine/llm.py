@@ -318,6 +318,9 @@ class Engine:
 
     def _require_bge_m3(self) -> None:
         if self.model_config.bge_m3 is None:
+            if self.model_config.runner != "native":
+                raise ValueError("BGE-M3's sparse and ColBERT heads run on the native runner; "
+                                 "drop runner='transformers'.")
             raise ValueError(f"{self.model_config.model} is not a BGE-M3 model: its folder has "
                              "no colbert_linear.pt and sparse_linear.pt beside the checkpoint.")
 

@@ -191,3 +191,17 @@ def test_cli_embeds_by_hub_name(hub, online, model_folder):
     assert result.returncode == 0, result.stderr
     vectors = np.array([json.loads(line)["embedding"] for line in result.stdout.splitlines()])
     np.testing.assert_allclose(vectors, _embed(model_folder), atol=1e-6)
+
+
+def test_partial_cached_snapshot_is_completed_not_used(hub, online, model_folder):
+    """A snapshot missing a file pooler needs (an earlier download that stopped) is not
+    taken from the cache: the download completes it."""
+    from pooler.model_folder import find_in_hf_cache, resolve_model_path
+
+    path = resolve_model_path(REPO)
+    (path / "1_Pooling" / "config.json").unlink()
+    assert find_in_hf_cache(REPO) is None
+    hub.requests.clear()
+    assert resolve_model_path(REPO) == path
+    assert (path / "1_Pooling" / "config.json").is_file()
+    assert hub.gets("model.safetensors") == []  # what was there is not fetched again
