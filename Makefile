@@ -15,6 +15,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) -e ".[test]"
 	# PyLate pins old libraries and a CUDA torch through fast-plaid: take it without its deps.
 	$(PY) -m pip install -q --no-deps pylate==1.6.0
+	# FlagEmbedding (the BGE-M3 reference) also pulls ir_datasets, lxml, sentencepiece and
+	# protobuf that BGEM3FlagModel never imports: take it without its deps (peft is in [test]).
+	$(PY) -m pip install -q --no-deps FlagEmbedding==1.4.2
 	touch $@
 
 install: $(VENV)/.installed

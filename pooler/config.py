@@ -8,10 +8,14 @@ from typing import Any
 
 import torch
 
+from pooler.bge_m3_layout import BGEM3Layout, detect_bge_m3
 from pooler.colbert import ColBERTConfig, detect_colbert
+from pooler.hub import refuse_remote_code
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler import architectures
+from pooler.rerank_prompt import (RerankPrompt, apply_reranker_overrides,
+                                  classifier_from_token_labels, rerank_prompt_of)
 from pooler.sparse_layout import router_transformer_path
 from pooler.tasks import TASK_PREFERENCE, check_task
 
@@ -30,6 +34,7 @@ class ModelConfig:
     max_model_len: int | None = None
     hf_overrides: dict[str, Any] | None = None
     quantization: str | None = None
+    revision: str | None = None  # hub branch, tag or commit when `model` is a repository id
 
     # Derived from the folder in __post_init__.
     path: Path = field(init=False)       # folder of the transformer (weights, tokenizer)
@@ -43,6 +48,8 @@ class ModelConfig:
     colbert: ColBERTConfig | None = field(init=False)  # ColBERT layout, None otherwise
     runner_reason: str | None = field(init=False)  # why the fallback runs, when it does
     transformers_config: Any = field(init=False)  # PretrainedConfig, fallback runner only
+    rerank_prompt: RerankPrompt | None = field(init=False)  # LM rerankers (Qwen3-Reranker)
+    bge_m3: BGEM3Layout | None = field(init=False)  # BGE-M3 sparse + ColBERT heads, if any
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
@@ -53,14 +60,21 @@ class ModelConfig:
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}.")
         if self.task is not None:
             check_task(self.task)
-        self.root_path = resolve_model_path(self.model)
+        self.root_path = resolve_model_path(self.model, self.revision)
         # Inference-free SPLADE keeps its MLM in a sentence-transformers Router subfolder.
         self.path = router_transformer_path(self.root_path)
         hf_config = read_json(self.path / "config.json")
         if hf_config is None:
             raise FileNotFoundError(f"{self.path} has no config.json; is it a model folder?")
-        hf_config.update(self.hf_overrides or {})
+        refuse_remote_code(hf_config, self.model)
+        user_overrides = self.hf_overrides or {}
+        # A Qwen3-Reranker folder becomes its classifier form unless the user chose otherwise.
+        hf_config.update(apply_reranker_overrides(hf_config, f"{self.model} {self.root_path}",
+                                                  user_overrides))
+        hf_config.update(user_overrides)
+        hf_config.update(classifier_from_token_labels(hf_config, self.runner))
         self.hf_config = hf_config
+        self.rerank_prompt = rerank_prompt_of(hf_config)
         self.architecture = architectures.architecture_of(hf_config)
         if self.runner == "auto":
             native = self.architecture in architectures.NATIVE_ARCHITECTURES
@@ -83,6 +97,7 @@ class ModelConfig:
         self.st = read_sentence_transformer_layout(self.root_path)
         self.tokenizer_config = read_json(self.path / "tokenizer_config.json") or {}
         self.colbert = detect_colbert(self.path, hf_config, self.st)
+        self.bge_m3 = detect_bge_m3(self.path, hf_config) if self.runner == "native" else None
         self.max_model_len = self._derive_max_model_len()
 
     # ---- derived facts ------------------------------------------------------------------

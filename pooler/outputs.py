@@ -107,6 +107,34 @@ class SparseEmbeddingOutput:
 
 
 @dataclass
+class BGEM3Output:
+    """BGE-M3's outputs of one input, from one forward pass; those not asked for are None."""
+    dense: np.ndarray | None                     # [hidden] float32, L2-normalized
+    sparse: SparseEmbeddingOutput | None         # lexical weights, largest first
+    colbert: np.ndarray | None                   # [num_tokens - 1, dim], L2-normalized
+    num_tokens: int
+    request_id: str = ""
+
+
+@dataclass
+class BGEM3Score:
+    """One (query, document) pair as FlagEmbedding's compute_score reports it: each mode's
+    score and the two weighted combinations."""
+    dense: float
+    sparse: float
+    colbert: float
+    sparse_dense: float           # "sparse+dense"
+    colbert_sparse_dense: float   # "colbert+sparse+dense"
+    query_index: int
+    document_index: int
+
+    def by_mode(self, mode: str) -> float:
+        return {"dense": self.dense, "sparse": self.sparse, "colbert": self.colbert,
+                "sparse+dense": self.sparse_dense,
+                "colbert+sparse+dense": self.colbert_sparse_dense}[mode]
+
+
+@dataclass
 class ScoreOutput:
     """One (query, document) score of `Engine.score`: MaxSim (ColBERT), cosine (bi-encoder)
     or the classifier's relevance (cross-encoder)."""

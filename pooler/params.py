@@ -79,8 +79,11 @@ class PoolingParams:
             if not isinstance(params.late_interaction, LateInteractionParams):
                 raise ValueError("late_interaction must be a LateInteractionParams, got "
                                  f"{type(params.late_interaction).__name__}.")
-            if params.task != "token_embed":
+            # ColBERT scores token vectors; BGE-M3 scores its three outputs of an embed request.
+            bge_m3 = params.task == "embed" and bool(params.extra.get("bge_m3"))
+            if params.task != "token_embed" and not bge_m3:
                 raise ValueError("late_interaction needs task='token_embed' (ColBERT token "
-                                 f"vectors), got task={params.task!r}.")
+                                 "vectors) or a BGE-M3 embed request, got "
+                                 f"task={params.task!r}.")
             params.late_interaction.verify()
         return params

@@ -45,7 +45,8 @@ class SchedulerOutput:
 @dataclass
 class ModelRunnerOutput:
     req_ids: list[str] = field(default_factory=list)
-    # One CPU tensor per request in req_ids (None where that request failed).
+    # One CPU tensor per request in req_ids (None where that request failed), or a dict of
+    # named tensors where the pooler gives several outputs (BGE-M3).
     pooler_outputs: list = field(default_factory=list)
     # Per-request failures (e.g. a ColBERT doc whose query is not cached).
     errors: dict[str, str] = field(default_factory=dict)

@@ -11,8 +11,11 @@ from pooler.model_folder import DEFAULT_MODEL
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help="model folder, installed model package name, or HF cache name "
+                        help="model folder, installed model package name, or Hugging Face hub "
+                             "id ORG/NAME (cached, else downloaded) "
                              f"(default: {DEFAULT_MODEL})")
+    parser.add_argument("--revision", default=None,
+                        help="hub branch, tag or commit hash of a hub model (default: main)")
     parser.add_argument("--task", default=None,
                         help="embed | classify | token_embed | token_classify (default: model's)")
     parser.add_argument("--runner", default="auto", choices=["auto", "native", "transformers"],
@@ -25,6 +28,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256,
                         help="most sequences in one forward pass")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--hf-overrides", default=None, type=_json_object,
+                        help="JSON object merged into config.json, e.g. a Qwen3-Reranker as a "
+                             "classifier: '{\"architectures\": [\"Qwen3ForSequenceClassification\"], "
+                             "\"classifier_from_token\": [\"no\", \"yes\"], "
+                             "\"is_original_qwen3_reranker\": true}'")
     parser.add_argument("--quantization", default=None, choices=["int8"],
                         help="int8: dynamic int8 linear layers on CPU (opt-in; "
                              "see docs/benchmarks.md for speed and accuracy)")
@@ -36,7 +44,19 @@ def engine_from_args(args: argparse.Namespace):
     return Engine(args.model, task=args.task, runner=args.runner, dtype=args.dtype,
                   device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
                   max_num_seqs=args.max_num_seqs, num_threads=args.threads,
-                  quantization=getattr(args, "quantization", None))
+                  quantization=getattr(args, "quantization", None),
+                  revision=getattr(args, "revision", None),
+                  hf_overrides=getattr(args, "hf_overrides", None))
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object ({...})")
+    return value
 
 
 def add_input_args(parser: argparse.ArgumentParser) -> None:

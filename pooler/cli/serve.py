@@ -23,8 +23,8 @@ def add_parser(sub) -> None:
                     "/predict, /embed_sparse, /tokenize, /decode, /info, /health) and pooler "
                     "(/ner, /metrics) routes. OpenAPI spec at /openapi.json.")
     p.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
-                   help="model folder, installed model package name, or HF cache name "
-                        "(same as --model)")
+                   help="model folder, installed model package name, or Hugging Face hub id "
+                        "ORG/NAME (same as --model)")
     add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind; the default accepts local connections only, "

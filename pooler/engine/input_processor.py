@@ -123,6 +123,8 @@ class InputProcessor:
         text_indices = [i for i, x in enumerate(inputs) if isinstance(x, str)]
         if pairs is not None and len(text_indices) != len(inputs):
             raise ValueError("Sentence pairs must be given as texts, not token ids.")
+        if pairs is not None and self.model_config.rerank_prompt is not None:
+            return self._process_prompted_pairs(inputs, pairs, max_length, truncation)
         for i, item in enumerate(inputs):
             if not isinstance(item, str):
                 results[i] = self._process_token_ids(i, item, max_length, truncation)
@@ -147,6 +149,35 @@ class InputProcessor:
                     num_prompt_tokens=min(num_prompt_tokens, len(enc.input_ids)),
                     text=text, offsets=enc.offsets, word_ids=enc.word_ids)
         return results  # type: ignore[return-value]
+
+    def _process_prompted_pairs(self, queries: list[str], documents: list[str],
+                                max_length: int, truncation: TruncationOptions
+                                ) -> list[ProcessedInput]:
+        """A language-model reranker's pairs (pooler/rerank_prompt.py): prefix, body and
+        suffix tokenized separately and joined, as the model card does; an over-long body is
+        cut at its end so the prompt's answer position always stays last."""
+        prompt = self.model_config.rerank_prompt
+        backend = self.tokenizer.backend
+        prefix = backend.encode(prompt.prefix, add_special_tokens=False).ids
+        suffix = backend.encode(prompt.suffix, add_special_tokens=False).ids
+        budget = max_length - len(prefix) - len(suffix)
+        if budget <= 0:
+            raise ValueError(f"The reranker prompt alone takes {len(prefix) + len(suffix)} "
+                             f"tokens, more than the maximum input length {max_length}.")
+        bodies = backend.encode_batch([prompt.body(q, d) for q, d in zip(queries, documents)],
+                                      add_special_tokens=False)
+        out = []
+        for i, body in enumerate(bodies):
+            ids = body.ids
+            if len(ids) > budget:
+                if not truncation.truncate:
+                    raise ValueError(
+                        f"Pair {i} has {len(ids) + len(prefix) + len(suffix)} tokens with the "
+                        f"reranker prompt, more than the maximum of {max_length}. Shorten it, "
+                        "or allow truncation (truncate=True).")
+                ids = ids[:budget]
+            out.append(ProcessedInput(prompt_token_ids=prefix + ids + suffix))
+        return out
 
     def _process_token_ids(self, index: int, ids: list[int], max_length: int,
                            truncation: TruncationOptions) -> ProcessedInput:

@@ -22,9 +22,10 @@ from pooler.engine.input_processor import (InputProcessor, ProcessedInput, Trunc
 from pooler.engine.request import Request, RequestOutput
 from pooler.model_folder import DEFAULT_MODEL
 from pooler.ner import SubwordRules, check_strategy, extract_entities
-from pooler.outputs import (ChunkEmbeddingOutput, ClassificationOutput, EmbeddingOutput, Entity,
-                            PoolingOutput, RerankResult, ScoreOutput, SparseEmbeddingOutput,
-                            TokenClassificationOutput, TokenEmbeddingOutput, as_numpy)
+from pooler.outputs import (BGEM3Output, BGEM3Score, ChunkEmbeddingOutput, ClassificationOutput,
+                            EmbeddingOutput, Entity, PoolingOutput, RerankResult, ScoreOutput,
+                            SparseEmbeddingOutput, TokenClassificationOutput,
+                            TokenEmbeddingOutput, as_numpy)
 from pooler.params import PoolingParams
 from pooler.pooling.activation import labels_of
 from pooler.tokenizer import TextTokenizer
@@ -45,10 +46,12 @@ class Engine:
                  runner: str = "auto", dtype: str = "float32", device: str = "auto",
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int = 256, num_threads: int | None = None,
-                 hf_overrides: dict[str, Any] | None = None, quantization: str | None = None):
+                 hf_overrides: dict[str, Any] | None = None, quantization: str | None = None,
+                 revision: str | None = None):
         self.model_config = ModelConfig(
             model=model, task=task, runner=runner, dtype=dtype, device=device,
-            max_model_len=max_model_len, hf_overrides=hf_overrides, quantization=quantization)
+            max_model_len=max_model_len, hf_overrides=hf_overrides, quantization=quantization,
+            revision=revision)
         self.config = EngineConfig(
             self.model_config,
             SchedulerConfig.for_model(self.model_config, max_num_batched_tokens, max_num_seqs),
@@ -295,7 +298,7 @@ class Engine:
                              "inputs; give one text_pair per input.")
         if not all(isinstance(x, str) for x in items):
             raise ValueError("Sentence pairs must be given as texts, not token ids.")
-        reason = self._pair_incapable_reason()
+        reason = None if self.model_config.rerank_prompt else self._pair_incapable_reason()
         if reason:
             raise ValueError(f"text_pair was given, but this model does not take sentence "
                              f"pairs: {reason}. Pass single texts (join the two texts "
@@ -320,16 +323,65 @@ class Engine:
               truncate: bool = True, truncate_prompt_tokens: int | None = None,
               use_tqdm: bool | None = None, priority: int = 0,
               cancel: threading.Event | None = None,
-              use_activation: bool | None = None) -> list[ScoreOutput]:
+              use_activation: bool | None = None, bge_m3_mode: str | None = None,
+              bge_m3_weights: Sequence[float] | None = None) -> list[ScoreOutput]:
         """Score (query, document) pairs: 1 query x N documents, or N x N pairwise.
 
         ColBERT: MaxSim of token vectors (each query encoded once); cross-encoder: the
-        classifier's relevance; embedding model: cosine similarity. With the background loop
-        running, setting `cancel` aborts the call and releases everything it cached."""
+        classifier's relevance; embedding model: cosine similarity; BGE-M3: `bge_m3_mode`
+        (default "colbert+sparse+dense") with `bge_m3_weights` (see score_bge_m3). With the
+        background loop running, setting `cancel` aborts the call and releases everything it
+        cached."""
         return scoring.score(self, queries, documents, truncate=truncate,
                              truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
                              priority=priority, cancel=cancel,
-                             use_activation=use_activation)
+                             use_activation=use_activation, bge_m3_mode=bge_m3_mode,
+                             bge_m3_weights=bge_m3_weights)
+
+    # ---- BGE-M3 (issue 13) -------------------------------------------------------------------
+    def embed_bge_m3(self, inputs: str | Sequence, *,
+                     outputs: Sequence[str] = ("dense", "sparse", "colbert"),
+                     truncate: bool = True, truncate_prompt_tokens: int | None = None,
+                     use_tqdm: bool | None = None, priority: int = 0) -> list[BGEM3Output]:
+        """BGE-M3's dense vector, lexical weights and ColBERT vectors, any of them, from one
+        forward pass per input (FlagEmbedding's BGEM3FlagModel.encode with return_dense /
+        return_sparse / return_colbert_vecs)."""
+        self._require_bge_m3()
+        params = PoolingParams(task="embed", extra={"bge_m3": list(outputs)})
+        results = self._encode(inputs, params, TruncationOptions(
+            truncate, truncate_prompt_tokens), None, None, use_tqdm, priority)
+        out = []
+        for r in results:
+            data = r.data
+            sparse = data.get("sparse")
+            out.append(BGEM3Output(
+                dense=as_numpy(data["dense"]) if "dense" in data else None,
+                sparse=None if sparse is None else self._sparse_output(
+                    sparse, r.num_tokens, r.request_id, self.tokenizer),
+                colbert=as_numpy(data["colbert"]) if "colbert" in data else None,
+                num_tokens=r.num_tokens, request_id=r.request_id))
+        return out
+
+    def score_bge_m3(self, queries: str | Sequence, documents: str | Sequence, *,
+                     weights: Sequence[float] | None = None, truncate: bool = True,
+                     truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
+                     priority: int = 0) -> list[BGEM3Score]:
+        """Every score FlagEmbedding's compute_score gives for each (query, document) pair:
+        dense, sparse, colbert, and the weighted "sparse+dense" and "colbert+sparse+dense"
+        (weights for dense, sparse, colbert; default [1, 1, 1] as FlagEmbedding, the BGE-M3
+        model card uses [0.4, 0.2, 0.4]). 1 query x N documents, or N x N pairwise."""
+        self._require_bge_m3()
+        return scoring.bge_m3_scores(self, scoring.pair_inputs(queries, documents),
+                                     TruncationOptions(truncate, truncate_prompt_tokens),
+                                     weights, use_tqdm, priority)
+
+    def _require_bge_m3(self) -> None:
+        if self.model_config.bge_m3 is None:
+            if self.model_config.runner != "native":
+                raise ValueError("BGE-M3's sparse and ColBERT heads run on the native runner; "
+                                 "drop runner='transformers'.")
+            raise ValueError(f"{self.model_config.model} is not a BGE-M3 model: its folder has "
+                             "no colbert_linear.pt and sparse_linear.pt beside the checkpoint.")
 
     def rerank(self, query: str | Sequence[int], documents: Sequence, *,
                top_n: int | None = None, return_documents: bool = False,

@@ -5,6 +5,9 @@ share this module.
 ColBERT runs in two stages through the engine: every distinct query once as `cache_query`
 (uses = how many documents it is scored against), then every document as `score_doc`; the
 pooling runner's late-interaction runner turns each document's output into its MaxSim score.
+BGE-M3 takes the same two stages: a query caches its dense vector, lexical weights and
+ColBERT vectors (one forward pass), each document's output is its (dense, sparse, colbert)
+scores, and the weighted combinations are made here.
 Cache keys are fresh UUIDs, never derived from a client's ids. If the call is cancelled or
 fails before its documents were submitted, the queries it cached are dropped once the engine
 has quiesced its requests; once the documents are submitted, each document releases its own
@@ -19,10 +22,11 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from pooler.bge_m3_layout import BGE_M3_OUTPUTS, SCORE_MODES, check_weights
 from pooler.colbert import ROLE_KEY, UNATTENDED_KEY
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.engine.input_processor import TruncationOptions, normalize_inputs
-from pooler.outputs import RerankResult, ScoreOutput, as_numpy
+from pooler.outputs import BGEM3Score, RerankResult, ScoreOutput, as_numpy
 from pooler.params import LateInteractionParams, PoolingParams
 
 
@@ -42,7 +46,7 @@ class ScoringEngine(Protocol):
     def classify(self, inputs: Any, **kwargs) -> list: ...
     def drop_cached_queries(self, keys: list[str]) -> None: ...
 
-SCORING_KINDS = ("late_interaction", "cross_encoder", "bi_encoder")
+SCORING_KINDS = ("late_interaction", "cross_encoder", "bi_encoder", "bge_m3")
 
 
 @dataclass
@@ -67,6 +71,8 @@ def pair_inputs(queries: Any, documents: Any) -> ScoreRequest:
 
 
 def scoring_kind(engine: ScoringEngine) -> str:
+    if getattr(engine.model_config, "bge_m3", None) is not None:
+        return "bge_m3"
     if engine.model_config.colbert is not None:
         return "late_interaction"
     tasks = engine.supported_tasks
@@ -82,14 +88,27 @@ def scoring_kind(engine: ScoringEngine) -> str:
 def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool = True,
           truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
           priority: int = 0, cancel: threading.Event | None = None,
-          use_activation: bool | None = None) -> list[ScoreOutput]:
-    """use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores)."""
+          use_activation: bool | None = None, bge_m3_mode: str | None = None,
+          bge_m3_weights: Sequence[float] | None = None) -> list[ScoreOutput]:
+    """use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores).
+    BGE-M3: `bge_m3_mode` picks one of SCORE_MODES (default "colbert+sparse+dense") and
+    `bge_m3_weights` the (dense, sparse, colbert) weights of the combinations."""
     request = pair_inputs(queries, documents)
     kind = scoring_kind(engine)
     if use_activation is False and kind != "cross_encoder":
         raise ValueError("Raw scores (use_activation=False / raw_scores=true) apply to "
                          f"cross-encoders only; this model scores by {kind.replace('_', ' ')}.")
+    if kind != "bge_m3" and (bge_m3_mode is not None or bge_m3_weights is not None):
+        raise ValueError("bge_m3_mode / bge_m3_weights apply to BGE-M3 models only (a folder "
+                         "with colbert_linear.pt and sparse_linear.pt).")
     truncation = TruncationOptions(truncate, truncate_prompt_tokens)
+    if kind == "bge_m3":
+        mode = bge_m3_mode or "colbert+sparse+dense"
+        if mode not in SCORE_MODES:
+            raise ValueError(f"bge_m3_mode must be one of {list(SCORE_MODES)}, got {mode!r}.")
+        results = bge_m3_scores(engine, request, truncation, bge_m3_weights, use_tqdm,
+                                priority, cancel)
+        return [ScoreOutput(r.by_mode(mode), r.query_index, r.document_index) for r in results]
     if kind == "late_interaction":
         scores = _late_interaction_scores(engine, request, use_tqdm, priority, cancel)
     elif kind == "bi_encoder":
@@ -116,10 +135,22 @@ def rerank(engine: ScoringEngine, query: Any, documents: Sequence, *, top_n: int
             for o in ranked]
 
 
-# ---- ColBERT ---------------------------------------------------------------------------------
+# ---- ColBERT (and BGE-M3): queries cached once, documents scored in the runner --------------
 def _late_interaction_scores(engine: ScoringEngine, request: ScoreRequest, use_tqdm, priority,
                              cancel) -> list[float]:
     builder = engine.colbert_inputs
+    results = _two_stage(engine, request, builder.build,
+                         lambda item, role, li: _colbert_params(engine, item, role, li),
+                         use_tqdm, priority, cancel)
+    return [float(r.data) for r in results]
+
+
+def _two_stage(engine: ScoringEngine, request: ScoreRequest, build, make_params, use_tqdm,
+               priority, cancel) -> list:
+    """Run every distinct query once as `cache_query` (uses = its documents), then every
+    document as `score_doc`; the runner's late-interaction cache turns each document's output
+    into its score(s). `build(items, role)` makes the inputs, `make_params(item, role, li)`
+    each request's verified params. Returns the documents' results in pair order."""
     used = sorted({qi for qi, _ in request.pairs})
     # Distinct queries are encoded once; each gets a fresh key no client can guess or reuse.
     key_of: dict[int, str] = {}
@@ -136,12 +167,12 @@ def _late_interaction_scores(engine: ScoringEngine, request: ScoreRequest, use_t
     query_indices = list(first_of_key.values())
 
     # Build everything before submitting anything: bad input fails with nothing cached.
-    query_inputs = builder.build([request.queries[qi] for qi in query_indices], "query")
-    doc_inputs = builder.build([request.documents[di] for _, di in request.pairs], "document")
-    query_params = [_colbert_params(engine, item, "query", LateInteractionParams(
+    query_inputs = build([request.queries[qi] for qi in query_indices], "query")
+    doc_inputs = build([request.documents[di] for _, di in request.pairs], "document")
+    query_params = [make_params(item, "query", LateInteractionParams(
         "cache_query", key_of[qi], uses[key_of[qi]])) for qi, item in
         zip(query_indices, query_inputs)]
-    doc_params = [_colbert_params(engine, item, "document", LateInteractionParams(
+    doc_params = [make_params(item, "document", LateInteractionParams(
         "score_doc", key_of[qi])) for (qi, _), item in zip(request.pairs, doc_inputs)]
 
     keys = list(uses)
@@ -171,7 +202,7 @@ def _late_interaction_scores(engine: ScoringEngine, request: ScoreRequest, use_t
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(results)} documents failed; document "
                            f"{request.pairs[failed[0][0]][1]}: {failed[0][1]}")
-    return [float(r.data) for r in results]
+    return results
 
 
 def _colbert_params(engine: ScoringEngine, item, role: str,
@@ -196,6 +227,33 @@ def _bi_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncation,
     q_row = {qi: n for n, qi in enumerate(used_q)}
     d_row = {dj: len(used_q) + n for n, dj in enumerate(used_d)}
     return [float(vectors[q_row[qi]] @ vectors[d_row[di]]) for qi, di in request.pairs]
+
+
+# ---- BGE-M3 ----------------------------------------------------------------------------------
+def bge_m3_scores(engine: ScoringEngine, request: ScoreRequest, truncation: TruncationOptions,
+                  weights: Sequence[float] | None, use_tqdm=None, priority: int = 0,
+                  cancel=None) -> list[BGEM3Score]:
+    """Each pair's scores as FlagEmbedding's compute_score, through the late-interaction
+    cache: every distinct query runs once (its dense vector, lexical weights and ColBERT
+    vectors from one forward pass stay cached), every document runs once and the runner
+    scores it against its query (pooler/worker/late_interaction.py: bge_m3_scores). The
+    weighted (dense, sparse, colbert) combinations are made here."""
+    w_dense, w_sparse, w_colbert = check_weights(weights)
+    extra = {"bge_m3": list(BGE_M3_OUTPUTS)}
+    results = _two_stage(
+        engine, request, lambda items, role: engine.processor.process(items, truncation=truncation),
+        lambda item, role, li: engine.verify_params(PoolingParams(
+            task="embed", late_interaction=li, extra=dict(extra))),
+        use_tqdm, priority, cancel)
+    scores = []
+    for r, (qi, di) in zip(results, request.pairs):
+        dense, sparse, colbert = (float(x) for x in r.data)  # the runner's [3] scores
+        scores.append(BGEM3Score(
+            dense, sparse, colbert,
+            (dense * w_dense + sparse * w_sparse) / (w_dense + w_sparse),
+            (dense * w_dense + sparse * w_sparse + colbert * w_colbert) /
+            (w_dense + w_sparse + w_colbert), qi, di))
+    return scores
 
 
 # ---- cross-encoder ---------------------------------------------------------------------------

@@ -6,6 +6,8 @@ so loading is a name lookup:
 - BERT: `pooler.dense` + tanh on [CLS], then `classifier`
 - RoBERTa / XLM-R: `classifier.dense` + tanh on <s>, then `classifier.out_proj`
 - decoders (Llama, Qwen2/3): `score` on the last non-pad token, as transformers picks it
+- language-model rerankers (`classifier_from_token`, Qwen3-Reranker): rows of `lm_head` for
+  the given tokens on the last token (pooler/rerank_prompt.py)
 - token classifiers: `classifier` on every token
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pooler.pooling.activation import (apply_activation, num_labels_of, sequence
                                        token_activation)
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.pooling.methods import split_tokens
+from pooler.rerank_prompt import check_classifier_from_token
 
 _ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 
@@ -70,6 +73,37 @@ class ScoreHead(nn.Module):
         return self.score(x)
 
 
+class TokenRowsHead(nn.Module):
+    """A causal LM's logits for a few tokens, as a classifier: the lm_head rows of those
+    tokens; with `difference`, the one row lm_head[yes] - lm_head[no] (the second token minus
+    the first), whose sigmoid equals softmax over the two logits (vLLM's conversion)."""
+
+    def __init__(self, hidden_size: int, token_ids: list[int], difference: bool,
+                 input_embeddings: nn.Embedding, tied: bool):
+        super().__init__()
+        self.token_ids = token_ids
+        self.difference = difference
+        self.score = nn.Linear(hidden_size, 1 if difference else len(token_ids), bias=False)
+        # Tied checkpoints (Qwen3-Reranker-0.6B) have no lm_head: the embedding matrix is it.
+        self._embeddings = [input_embeddings] if tied else []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, num_labels]
+        return self.score(x)
+
+    def load_weights(self, weights) -> set[str]:
+        lm_head = next((t for n, t in weights if n == "lm_head.weight"), None)
+        if lm_head is None and self._embeddings:
+            lm_head = self._embeddings[0].weight
+        if lm_head is None:
+            raise ValueError("classifier_from_token needs the language model head: the "
+                             "checkpoint has no lm_head.weight and tie_word_embeddings is off.")
+        rows = lm_head.detach()[self.token_ids].float()  # [num_tokens, hidden]
+        weight = rows[1:2] - rows[0:1] if self.difference else rows
+        with torch.no_grad():
+            self.score.weight.copy_(weight)
+        return {"lm_head.weight"}
+
+
 class SequenceClassifyPooler(nn.Module):
     """classify: one score per label per request."""
     task = "classify"
@@ -103,6 +137,8 @@ class SequenceClassifyPooler(nn.Module):
                 for row, p in zip(logits, metadata.pooling_params)]
 
     def load_weights(self, weights) -> set[str]:
+        if isinstance(self.head, TokenRowsHead):
+            return self.head.load_weights(weights)
         return load_named(self.head, weights, "classify head")
 
 
@@ -133,10 +169,19 @@ class TokenClassifyPooler(nn.Module):
         return load_named(self.head, weights, "token_classify head")
 
 
-def build_sequence_classifier(model_config: ModelConfig) -> SequenceClassifyPooler:
+def build_sequence_classifier(model_config: ModelConfig,
+                              backbone: nn.Module | None = None) -> SequenceClassifyPooler:
     hf = model_config.hf_config
     hidden, num_labels = model_config.hidden_size, num_labels_of(hf)
     activation = sequence_activation(hf)
+    tokens = check_classifier_from_token(hf)
+    if tokens is not None:
+        head = TokenRowsHead(hidden, _token_ids(model_config, tokens),
+                             bool(hf.get("is_original_qwen3_reranker")),
+                             backbone.get_input_embeddings(),
+                             bool(hf.get("tie_word_embeddings", False)))
+        # The causal LM's answer position: the last token, whatever its id.
+        return SequenceClassifyPooler(head, "last_non_pad", activation, None)
     if model_config.attn_type == "decoder":
         return SequenceClassifyPooler(ScoreHead(hidden, num_labels), "last_non_pad", activation,
                                       hf.get("pad_token_id"))
@@ -151,3 +196,15 @@ def build_token_classifier(model_config: ModelConfig) -> TokenClassifyPooler:
     name = "score" if model_config.attn_type == "decoder" else "classifier"
     return TokenClassifyPooler(model_config.hidden_size, num_labels_of(hf), token_activation(hf),
                                name)
+
+
+def _token_ids(model_config: ModelConfig, tokens: list[str]) -> list[int]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_config.path / "tokenizer.json"))
+    ids = [tokenizer.token_to_id(t) for t in tokens]
+    unknown = [t for t, i in zip(tokens, ids) if i is None]
+    if unknown:
+        raise ValueError(f"classifier_from_token: {unknown} are not tokens of this model's "
+                         "vocabulary; name tokens exactly as tokenizer.json spells them.")
+    return ids

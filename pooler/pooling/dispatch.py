@@ -89,7 +89,7 @@ def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPool
     family = _family_poolers(model_config, backbone, poolers)
     poolers.update(family)
     if "classify" in tasks and "classify" not in family:
-        poolers["classify"] = build_sequence_classifier(model_config)
+        poolers["classify"] = build_sequence_classifier(model_config, backbone)
     if "token_classify" in tasks and "token_classify" not in family:
         poolers["token_classify"] = build_token_classifier(model_config)
     return DispatchPooler(poolers)
@@ -102,6 +102,11 @@ def _family_poolers(model_config: ModelConfig, backbone: nn.Module,
     if model_config.hf_config.get("model_type") == "modernbert":
         from pooler.pooling.modernbert_heads import modernbert_poolers
         replaced.update(modernbert_poolers(model_config.head, model_config.hf_config))
+    bge_m3 = getattr(model_config, "bge_m3", None)
+    if bge_m3 is not None and "embed" in poolers:
+        from pooler.pooling.bge_m3 import BGEM3Pooler
+        replaced["embed"] = BGEM3Pooler(poolers["embed"], bge_m3, model_config.hidden_size,
+                                        int(model_config.hf_config["vocab_size"]))
     if model_config.head == "mlm" and "embed" in poolers:
         from pooler.pooling.sparse import SparseOrDenseEmbedPooler
         replaced["embed"] = SparseOrDenseEmbedPooler(poolers["embed"], model_config, backbone)

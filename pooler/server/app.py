@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from pooler.server import ner, openai, rerank, tei, vllm
+from pooler.server import bge_m3, ner, openai, rerank, tei, vllm
 from pooler.server.auth import APIKeyMiddleware
 from pooler.server.errors import (ERROR_RESPONSES, error_response, install_error_handlers,
                                   validation_message)
@@ -72,7 +72,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
         message, param = validation_message(list(exc.errors()))
         return error_response(400, message, param, "invalid_value")
 
-    for module in (openai, vllm, rerank, tei, ner):
+    for module in (openai, vllm, rerank, tei, ner, bge_m3):
         app.include_router(module.router)
 
     @app.get("/health", tags=["common"])

@@ -1,6 +1,6 @@
 """Late interaction (ColBERT): a query cache and MaxSim scoring, composed into the pooling runner.
 
-A scoring request runs in two stages. Each query runs once as `cache_query`: its token vectors
+A scoring request runs in two stages (ColBERT token vectors, or BGE-M3's three outputs). Each query runs once as `cache_query`: its token vectors
 are copied into the cache with a number of uses (one per document to score against it). Each
 document runs as `score_doc`: its token vectors are scored by MaxSim against the cached query
 and the document's output becomes that 0-d score. Every document releases exactly one use,
@@ -33,7 +33,8 @@ MAXSIM_CHUNK_TOKENS = 16384
 
 @dataclass
 class _CachedQuery:
-    embeddings: torch.Tensor  # [query_len, dim], a private copy
+    # ColBERT: [query_len, dim]; BGE-M3: {"dense", "sparse", "colbert"}; private copies.
+    embeddings: torch.Tensor | dict[str, torch.Tensor]
     uses: int                 # documents still to score (or release) against it
 
 
@@ -124,8 +125,12 @@ class LateInteractionRunner:
                     outputs[i] = None
                     continue
                 vectors = raw_pooler_output[i]  # [query_len, dim], maybe a view into a buffer
-                new_queries[li.query_key] = _CachedQuery(vectors.detach().clone(),
-                                                         int(li.query_uses or 1))
+                if isinstance(vectors, dict):  # BGE-M3
+                    copy = {name: t.detach().clone() for name, t in vectors.items()}
+                    vectors = copy["colbert"]
+                else:
+                    copy = vectors.detach().clone()
+                new_queries[li.query_key] = _CachedQuery(copy, int(li.query_uses or 1))
                 outputs[i] = torch.zeros((), dtype=vectors.dtype, device=vectors.device)
             else:
                 docs.append((i, li.query_key))
@@ -142,7 +147,9 @@ class LateInteractionRunner:
                 outputs[i] = None
         for key, indices in by_key.items():
             query = self._queries[key].embeddings
-            scores = maxsim(query, [raw_pooler_output[i] for i in indices], self.chunk_tokens)
+            docs_out = [raw_pooler_output[i] for i in indices]
+            scores = (bge_m3_scores(query, docs_out, self.chunk_tokens)
+                      if isinstance(query, dict) else maxsim(query, docs_out, self.chunk_tokens))
             for i, score in zip(indices, scores):
                 outputs[i] = score
                 scored.append((req_ids[i], key))
@@ -180,6 +187,18 @@ def maxsim(query: torch.Tensor, docs: list[torch.Tensor],
         best.scatter_reduce_(0, index, sim, reduce="amax", include_self=True)
     best = torch.where(torch.isinf(best), torch.zeros_like(best), best)  # empty docs score 0
     return list(best.sum(dim=-1).unbind(0))  # float32 whatever the model dtype
+
+
+def bge_m3_scores(query: dict[str, torch.Tensor], docs: list[dict[str, torch.Tensor]],
+                  chunk_tokens: int = MAXSIM_CHUNK_TOKENS) -> list[torch.Tensor]:
+    """BGE-M3's three scores of each document, as FlagEmbedding's compute_score: dense dot
+    product, dot product of the lexical weights ([vocab] each), ColBERT MaxSim averaged over
+    the query's vectors. Returns one [3] tensor (dense, sparse, colbert) per document."""
+    colbert = torch.stack(maxsim(query["colbert"], [d["colbert"] for d in docs], chunk_tokens))
+    colbert = colbert / max(query["colbert"].shape[0], 1)                   # [D]
+    dense = torch.stack([d["dense"] for d in docs]).float() @ query["dense"].float()     # [D]
+    sparse = torch.stack([d["sparse"] for d in docs]).float() @ query["sparse"].float()  # [D]
+    return list(torch.stack([dense, sparse, colbert.float()], dim=1).unbind(0))
 
 
 def _late_interaction_of(params: PoolingParams | None) -> LateInteractionParams | None:

@@ -118,6 +118,9 @@ class ModelRunner(ModelRunnerBase):
             torch.cuda.empty_cache()
 
 
-def _to_host(tensor: torch.Tensor) -> torch.Tensor:
-    # Outputs may be views into batch buffers: copy so they outlive the step.
-    return tensor.detach().to("cpu", copy=True)
+def _to_host(output):
+    # Outputs may be views into batch buffers: copy so they outlive the step. A pooler may
+    # return several named tensors for one request (BGE-M3's dense, sparse and ColBERT).
+    if isinstance(output, dict):
+        return {name: _to_host(tensor) for name, tensor in output.items()}
+    return output.detach().to("cpu", copy=True)

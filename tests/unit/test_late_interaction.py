@@ -67,7 +67,7 @@ def test_params_mutated_after_construction_are_rejected_at_registration():
 
 def test_late_interaction_needs_token_embed_task():
     config = SimpleNamespace(st=None, colbert=object())
-    with pytest.raises(ValueError, match="late_interaction needs task='token_embed'"):
+    with pytest.raises(ValueError, match="late_interaction needs task=.token_embed. \(ColBERT"):
         PoolingParams(task="embed", late_interaction=LateInteractionParams(
             "score_doc", "k")).verify(config, "embed")
 

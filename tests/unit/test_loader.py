@@ -79,8 +79,11 @@ def test_missing_weights_are_an_error(tiny_bert, tmp_path):
 
 def test_missing_model_is_a_clear_error():
     from pooler import Engine
-    with pytest.raises(FileNotFoundError, match="never downloads"):
+    # tests run with HF_HUB_OFFLINE=1: a name not on this machine is not downloaded
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE=1 forbids downloading"):
         Engine("someone/not-a-model")
+    with pytest.raises(FileNotFoundError, match="not a local folder, and not a hub repository"):
+        Engine("./no/such/folder")
 
 
 def test_hub_name_resolves_to_installed_package(minilm_path):
