@@ -17,11 +17,18 @@ class ArchSpec:
     attn_type: str   # "encoder_only" | "decoder"
 
 
-def _encoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> dict[str, ArchSpec]:
-    heads = {"Model": "base", "ForSequenceClassification": "seq_cls",
-             "ForTokenClassification": "token_cls", "ForMaskedLM": "mlm"}
-    return {prefix + suffix: ArchSpec(family, backbone, head, "encoder_only")
-            for prefix in prefixes for suffix, head in heads.items()}
+_ENCODER_HEADS = {"Model": "base", "ForSequenceClassification": "seq_cls",
+                  "ForTokenClassification": "token_cls", "ForMaskedLM": "mlm"}
+
+
+def _encoder_family(family: str, backbone: str, prefixes: tuple[str, ...],
+                    suffixes: tuple[str, ...] = tuple(_ENCODER_HEADS)) -> dict[str, ArchSpec]:
+    return {prefix + suffix: ArchSpec(family, backbone, _ENCODER_HEADS[suffix], "encoder_only")
+            for prefix in prefixes for suffix in suffixes}
+
+
+# Families whose masked-LM head pooler/pooling/mlm_head.py has no layout for.
+_NO_MLM = ("Model", "ForSequenceClassification", "ForTokenClassification")
 
 
 def _decoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> dict[str, ArchSpec]:
@@ -37,6 +44,7 @@ NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta")),
     **_decoder_family("llama", "LlamaModel", ("Llama", "Qwen2", "Qwen3")),
     **_encoder_family("modernbert", "ModernBertModel", ("ModernBert",)),
+    **_encoder_family("mpnet", "MPNetModel", ("MPNet",), _NO_MLM),
     # Stanford ColBERT checkpoints: a BERT encoder plus `linear.weight` (read by the pooler).
     "HF_ColBERT": ArchSpec("bert", "BertModel", "base", "encoder_only"),
 }
@@ -53,7 +61,7 @@ HEAD_TASKS: dict[str, frozenset[str]] = {
 _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
                         "xlm-roberta": "XLMRobertaModel", "llama": "LlamaModel",
                         "qwen2": "Qwen2Model", "qwen3": "Qwen3Model",
-                        "modernbert": "ModernBertModel"}
+                        "modernbert": "ModernBertModel", "mpnet": "MPNetModel"}
 
 
 def architecture_of(hf_config: dict) -> str:

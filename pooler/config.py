@@ -112,9 +112,9 @@ class ModelConfig:
         limits = []
         positions = self.hf_config.get("max_position_embeddings")
         if positions:
-            # RoBERTa-style models offset positions by padding_idx + 1.
+            # RoBERTa-style models (and MPNet) offset positions by padding_idx + 1.
             offset = self.hf_config.get("pad_token_id", 1) + 1 if self.hf_config.get(
-                "model_type") in ("roberta", "xlm-roberta") else 0
+                "model_type") in ("roberta", "xlm-roberta", "camembert", "mpnet") else 0
             limits.append(int(positions) - offset)
         tok_max = self.tokenizer_config.get("model_max_length")
         if isinstance(tok_max, int) and tok_max < 10**9:

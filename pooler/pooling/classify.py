@@ -4,7 +4,7 @@
 Each head keeps the checkpoint's own parameter names (after the backbone prefix is stripped),
 so loading is a name lookup:
 - BERT: `pooler.dense` + tanh on [CLS], then `classifier`
-- RoBERTa / XLM-R: `classifier.dense` + tanh on <s>, then `classifier.out_proj`
+- RoBERTa / XLM-R / MPNet: `classifier.dense` + tanh on <s>, then `classifier.out_proj`
 - decoders (Llama, Qwen2/3): `score` on the last non-pad token, as transformers picks it
 - token classifiers: `classifier` on every token
 """
@@ -22,7 +22,7 @@ from pooler.pooling.activation import (apply_activation, num_labels_of, sequence
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.pooling.methods import split_tokens
 
-_ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
+_ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert", "mpnet")
 
 
 def load_named(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
