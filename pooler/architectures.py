@@ -41,10 +41,14 @@ def _decoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> di
 
 
 NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
-    **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta")),
-    **_decoder_family("llama", "LlamaModel", ("Llama", "Qwen2", "Qwen3")),
+    # CamemBERT is RoBERTa (its own class names, the same weights under `roberta.`).
+    **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta", "Camembert")),
+    # Mistral is Llama with an optional causal sliding window.
+    **_decoder_family("llama", "LlamaModel", ("Llama", "Qwen2", "Qwen3", "Mistral")),
     **_encoder_family("modernbert", "ModernBertModel", ("ModernBert",)),
     **_encoder_family("mpnet", "MPNetModel", ("MPNet",), _NO_MLM),
+    **_encoder_family("distilbert", "DistilBertModel", ("DistilBert",), _NO_MLM),
+    **_encoder_family("electra", "ElectraModel", ("Electra",), _NO_MLM),
     # Stanford ColBERT checkpoints: a BERT encoder plus `linear.weight` (read by the pooler).
     "HF_ColBERT": ArchSpec("bert", "BertModel", "base", "encoder_only"),
 }
@@ -61,7 +65,9 @@ HEAD_TASKS: dict[str, frozenset[str]] = {
 _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
                         "xlm-roberta": "XLMRobertaModel", "llama": "LlamaModel",
                         "qwen2": "Qwen2Model", "qwen3": "Qwen3Model",
-                        "modernbert": "ModernBertModel", "mpnet": "MPNetModel"}
+                        "modernbert": "ModernBertModel", "mpnet": "MPNetModel",
+                        "camembert": "CamembertModel", "mistral": "MistralModel",
+                        "distilbert": "DistilBertModel", "electra": "ElectraModel"}
 
 
 def architecture_of(hf_config: dict) -> str:

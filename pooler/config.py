@@ -83,7 +83,8 @@ class ModelConfig:
 
     @property
     def hidden_size(self) -> int:
-        return int(self.hf_config.get("hidden_size") or self.hf_config["d_model"])
+        hf = self.hf_config  # DistilBERT says dim, some others d_model
+        return int(hf.get("hidden_size") or hf.get("dim") or hf["d_model"])
 
     @property
     def model_tasks(self) -> frozenset[str]:

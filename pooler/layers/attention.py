@@ -76,10 +76,12 @@ def _math_attention(qs: torch.Tensor,  # [count, heads, L, head_dim]
 
 
 @lru_cache(maxsize=64)
-def _band_mask(seq_len: int, half_window: int, device_type: str) -> torch.Tensor:
-    """[seq_len, seq_len] bool mask, True where |i - j| <= half_window (local attention)."""
+def _band_mask(seq_len: int, half_window: int, causal: bool, device_type: str) -> torch.Tensor:
+    """[seq_len, seq_len] bool mask, True where |i - j| <= half_window (local attention) and,
+    if causal, j <= i (a causal sliding window: Mistral, Gemma3's causal local layers)."""
     idx = torch.arange(seq_len)
-    return ((idx[:, None] - idx[None, :]).abs() <= half_window).to(device_type)
+    mask = (idx[:, None] - idx[None, :]).abs() <= half_window
+    return (mask.tril() if causal else mask).to(device_type)
 
 
 @lru_cache(maxsize=64)
@@ -140,7 +142,7 @@ def packed_attention(
         qs = q[start:end].view(count, length, num_heads, -1).transpose(1, 2)
         ks = k[start:end].view(count, length, num_kv_heads, -1).transpose(1, 2)
         vs = v[start:end].view(count, length, num_kv_heads, -1).transpose(1, 2)
-        mask = _band_mask(length, half_window, q.device.type) if half_window is not None \
+        mask = _band_mask(length, half_window, causal, q.device.type) if half_window is not None \
             else None
         if unattended:
             if unattended >= length:

@@ -101,13 +101,16 @@ class BertModel(nn.Module):
     # Checkpoint prefixes of the task models (BertForX keeps the encoder under `bert.`).
     weight_prefixes = ("bert.", "roberta.", "model.")
 
+    config_class = BertConfig  # ELECTRA's adds an embedding size
+
     def __init__(self, hf_config: dict):
         super().__init__()
-        cfg = self.config = BertConfig.from_dict(hf_config)
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
-        self.embed_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        cfg = self.config = self.config_class.from_dict(hf_config)
+        dim = getattr(cfg, "embedding_size", cfg.hidden_size)
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, dim)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, dim)
+        self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), dim)
+        self.embed_norm = nn.LayerNorm(dim, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
     @property
@@ -117,14 +120,17 @@ class BertModel(nn.Module):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.word_embeddings
 
-    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+    def embed(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, embedding dim]
         positions = inputs.positions + self.config.position_offset
         x = self.word_embeddings(inputs.input_ids) + self.position_embeddings(positions)
         if inputs.token_type_ids is not None:
             x = x + self.token_type_embeddings(inputs.token_type_ids)
         else:
             x = x + self.token_type_embeddings.weight[0]
-        x = self.embed_norm(x)
+        return self.embed_norm(x)
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+        x = self.embed(inputs)
         for layer in self.layers:
             x = layer(x, inputs)
         return x

@@ -5,7 +5,10 @@ Each head keeps the checkpoint's own parameter names (after the backbone prefix 
 so loading is a name lookup:
 - BERT: `pooler.dense` + tanh on [CLS], then `classifier`
 - RoBERTa / XLM-R / MPNet: `classifier.dense` + tanh on <s>, then `classifier.out_proj`
-- decoders (Llama, Qwen2/3): `score` on the last non-pad token, as transformers picks it
+- DistilBERT: `pre_classifier` + ReLU on [CLS], then `classifier`
+- ELECTRA: `classifier.dense` + GELU on [CLS], then `classifier.out_proj`
+- decoders (Llama, Qwen2/3, Mistral, Gemma3): `score` on the last non-pad token, as
+  transformers picks it
 - token classifiers: `classifier` on every token
 """
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pooler.config import ModelConfig
@@ -22,7 +26,6 @@ from pooler.pooling.activation import (apply_activation, num_labels_of, sequence
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.pooling.methods import split_tokens
 
-_ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert", "mpnet")
 
 
 def load_named(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
@@ -57,6 +60,25 @@ class RobertaSequenceHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, num_labels]
         return self.classifier.out_proj(torch.tanh(self.classifier.dense(x)))
+
+
+class DistilBertSequenceHead(nn.Module):
+    """[CLS] -> pre_classifier -> ReLU -> classifier."""
+
+    def __init__(self, hidden_size: int, num_labels: int):
+        super().__init__()
+        self.pre_classifier = nn.Linear(hidden_size, hidden_size)
+        self.classifier = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, num_labels]
+        return self.classifier(torch.relu(self.pre_classifier(x)))
+
+
+class ElectraSequenceHead(RobertaSequenceHead):
+    """[CLS] -> classifier.dense -> GELU (not tanh) -> classifier.out_proj."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, num_labels]
+        return self.classifier.out_proj(F.gelu(self.classifier.dense(x)))
 
 
 class ScoreHead(nn.Module):
@@ -133,6 +155,12 @@ class TokenClassifyPooler(nn.Module):
         return load_named(self.head, weights, "token_classify head")
 
 
+# model_type -> the head of its *ForSequenceClassification on the first token (else BERT's).
+_FIRST_TOKEN_HEADS = {"roberta": RobertaSequenceHead, "xlm-roberta": RobertaSequenceHead,
+                      "camembert": RobertaSequenceHead, "mpnet": RobertaSequenceHead,
+                      "distilbert": DistilBertSequenceHead, "electra": ElectraSequenceHead}
+
+
 def build_sequence_classifier(model_config: ModelConfig) -> SequenceClassifyPooler:
     hf = model_config.hf_config
     hidden, num_labels = model_config.hidden_size, num_labels_of(hf)
@@ -140,10 +168,8 @@ def build_sequence_classifier(model_config: ModelConfig) -> SequenceClassifyPool
     if model_config.attn_type == "decoder":
         return SequenceClassifyPooler(ScoreHead(hidden, num_labels), "last_non_pad", activation,
                                       hf.get("pad_token_id"))
-    if hf.get("model_type") in _ROBERTA_TYPES:
-        return SequenceClassifyPooler(RobertaSequenceHead(hidden, num_labels), "first",
-                                      activation)
-    return SequenceClassifyPooler(BertSequenceHead(hidden, num_labels), "first", activation)
+    head_cls = _FIRST_TOKEN_HEADS.get(hf.get("model_type"), BertSequenceHead)
+    return SequenceClassifyPooler(head_cls(hidden, num_labels), "first", activation)
 
 
 def build_token_classifier(model_config: ModelConfig) -> TokenClassifyPooler:

@@ -68,7 +68,8 @@ def add_st_modules(folder: Path, pooling: str, normalize: bool, max_seq_length: 
                 "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling",
                 "type": "sentence_transformers.models.Pooling"}]
-    hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
+    config = json.loads((folder / "config.json").read_text())
+    hidden = config.get("hidden_size") or config["dim"]  # DistilBERT: dim
     (folder / "1_Pooling").mkdir(exist_ok=True)
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({
         "word_embedding_dimension": hidden, "pooling_mode_cls_token": pooling == "cls",
@@ -97,3 +98,84 @@ def add_st_modules(folder: Path, pooling: str, normalize: bool, max_seq_length: 
     (folder / "config_sentence_transformers.json").write_text(json.dumps({
         "prompts": prompts or {}, "default_prompt_name": None,
         "similarity_fn_name": "cosine"}))
+
+
+def _bert_vocab_model(dest: Path, prefix: str, kind: str, config, seed: int) -> Path:
+    import transformers
+
+    dest.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    _save(getattr(transformers, prefix + SUFFIXES[kind])(config), dest)
+    copy_minilm_tokenizer(dest)
+    return dest
+
+
+def save_distilbert(dest: Path, kind: str = "base", num_labels: int = 3, seed: int = 0) -> Path:
+    """DistilBert{Model,ForSequenceClassification,ForTokenClassification}, MiniLM's WordPiece
+    tokenizer (its token_type_ids are ignored by DistilBERT, as transformers ignores them)."""
+    from transformers import DistilBertConfig
+
+    config = DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                              max_position_embeddings=128, num_labels=num_labels,
+                              initializer_range=0.2)
+    return _bert_vocab_model(dest, "DistilBert", kind, config, seed)
+
+
+def save_electra(dest: Path, kind: str = "base", num_labels: int = 3, seed: int = 0,
+                 embedding_size: int = 16) -> Path:
+    """Electra{Model,ForSequenceClassification,ForTokenClassification} with embeddings
+    narrower than the encoder (embeddings_project), MiniLM's WordPiece tokenizer."""
+    from transformers import ElectraConfig
+
+    config = ElectraConfig(vocab_size=30522, embedding_size=embedding_size,
+                           max_position_embeddings=128, num_labels=num_labels,
+                           initializer_range=0.2, **TINY)
+    return _bert_vocab_model(dest, "Electra", kind, config, seed)
+
+
+def save_camembert(dest: Path, kind: str = "base", num_labels: int = 3, seed: int = 0) -> Path:
+    """Camembert{Model,ForSequenceClassification,ForTokenClassification} (model_type
+    camembert, weights under `roberta.`) with a byte-level BPE tokenizer trained here."""
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer
+
+    from tests.models.tiny_task_models import CORPUS
+
+    dest.mkdir(parents=True, exist_ok=True)
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.save_model(str(dest))
+    # transformers 5 names these vocab / merges (vocab_file / merges_file are ignored).
+    tokenizer = transformers.RobertaTokenizer(vocab=str(dest / "vocab.json"),
+                                              merges=str(dest / "merges.txt"),
+                                              model_max_length=256)
+    assert len(tokenizer("a cat sat")["input_ids"]) > 3
+    tokenizer.save_pretrained(dest)
+    torch.manual_seed(seed)
+    config = transformers.CamembertConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=258, num_labels=num_labels,
+        type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        initializer_range=0.2, **TINY)
+    return _save(getattr(transformers, "Camembert" + SUFFIXES[kind])(config), dest)
+
+
+def hf_outputs(path, cls_name: str, texts, pairs=None) -> list:
+    """The transformers reference, one unpadded text at a time: logits if the class has a
+    head, else the last hidden state, as numpy [seq_len or 1, ...] per text."""
+    import inspect
+
+    import transformers
+
+    model = getattr(transformers, cls_name).from_pretrained(path).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    accepted = inspect.signature(model.forward).parameters
+    out = []
+    for i, text in enumerate(texts):
+        enc = tokenizer(text, pairs[i] if pairs else None, return_tensors="pt")
+        enc = {k: v for k, v in enc.items() if k in accepted}  # DistilBERT: no token types
+        with torch.no_grad():
+            result = model(**enc)
+        out.append((result.logits if hasattr(result, "logits")
+                    else result.last_hidden_state)[0].numpy())
+    return out

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.models.encoder_folders import add_st_modules, save_mpnet
+from tests.models.encoder_folders import add_st_modules, hf_outputs, save_mpnet
 
 # Lengths from 3 to ~70 tokens: long enough that the log-spaced buckets (distance >= 8) and
 # both signs of the relative position are exercised; two equal-length texts share one call.
@@ -16,22 +16,6 @@ TEXTS = ["hi", "a cat sat on the mat",
          "the quick brown fox jumps over the lazy dog " * 7,
          "what is the capital of france", "paris is the capital of france",
          "pooler serves embedding models on packed batches without padding " * 3]
-
-
-def hf_outputs(path, cls_name: str, texts, pairs=None) -> list[np.ndarray]:
-    """The reference, one unpadded text at a time."""
-    import transformers
-
-    model = getattr(transformers, cls_name).from_pretrained(path).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    out = []
-    for i, text in enumerate(texts):
-        enc = tokenizer(text, pairs[i] if pairs else None, return_tensors="pt")
-        with torch.no_grad():
-            result = model(**enc)
-        out.append((result.logits if hasattr(result, "logits")
-                    else result.last_hidden_state)[0].numpy())
-    return out
 
 
 def test_relative_position_buckets_equal_transformers():
