@@ -14,7 +14,7 @@ class ArchSpec:
     family: str      # module under pooler.models
     backbone: str    # class in that module; returns hidden states, never pools
     head: str        # "base" | "seq_cls" | "token_cls" | "mlm"
-    attn_type: str   # "encoder_only" | "decoder"
+    attn_type: str   # "encoder_only" | "decoder": the family's; see attention_type()
 
 
 _ENCODER_HEADS = {"Model": "base", "ForSequenceClassification": "seq_cls",
@@ -49,6 +49,11 @@ NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     **_encoder_family("mpnet", "MPNetModel", ("MPNet",), _NO_MLM),
     **_encoder_family("distilbert", "DistilBertModel", ("DistilBert",), _NO_MLM),
     **_encoder_family("electra", "ElectraModel", ("Electra",), _NO_MLM),
+    # Gemma3 text models (EmbeddingGemma is a Gemma3TextModel with bidirectional attention).
+    "Gemma3TextModel": ArchSpec("gemma3", "Gemma3TextModel", "base", "decoder"),
+    "Gemma3ForCausalLM": ArchSpec("gemma3", "Gemma3TextModel", "base", "decoder"),
+    "Gemma3TextForSequenceClassification": ArchSpec("gemma3", "Gemma3TextModel", "seq_cls",
+                                                    "decoder"),
     # Stanford ColBERT checkpoints: a BERT encoder plus `linear.weight` (read by the pooler).
     "HF_ColBERT": ArchSpec("bert", "BertModel", "base", "encoder_only"),
 }
@@ -67,7 +72,8 @@ _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
                         "qwen2": "Qwen2Model", "qwen3": "Qwen3Model",
                         "modernbert": "ModernBertModel", "mpnet": "MPNetModel",
                         "camembert": "CamembertModel", "mistral": "MistralModel",
-                        "distilbert": "DistilBertModel", "electra": "ElectraModel"}
+                        "distilbert": "DistilBertModel", "electra": "ElectraModel",
+                        "gemma3_text": "Gemma3TextModel"}
 
 
 def architecture_of(hf_config: dict) -> str:
@@ -80,6 +86,15 @@ def architecture_of(hf_config: dict) -> str:
     raise ValueError(
         f"config.json names no architecture and model_type {model_type!r} is unknown. "
         f"Supported architectures: {supported_architectures()}.")
+
+
+def attention_type(family_attn_type: str, hf_config: dict) -> str:
+    """The attention the model actually runs, from its config rather than its class name: a
+    decoder family built with `use_bidirectional_attention` (EmbeddingGemma) attends both ways
+    over the whole sequence, so it is an encoder for the task gate (token tasks allowed)."""
+    if family_attn_type == "decoder" and hf_config.get("use_bidirectional_attention"):
+        return "encoder_only"
+    return family_attn_type
 
 
 def supported_architectures() -> list[str]:

@@ -37,7 +37,9 @@ class ModelConfig:
     hf_config: dict[str, Any] = field(init=False)
     architecture: str = field(init=False)
     head: str = field(init=False)
-    attn_type: str = field(init=False)
+    attn_type: str = field(init=False)  # the attention it runs: gates the token tasks
+    # A decoder architecture (last-token `score` head) even when its attention is bidirectional.
+    decoder_family: bool = field(init=False)
     st: SentenceTransformerLayout | None = field(init=False)
     tokenizer_config: dict[str, Any] = field(init=False)
     colbert: ColBERTConfig | None = field(init=False)  # ColBERT layout, None otherwise
@@ -62,9 +64,11 @@ class ModelConfig:
         self.architecture = architectures.architecture_of(hf_config)
         if self.runner == "native":
             spec = architectures.get_arch_spec(self.architecture)
-            self.head, self.attn_type = spec.head, spec.attn_type
+            self.head, family_attn = spec.head, spec.attn_type
         else:
-            self.head, self.attn_type = _fallback_head(self.architecture, hf_config)
+            self.head, family_attn = _fallback_head(self.architecture, hf_config)
+        self.decoder_family = family_attn == "decoder"
+        self.attn_type = architectures.attention_type(family_attn, hf_config)
         self.st = read_sentence_transformer_layout(self.root_path)
         self.tokenizer_config = read_json(self.path / "tokenizer_config.json") or {}
         self.colbert = detect_colbert(self.path, hf_config, self.st)
@@ -146,7 +150,8 @@ def _fallback_head(architecture: str, hf_config: dict) -> tuple[str, str]:
     else:
         head = "base"
     decoder = bool(hf_config.get("is_decoder")) or architecture.endswith("ForCausalLM") or \
-        hf_config.get("model_type") in ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2")
+        hf_config.get("model_type") in ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2",
+                                        "gemma3", "gemma3_text")
     return head, "decoder" if decoder else "encoder_only"
 
 

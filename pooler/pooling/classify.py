@@ -165,7 +165,7 @@ def build_sequence_classifier(model_config: ModelConfig) -> SequenceClassifyPool
     hf = model_config.hf_config
     hidden, num_labels = model_config.hidden_size, num_labels_of(hf)
     activation = sequence_activation(hf)
-    if model_config.attn_type == "decoder":
+    if model_config.decoder_family:  # bidirectional ones too (their head is still `score`)
         return SequenceClassifyPooler(ScoreHead(hidden, num_labels), "last_non_pad", activation,
                                       hf.get("pad_token_id"))
     head_cls = _FIRST_TOKEN_HEADS.get(hf.get("model_type"), BertSequenceHead)
@@ -174,6 +174,6 @@ def build_sequence_classifier(model_config: ModelConfig) -> SequenceClassifyPool
 
 def build_token_classifier(model_config: ModelConfig) -> TokenClassifyPooler:
     hf = model_config.hf_config
-    name = "score" if model_config.attn_type == "decoder" else "classifier"
+    name = "score" if model_config.decoder_family else "classifier"
     return TokenClassifyPooler(model_config.hidden_size, num_labels_of(hf), token_activation(hf),
                                name)

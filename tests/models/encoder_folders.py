@@ -179,3 +179,45 @@ def hf_outputs(path, cls_name: str, texts, pairs=None) -> list:
         out.append((result.logits if hasattr(result, "logits")
                     else result.last_hidden_state)[0].numpy())
     return out
+
+
+GEMMA3_LAYERS = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+
+
+def save_gemma3(dest: Path, kind: str = "base", *, bidirectional: bool, sliding_window: int,
+                num_labels: int = 2, seed: int = 0, legacy_rope: dict | None = None) -> Path:
+    """kind: 'base' (Gemma3TextModel), 'causal' (Gemma3ForCausalLM), 'seq'
+    (Gemma3TextForSequenceClassification). Four layers (local, local, global, local), GQA,
+    head_dim != hidden / heads, query_pre_attn_scalar != head_dim, random norm weights.
+    config.json gets `sliding_window` as the hub writes it (transformers' config rewrites it
+    when bidirectional, and would rewrite it again on load) and, with `legacy_rope`, the
+    rope_theta / rope_local_base_freq / rope_scaling keys older configs (EmbeddingGemma's) use
+    instead of rope_parameters. A whitespace word-level tokenizer over t0..t96 (pad t0)."""
+    import transformers
+
+    from tests.models.tiny_task_models import save_word_level_tokenizer
+
+    dest.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+        layer_types=GEMMA3_LAYERS, sliding_window=sliding_window, max_position_embeddings=128,
+        use_bidirectional_attention=bidirectional, num_labels=num_labels, pad_token_id=0,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}})
+    cls_name = {"base": "Gemma3TextModel", "causal": "Gemma3ForCausalLM",
+                "seq": "Gemma3TextForSequenceClassification"}[kind]
+    config.architectures = [cls_name]
+    _save(getattr(transformers, cls_name)(config), dest)
+    saved = json.loads((dest / "config.json").read_text())
+    saved["sliding_window"] = sliding_window
+    if legacy_rope is not None:
+        del saved["rope_parameters"]
+        saved.update(legacy_rope)
+    (dest / "config.json").write_text(json.dumps(saved, indent=2))
+    save_word_level_tokenizer(dest, 97)
+    (dest / "tokenizer_config.json").write_text(json.dumps({
+        "model_max_length": 128, "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": "t0"}))
+    return dest
