@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable
 
 import torch
@@ -55,6 +56,7 @@ class MPNetConfig:
             relative_attention_num_buckets=d.get("relative_attention_num_buckets", 32))
 
 
+@lru_cache(maxsize=256)  # a few hundred distinct lengths in a serving process
 def relative_position_buckets(length: int, device: torch.device) -> torch.Tensor:
     """[L, L] int64 bucket of (key - query) for a sequence of `length` tokens: half the buckets
     for keys before the query, half for keys after; exact distances below 8, then log-spaced

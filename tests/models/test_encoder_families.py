@@ -104,3 +104,24 @@ def test_electra_without_embedding_projection(tmp_path):
     for out, exp in zip(engine.token_embed(TEXTS, normalize=False),
                         hf_outputs(path, "ElectraModel", TEXTS)):
         np.testing.assert_allclose(out.embeddings, exp, atol=1e-5)
+
+
+@pytest.mark.parametrize("prefix", ["DistilBert", "Electra"])
+def test_cross_encoder_folder_score_and_rerank_match_sentence_transformers(tmp_path, prefix):
+    """ms-marco-electra-base / distilbert cross-encoders: one label, Sigmoid, as CrossEncoder
+    saves them; score and rerank against CrossEncoder.predict and .rank."""
+    from sentence_transformers import CrossEncoder
+
+    from pooler import Engine
+
+    base = SAVERS[prefix](tmp_path / "base", "seq", num_labels=1, seed=5)
+    reference = CrossEncoder(str(base), device="cpu")
+    reference.save(str(tmp_path / "ce"))
+    engine = Engine(str(tmp_path / "ce"))
+    query, docs = TEXTS[3], [TEXTS[4], TEXTS[1], TEXTS[2], "berlin is in germany"]
+    expected = reference.predict([(query, d) for d in docs])
+    np.testing.assert_allclose([o.score for o in engine.score(query, docs)], expected,
+                               atol=1e-5)
+    ranked = engine.rerank(query, docs, top_n=2)
+    assert [r.index for r in ranked] == [e["corpus_id"] for e in reference.rank(query, docs,
+                                                                                 top_k=2)]
