@@ -14,14 +14,21 @@ class ArchSpec:
     family: str      # module under pooler.models
     backbone: str    # class in that module; returns hidden states, never pools
     head: str        # "base" | "seq_cls" | "token_cls" | "mlm"
-    attn_type: str   # "encoder_only" | "decoder"
+    attn_type: str   # "encoder_only" | "decoder": the family's; see attention_type()
 
 
-def _encoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> dict[str, ArchSpec]:
-    heads = {"Model": "base", "ForSequenceClassification": "seq_cls",
-             "ForTokenClassification": "token_cls", "ForMaskedLM": "mlm"}
-    return {prefix + suffix: ArchSpec(family, backbone, head, "encoder_only")
-            for prefix in prefixes for suffix, head in heads.items()}
+_ENCODER_HEADS = {"Model": "base", "ForSequenceClassification": "seq_cls",
+                  "ForTokenClassification": "token_cls", "ForMaskedLM": "mlm"}
+
+
+def _encoder_family(family: str, backbone: str, prefixes: tuple[str, ...],
+                    suffixes: tuple[str, ...] = tuple(_ENCODER_HEADS)) -> dict[str, ArchSpec]:
+    return {prefix + suffix: ArchSpec(family, backbone, _ENCODER_HEADS[suffix], "encoder_only")
+            for prefix in prefixes for suffix in suffixes}
+
+
+# Families whose masked-LM head pooler/pooling/mlm_head.py has no layout for.
+_NO_MLM = ("Model", "ForSequenceClassification", "ForTokenClassification")
 
 
 def _decoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> dict[str, ArchSpec]:
@@ -34,9 +41,19 @@ def _decoder_family(family: str, backbone: str, prefixes: tuple[str, ...]) -> di
 
 
 NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
-    **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta")),
-    **_decoder_family("llama", "LlamaModel", ("Llama", "Qwen2", "Qwen3")),
+    # CamemBERT is RoBERTa (its own class names, the same weights under `roberta.`).
+    **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta", "Camembert")),
+    # Mistral is Llama with an optional causal sliding window.
+    **_decoder_family("llama", "LlamaModel", ("Llama", "Qwen2", "Qwen3", "Mistral")),
     **_encoder_family("modernbert", "ModernBertModel", ("ModernBert",)),
+    **_encoder_family("mpnet", "MPNetModel", ("MPNet",), _NO_MLM),
+    **_encoder_family("distilbert", "DistilBertModel", ("DistilBert",), _NO_MLM),
+    **_encoder_family("electra", "ElectraModel", ("Electra",), _NO_MLM),
+    # Gemma3 text models (EmbeddingGemma is a Gemma3TextModel with bidirectional attention).
+    "Gemma3TextModel": ArchSpec("gemma3", "Gemma3TextModel", "base", "decoder"),
+    "Gemma3ForCausalLM": ArchSpec("gemma3", "Gemma3TextModel", "base", "decoder"),
+    "Gemma3TextForSequenceClassification": ArchSpec("gemma3", "Gemma3TextModel", "seq_cls",
+                                                    "decoder"),
     # Stanford ColBERT checkpoints: a BERT encoder plus `linear.weight` (read by the pooler).
     "HF_ColBERT": ArchSpec("bert", "BertModel", "base", "encoder_only"),
 }
@@ -53,7 +70,10 @@ HEAD_TASKS: dict[str, frozenset[str]] = {
 _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
                         "xlm-roberta": "XLMRobertaModel", "llama": "LlamaModel",
                         "qwen2": "Qwen2Model", "qwen3": "Qwen3Model",
-                        "modernbert": "ModernBertModel"}
+                        "modernbert": "ModernBertModel", "mpnet": "MPNetModel",
+                        "camembert": "CamembertModel", "mistral": "MistralModel",
+                        "distilbert": "DistilBertModel", "electra": "ElectraModel",
+                        "gemma3_text": "Gemma3TextModel"}
 
 
 def architecture_of(hf_config: dict) -> str:
@@ -66,6 +86,15 @@ def architecture_of(hf_config: dict) -> str:
     raise ValueError(
         f"config.json names no architecture and model_type {model_type!r} is unknown. "
         f"Supported architectures: {supported_architectures()}.")
+
+
+def attention_type(family_attn_type: str, hf_config: dict) -> str:
+    """The attention the model actually runs, from its config rather than its class name: a
+    decoder family built with `use_bidirectional_attention` (EmbeddingGemma) attends both ways
+    over the whole sequence, so it is an encoder for the task gate (token tasks allowed)."""
+    if family_attn_type == "decoder" and hf_config.get("use_bidirectional_attention"):
+        return "encoder_only"
+    return family_attn_type
 
 
 def supported_architectures() -> list[str]:

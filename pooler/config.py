@@ -42,7 +42,9 @@ class ModelConfig:
     hf_config: dict[str, Any] = field(init=False)
     architecture: str = field(init=False)
     head: str = field(init=False)
-    attn_type: str = field(init=False)
+    attn_type: str = field(init=False)  # the attention it runs: gates the token tasks
+    # A decoder architecture (last-token `score` head) even when its attention is bidirectional.
+    decoder_family: bool = field(init=False)
     st: SentenceTransformerLayout | None = field(init=False)
     tokenizer_config: dict[str, Any] = field(init=False)
     colbert: ColBERTConfig | None = field(init=False)  # ColBERT layout, None otherwise
@@ -87,13 +89,14 @@ class ModelConfig:
         self.transformers_config = None
         if self.runner == "native":
             spec = architectures.get_arch_spec(self.architecture)
-            self.head, self.attn_type = spec.head, spec.attn_type
+            self.head, family_attn = spec.head, spec.attn_type
         else:
             # The fallback reads model facts through transformers' own config class, which
             # resolves each family's names (DistilBERT's `dim`, XLM's `emb_dim`, T5's `d_model`).
             self.transformers_config = load_transformers_config(self.path, self.hf_overrides)
-            self.head, self.attn_type = _fallback_head(self.architecture,
-                                                       self.transformers_config)
+            self.head, family_attn = _fallback_head(self.architecture, self.transformers_config)
+        self.decoder_family = family_attn == "decoder"
+        self.attn_type = architectures.attention_type(family_attn, hf_config)
         self.st = read_sentence_transformer_layout(self.root_path)
         self.tokenizer_config = read_json(self.path / "tokenizer_config.json") or {}
         self.colbert = detect_colbert(self.path, hf_config, self.st)
@@ -115,7 +118,8 @@ class ModelConfig:
     def hidden_size(self) -> int:
         if self.transformers_config is not None:
             return int(self.transformers_config.hidden_size)
-        return int(self.hf_config.get("hidden_size") or self.hf_config["d_model"])
+        hf = self.hf_config  # DistilBERT says dim, some others d_model
+        return int(hf.get("hidden_size") or hf.get("dim") or hf["d_model"])
 
     @property
     def pad_token_id(self) -> int | None:
@@ -211,7 +215,7 @@ def _fallback_head(architecture: str, config) -> tuple[str, str]:
     decoder = bool(getattr(config, "is_decoder", False)) or \
         architecture.endswith("ForCausalLM") or \
         getattr(config, "model_type", "") in ("llama", "qwen2", "qwen3", "mistral", "gemma",
-                                              "gemma2")
+                                              "gemma2", "gemma3", "gemma3_text")
     return head, "decoder" if decoder else "encoder_only"
 
 

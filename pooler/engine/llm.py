@@ -311,8 +311,10 @@ class Engine:
         if self.tokenizer.num_special_tokens_to_add(pair=True) <= \
                 self.tokenizer.num_special_tokens_to_add(pair=False):
             return "its tokenizer puts no separator between two texts"
+        if "type_vocab_size" not in self.model_config.hf_config:
+            return None  # no token type embeddings (MPNet, DistilBERT): type ids are unused
         type_ids = self.tokenizer.encode_batch(["a"], ["b"])[0].token_type_ids
-        type_vocab = int(self.model_config.hf_config.get("type_vocab_size", 1))
+        type_vocab = int(self.model_config.hf_config["type_vocab_size"])
         if max(type_ids) >= type_vocab:
             return (f"its tokenizer marks the second text with token type {max(type_ids)} but "
                     f"the model has type_vocab_size={type_vocab}")

@@ -9,6 +9,9 @@ pattern (causal, local window, GQA: see varlen_kwargs), else the per-sequence SD
 Optional per-sequence key mask (`num_unattended`): the last n tokens of a sequence are computed
 as queries but no token attends to them (ColBERT query expansion); sequences with a count run
 on the per-sequence path with a [L, L] mask, never padded.
+Optional additive score bias per sequence length (`position_bias`, MPNet's relative position
+bias): {length: [heads, L, L]} added to the scaled scores before the softmax; it never takes
+the varlen kernel, whose signature has no bias.
 """
 from __future__ import annotations
 
@@ -59,21 +62,26 @@ _SCORE_BYTES = 2 * 2**20
 def _math_attention(qs: torch.Tensor,  # [count, heads, L, head_dim]
                     ks: torch.Tensor, vs: torch.Tensor, scale: float,
                     out: torch.Tensor,  # [count * L, heads, head_dim] destination rows
+                    bias: torch.Tensor | None = None,  # [heads, L, L] added to the scores
                     ) -> None:
     count, heads, length, head_dim = qs.shape
     per_chunk = max(1, _SCORE_BYTES // (heads * length * length * qs.element_size()))
     for a in range(0, count, per_chunk):
         b = min(count, a + per_chunk)
         scores = torch.matmul(qs[a:b], ks[a:b].transpose(-1, -2)).mul_(scale)  # [n, h, L, L]
+        if bias is not None:
+            scores += bias
         o = torch.matmul(scores.softmax(-1), vs[a:b])  # [n, heads, L, head_dim]
         out[a * length:b * length].view(b - a, length, heads, head_dim).copy_(o.transpose(1, 2))
 
 
 @lru_cache(maxsize=64)
-def _band_mask(seq_len: int, half_window: int, device_type: str) -> torch.Tensor:
-    """[seq_len, seq_len] bool mask, True where |i - j| <= half_window (local attention)."""
+def _band_mask(seq_len: int, half_window: int, causal: bool, device_type: str) -> torch.Tensor:
+    """[seq_len, seq_len] bool mask, True where |i - j| <= half_window (local attention) and,
+    if causal, j <= i (a causal sliding window: Mistral, Gemma3's causal local layers)."""
     idx = torch.arange(seq_len)
-    return ((idx[:, None] - idx[None, :]).abs() <= half_window).to(device_type)
+    mask = (idx[:, None] - idx[None, :]).abs() <= half_window
+    return (mask.tril() if causal else mask).to(device_type)
 
 
 @lru_cache(maxsize=64)
@@ -100,13 +108,17 @@ def packed_attention(
     half_window: int | None = None,
     scale: float | None = None,
     num_unattended: list[int] | None = None,  # [num_seqs] trailing keys nobody attends to
+    position_bias: dict[int, torch.Tensor] | None = None,  # length -> [heads, L, L]
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    if position_bias is not None and causal:
+        raise ValueError("position_bias is implemented for bidirectional attention only.")
     if num_unattended is not None and not any(num_unattended):
         num_unattended = None
     enable_gqa = num_heads != num_kv_heads
     if (_varlen_attn is not None and q.is_cuda
             and num_unattended is None  # key masks: the per-sequence path below
+            and position_bias is None
             and q.dtype in (torch.float16, torch.bfloat16)):
         kwargs = varlen_kwargs(causal, half_window, scale, enable_gqa)
         if kwargs is not None:
@@ -130,7 +142,7 @@ def packed_attention(
         qs = q[start:end].view(count, length, num_heads, -1).transpose(1, 2)
         ks = k[start:end].view(count, length, num_kv_heads, -1).transpose(1, 2)
         vs = v[start:end].view(count, length, num_kv_heads, -1).transpose(1, 2)
-        mask = _band_mask(length, half_window, q.device.type) if half_window is not None \
+        mask = _band_mask(length, half_window, causal, q.device.type) if half_window is not None \
             else None
         if unattended:
             if unattended >= length:
@@ -138,11 +150,17 @@ def packed_attention(
                                  f"{unattended} for a sequence of {length}.")
             key_mask = _key_mask(length, unattended, causal, q.device.type)
             mask = key_mask if mask is None else mask & key_mask
-        if (mask is None and not causal and not enable_gqa and length <= _MATH_MAX_LEN
-                and q.device.type == "cpu" and q.dtype == torch.float32):
+        bias = None if position_bias is None else position_bias[length]  # [heads, L, L]
+        math_ok = (not enable_gqa and length <= _MATH_MAX_LEN and q.device.type == "cpu"
+                   and q.dtype == torch.float32)
+        if bias is not None and mask is not None:
+            # A float mask is added to the scores: the bias, -inf where the bool mask says no.
+            bias, mask = None, bias.masked_fill(~mask, float("-inf"))
+        if mask is None and not causal and math_ok:
             _math_attention(qs, ks, vs, scale if scale is not None else q.shape[-1] ** -0.5,
-                            out[start:end])
+                            out[start:end], bias)
         else:
+            mask = bias if bias is not None else mask
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
                                                is_causal=causal and mask is None, scale=scale,
                                                enable_gqa=enable_gqa)

@@ -18,6 +18,7 @@ from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.layers.linear import linear_act, onednn_postop
 from pooler.models.inputs import ModelInputs
+from pooler.models.weights import copy_renamed_weights
 
 
 @dataclass
@@ -67,12 +68,14 @@ class BertLayer(nn.Module):
         self.act = get_activation(cfg.hidden_act)
         self.act_postop = onednn_postop(cfg.hidden_act)  # GELU fused into the up GEMM on CPU
 
-    def forward(self, x: torch.Tensor, inputs: ModelInputs) -> torch.Tensor:
-        # x: [num_tokens, hidden]
+    def forward(self, x: torch.Tensor, inputs: ModelInputs,
+                position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        # x: [num_tokens, hidden]; position_bias: length -> [heads, L, L] (MPNet), else None
         qkv = linear_act(self.qkv_proj, x).view(x.shape[0], 3, self.num_heads, self.head_dim)
         attn = packed_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], inputs.seq_lens,
                                 inputs.cu_seqlens, inputs.max_seqlen,
-                                num_unattended=inputs.num_unattended)
+                                num_unattended=inputs.num_unattended,
+                                position_bias=position_bias)
         x = self.attn_norm(x + linear_act(self.o_proj, attn.reshape(x.shape[0], -1)))
         h = linear_act(self.up_proj, x, self.act, self.act_postop)  # [num_tokens, inter]
         return self.mlp_norm(x + linear_act(self.down_proj, h))
@@ -98,13 +101,16 @@ class BertModel(nn.Module):
     # Checkpoint prefixes of the task models (BertForX keeps the encoder under `bert.`).
     weight_prefixes = ("bert.", "roberta.", "model.")
 
+    config_class = BertConfig  # ELECTRA's adds an embedding size
+
     def __init__(self, hf_config: dict):
         super().__init__()
-        cfg = self.config = BertConfig.from_dict(hf_config)
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
-        self.embed_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        cfg = self.config = self.config_class.from_dict(hf_config)
+        dim = getattr(cfg, "embedding_size", cfg.hidden_size)
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, dim)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, dim)
+        self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), dim)
+        self.embed_norm = nn.LayerNorm(dim, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
     @property
@@ -114,40 +120,21 @@ class BertModel(nn.Module):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.word_embeddings
 
-    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+    def embed(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, embedding dim]
         positions = inputs.positions + self.config.position_offset
         x = self.word_embeddings(inputs.input_ids) + self.position_embeddings(positions)
         if inputs.token_type_ids is not None:
             x = x + self.token_type_embeddings(inputs.token_type_ids)
         else:
             x = x + self.token_type_embeddings.weight[0]
-        x = self.embed_norm(x)
+        return self.embed_norm(x)
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+        x = self.embed(inputs)
         for layer in self.layers:
             x = layer(x, inputs)
         return x
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy matching checkpoint tensors in; returns the checkpoint names consumed."""
-        params = dict(self.named_parameters())
-        consumed, loaded = set(), set()
-        for name, tensor in weights:
-            for pattern, repl, slot in _RENAMES:
-                if pattern.match(name):
-                    target = pattern.sub(repl, name)
-                    param = params[target]
-                    with torch.no_grad():
-                        if slot is None:
-                            param.copy_(tensor)
-                        else:
-                            size = param.shape[0] // 3
-                            param[slot * size:(slot + 1) * size].copy_(tensor)
-                    consumed.add(name)
-                    loaded.add(target if slot is None else f"{target}#{slot}")
-                    break
-        expected = {n for n in params if "qkv_proj" not in n} | {
-            f"{n}#{s}" for n in params if "qkv_proj" in n for s in range(3)}
-        missing = expected - loaded
-        if missing:
-            raise ValueError(f"Checkpoint is missing weights for: {sorted(missing)[:10]}"
-                             f"{' ...' if len(missing) > 10 else ''}")
-        return consumed
+        return copy_renamed_weights(self, weights, _RENAMES, "BERT backbone")

@@ -1,10 +1,11 @@
-"""Llama, Qwen2 and Qwen3 decoders on packed batches (causal attention per sequence).
+"""Llama, Qwen2, Qwen3 and Mistral decoders on packed batches (causal attention per sequence).
 
-The three differ only in switches read from config.json: Qwen2 has biases on q/k/v, Qwen3
-normalizes q and k per head (RMSNorm over head_dim) before the rotary embedding. Parameter
-names equal the checkpoint's (after the `model.` prefix), so loading is a name lookup. The
-backbone returns the final-normed hidden states; heads (last-token pooling, `score`) live in
-pooler/pooling.
+They differ only in switches read from config.json: Qwen2 has biases on q/k/v, Qwen3
+normalizes q and k per head (RMSNorm over head_dim) before the rotary embedding, Mistral may
+limit attention to a causal sliding window (a query sees the `sliding_window` keys ending at
+itself). Parameter names equal the checkpoint's (after the `model.` prefix), so loading is a
+name lookup. The backbone returns the final-normed hidden states; heads (last-token pooling,
+`score`) live in pooler/pooling.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class LlamaConfig:
     o_bias: bool
     mlp_bias: bool
     qk_norm: bool
+    sliding_window: int | None = None  # Mistral
 
     @classmethod
     def from_dict(cls, d: dict) -> "LlamaConfig":
@@ -68,7 +70,9 @@ class LlamaConfig:
             qkv_bias=True if model_type == "qwen2" else attention_bias,
             o_bias=attention_bias and model_type != "qwen2",
             mlp_bias=bool(d.get("mlp_bias", False)),
-            qk_norm=model_type == "qwen3")
+            qk_norm=model_type == "qwen3",
+            sliding_window=(int(d["sliding_window"]) if model_type == "mistral"
+                            and d.get("sliding_window") else None))
 
 
 class RMSNorm(nn.Module):
@@ -116,6 +120,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
+        # transformers' causal window: key j is seen by query i when i - window < j <= i.
+        self.half_window = None if cfg.sliding_window is None else cfg.sliding_window - 1
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
@@ -127,7 +133,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = packed_attention(q, k, v, inputs.seq_lens, inputs.cu_seqlens, inputs.max_seqlen,
-                               causal=True, num_unattended=inputs.num_unattended)
+                               causal=True, half_window=self.half_window,
+                               num_unattended=inputs.num_unattended)
         # out: [num_tokens, heads, head_dim]
         return self.o_proj(out.reshape(n, -1))
 

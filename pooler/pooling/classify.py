@@ -4,8 +4,11 @@
 Each head keeps the checkpoint's own parameter names (after the backbone prefix is stripped),
 so loading is a name lookup:
 - BERT: `pooler.dense` + tanh on [CLS], then `classifier`
-- RoBERTa / XLM-R: `classifier.dense` + tanh on <s>, then `classifier.out_proj`
-- decoders (Llama, Qwen2/3): `score` on the last non-pad token, as transformers picks it
+- RoBERTa / XLM-R / MPNet: `classifier.dense` + tanh on <s>, then `classifier.out_proj`
+- DistilBERT: `pre_classifier` + ReLU on [CLS], then `classifier`
+- ELECTRA: `classifier.dense` + GELU on [CLS], then `classifier.out_proj`
+- decoders (Llama, Qwen2/3, Mistral, Gemma3): `score` on the last non-pad token, as
+  transformers picks it
 - language-model rerankers (`classifier_from_token`, Qwen3-Reranker): rows of `lm_head` for
   the given tokens on the last token (pooler/rerank_prompt.py)
 - token classifiers: `classifier` on every token
@@ -15,6 +18,7 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pooler.config import ModelConfig
@@ -24,8 +28,6 @@ from pooler.pooling.activation import (apply_activation, num_labels_of, sequence
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.pooling.methods import split_tokens
 from pooler.rerank_prompt import check_classifier_from_token
-
-_ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 
 
 def load_named(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
@@ -60,6 +62,25 @@ class RobertaSequenceHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, num_labels]
         return self.classifier.out_proj(torch.tanh(self.classifier.dense(x)))
+
+
+class DistilBertSequenceHead(nn.Module):
+    """[CLS] -> pre_classifier -> ReLU -> classifier."""
+
+    def __init__(self, hidden_size: int, num_labels: int):
+        super().__init__()
+        self.pre_classifier = nn.Linear(hidden_size, hidden_size)
+        self.classifier = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, num_labels]
+        return self.classifier(torch.relu(self.pre_classifier(x)))
+
+
+class ElectraSequenceHead(RobertaSequenceHead):
+    """[CLS] -> classifier.dense -> GELU (not tanh) -> classifier.out_proj."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, num_labels]
+        return self.classifier.out_proj(F.gelu(self.classifier.dense(x)))
 
 
 class ScoreHead(nn.Module):
@@ -169,6 +190,12 @@ class TokenClassifyPooler(nn.Module):
         return load_named(self.head, weights, "token_classify head")
 
 
+# model_type -> the head of its *ForSequenceClassification on the first token (else BERT's).
+_FIRST_TOKEN_HEADS = {"roberta": RobertaSequenceHead, "xlm-roberta": RobertaSequenceHead,
+                      "camembert": RobertaSequenceHead, "mpnet": RobertaSequenceHead,
+                      "distilbert": DistilBertSequenceHead, "electra": ElectraSequenceHead}
+
+
 def build_sequence_classifier(model_config: ModelConfig,
                               backbone: nn.Module | None = None) -> SequenceClassifyPooler:
     hf = model_config.hf_config
@@ -182,18 +209,16 @@ def build_sequence_classifier(model_config: ModelConfig,
                              bool(hf.get("tie_word_embeddings", False)))
         # The causal LM's answer position: the last token, whatever its id.
         return SequenceClassifyPooler(head, "last_non_pad", activation, None)
-    if model_config.attn_type == "decoder":
+    if model_config.decoder_family:  # bidirectional ones too (their head is still `score`)
         return SequenceClassifyPooler(ScoreHead(hidden, num_labels), "last_non_pad", activation,
                                       hf.get("pad_token_id"))
-    if hf.get("model_type") in _ROBERTA_TYPES:
-        return SequenceClassifyPooler(RobertaSequenceHead(hidden, num_labels), "first",
-                                      activation)
-    return SequenceClassifyPooler(BertSequenceHead(hidden, num_labels), "first", activation)
+    head_cls = _FIRST_TOKEN_HEADS.get(hf.get("model_type"), BertSequenceHead)
+    return SequenceClassifyPooler(head_cls(hidden, num_labels), "first", activation)
 
 
 def build_token_classifier(model_config: ModelConfig) -> TokenClassifyPooler:
     hf = model_config.hf_config
-    name = "score" if model_config.attn_type == "decoder" else "classifier"
+    name = "score" if model_config.decoder_family else "classifier"
     return TokenClassifyPooler(model_config.hidden_size, num_labels_of(hf), token_activation(hf),
                                name)
 

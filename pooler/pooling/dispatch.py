@@ -79,8 +79,7 @@ def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPool
         if st is not None and st.pooling is not None:
             mode, include_prompt = st.pooling.mode, st.pooling.include_prompt
         else:
-            mode, include_prompt = ("lasttoken" if model_config.attn_type == "decoder"
-                                    else "cls"), True
+            mode, include_prompt = _default_embed_pooling(model_config), True
         projector = DenseProjector(st.dense if st is not None else [])
         poolers["embed"] = EmbeddingPooler(mode, include_prompt, projector,
                                            model_config.hidden_size)
@@ -93,6 +92,15 @@ def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPool
     if "token_classify" in tasks and "token_classify" not in family:
         poolers["token_classify"] = build_token_classifier(model_config)
     return DispatchPooler(poolers)
+
+
+def _default_embed_pooling(model_config: ModelConfig) -> str:
+    """Without a sentence-transformers Pooling module: the last token of a causal decoder (the
+    only one that saw the whole text), the mean over a bidirectional decoder (EmbeddingGemma's
+    pooling), [CLS] of an encoder."""
+    if model_config.decoder_family:
+        return "lasttoken" if model_config.attn_type == "decoder" else "mean"
+    return "cls"
 
 
 def _family_poolers(model_config: ModelConfig, backbone: nn.Module,

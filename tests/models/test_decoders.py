@@ -56,6 +56,44 @@ def test_decoder_sequence_classification_matches_transformers(tmp_path, family):
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [4, None])
+def test_mistral_is_the_llama_path_with_its_sliding_window(tmp_path, window):
+    """Mistral runs on the Llama code; a window of 4 (shorter than most LENGTHS) must limit
+    each query to the 4 keys ending at itself, as transformers' sliding-window mask does."""
+    from pooler import Engine
+
+    base = save_decoder_model(tmp_path / "base", "mistral", "causal", sliding_window=window)
+    engine = Engine(str(base))
+    assert engine.model_config.architecture == "MistralForCausalLM"
+    ids = random_ids(LENGTHS, 97)
+    hidden = hf_run(base, "AutoModel", ids)
+    [single] = engine.embed(ids[4], normalize=False)
+    np.testing.assert_allclose(single.embedding, hidden[4][-1], atol=1e-5)
+    for o, h in zip(engine.embed(ids, normalize=False), hidden):
+        np.testing.assert_allclose(o.embedding, h[-1], atol=1e-5)
+    seq = save_decoder_model(tmp_path / "seq", "mistral", "seq", num_labels=3,
+                             sliding_window=window)
+    logits = np.stack(hf_run(seq, "AutoModelForSequenceClassification", ids))
+    got = np.stack([o.probs for o in Engine(str(seq)).classify(ids, use_activation=False)])
+    np.testing.assert_allclose(got, logits, atol=1e-5)
+
+
+def test_causal_sliding_window_mask_stays_causal():
+    """packed_attention with causal=True and a window: no query sees a later key."""
+    from pooler.layers.attention import packed_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(7, 2, 8) for _ in range(3))
+    out = packed_attention(q, k, v, [7], torch.tensor([0, 7], dtype=torch.int32), 7,
+                           causal=True, half_window=2)
+    for i in range(7):
+        lo = max(0, i - 2)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[None, i:i + 1].transpose(1, 2), k[None, lo:i + 1].transpose(1, 2),
+            v[None, lo:i + 1].transpose(1, 2))[0].transpose(0, 1)
+        torch.testing.assert_close(out[i:i + 1], ref, atol=1e-6, rtol=0)
+
+
 def test_decoder_token_tasks_are_gated(tmp_path):
     from pooler import Engine
 

@@ -86,11 +86,11 @@ def save_word_level_tokenizer(dest: Path, vocab_size: int) -> None:
 
 def save_decoder_model(dest: Path, family: str, kind: str, num_labels: int = 2,
                        seed: int = 0, **config_kwargs) -> Path:
-    """family: llama | qwen2 | qwen3; kind: 'base' (*Model), 'causal' (*ForCausalLM), 'seq'
+    """family: llama | qwen2 | qwen3 | mistral; kind: 'base' (*Model), 'causal' (*ForCausalLM), 'seq'
     (*ForSequenceClassification), 'token' (*ForTokenClassification)."""
     import transformers
 
-    prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}[family]
     torch.manual_seed(seed)
     kwargs = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
