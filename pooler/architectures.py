@@ -37,6 +37,12 @@ NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     **_encoder_family("bert", "BertModel", ("Bert", "Roberta", "XLMRoberta")),
     **_decoder_family("llama", "LlamaModel", ("Llama", "Qwen2", "Qwen3")),
     **_encoder_family("modernbert", "ModernBertModel", ("ModernBert",)),
+    # DeBERTa v1 and v2/v3 share one implementation (pooler/models/deberta.py). No ForMaskedLM:
+    # its prediction head is not implemented (the fallback runner serves it).
+    **{prefix + suffix: ArchSpec("deberta", "DebertaModel", head, "encoder_only")
+       for prefix in ("Deberta", "DebertaV2")
+       for suffix, head in (("Model", "base"), ("ForSequenceClassification", "seq_cls"),
+                            ("ForTokenClassification", "token_cls"))},
     # Stanford ColBERT checkpoints: a BERT encoder plus `linear.weight` (read by the pooler).
     "HF_ColBERT": ArchSpec("bert", "BertModel", "base", "encoder_only"),
 }
@@ -53,7 +59,8 @@ HEAD_TASKS: dict[str, frozenset[str]] = {
 _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
                         "xlm-roberta": "XLMRobertaModel", "llama": "LlamaModel",
                         "qwen2": "Qwen2Model", "qwen3": "Qwen3Model",
-                        "modernbert": "ModernBertModel"}
+                        "modernbert": "ModernBertModel", "deberta": "DebertaModel",
+                        "deberta-v2": "DebertaV2Model"}
 
 
 def architecture_of(hf_config: dict) -> str:
