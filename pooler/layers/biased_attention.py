@@ -19,7 +19,8 @@ import torch.nn.functional as F
 # Bytes of scores (and bias) one chunk may hold.
 _SCORE_BYTES = 4 * 2**20
 
-# (queries [n, heads, L, d], keys [n, heads, L, d]) -> additive bias [n, heads, L, L]
+# (queries [n, heads, L, d], keys [n, heads, L, d]) -> additive bias [n, heads, L, L]: a fresh
+# tensor, which the attention overwrites with the scores.
 BiasFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -57,12 +58,13 @@ def packed_biased_attention(
             qs = q[rows].view(b - a, length, heads, head_dim).transpose(1, 2)
             ks = k[rows].view(b - a, length, heads, head_dim).transpose(1, 2)
             vs = v[rows].view(b - a, length, heads, head_dim).transpose(1, 2)
-            bias = bias_fn(qs, ks)  # [b - a, heads, L, L]
+            bias = bias_fn(qs, ks)  # [b - a, heads, L, L], ours to overwrite
             if unattended:
                 bias = bias.masked_fill(_trailing_keys(length, unattended, q.device),
                                         torch.finfo(bias.dtype).min)
             if math_path:
-                scores = torch.matmul(qs, ks.transpose(-1, -2)).mul_(scale).add_(bias)
+                # scale * q.k + bias in one pass over the scores
+                scores = bias.add_(torch.matmul(qs, ks.transpose(-1, -2)), alpha=scale)
                 o = torch.matmul(scores.softmax(-1), vs)  # [b - a, heads, L, head_dim]
             else:
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias.to(q.dtype),

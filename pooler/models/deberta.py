@@ -153,11 +153,12 @@ class _RelativeIndex:
                               cfg.max_relative_positions)
 
     def __call__(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[L, L] c2p and p2c rows relative to `lo`, on the model's device."""
+        """[L, L] table rows relative to `lo`, on the model's device, both indexed [query i,
+        key j]: c2p's row for (i, j), and p2c's row for key j seen from query i."""
         if length not in self._cache:
             c2p, p2c = self._cpu(length)
             self._cache[length] = ((c2p - self.lo).to(self.device),
-                                   (p2c - self.lo).to(self.device))
+                                   (p2c.T - self.lo).contiguous().to(self.device))
         return self._cache[length]
 
 
@@ -204,20 +205,22 @@ class DisentangledAttention(nn.Module):
 
     def _project_positions(self, rel: torch.Tensor) -> tuple[torch.Tensor | None,
                                                               torch.Tensor | None]:
-        """rel: [W, hidden] table rows -> (keys, queries) of the positions, each
-        [heads, head_dim, W] (ready to multiply), or None for a term the model lacks."""
+        """rel: [W, hidden] table rows -> position keys [heads, head_dim, W] and position
+        queries [heads, W, head_dim], pre-multiplied by the attention scale (the reference
+        divides each position term by the same factor), or None for a term the model lacks."""
         inner = self.num_heads * self.head_dim
         w, b = self.qkv_proj.weight, self.qkv_proj.bias
+        shape = (rel.shape[0], self.num_heads, self.head_dim)
         keys = queries = None
         if "c2p" in self.cfg.pos_att_type:
             keys = F.linear(rel, w[inner:2 * inner], b[inner:2 * inner]) \
                 if self.pos_key_proj is None else self.pos_key_proj(rel)
+            keys = (keys * self.cfg.scale).view(shape).permute(1, 2, 0)
         if "p2c" in self.cfg.pos_att_type:
             queries = F.linear(rel, w[:inner], b[:inner]) \
                 if self.pos_query_proj is None else self.pos_query_proj(rel)
-        shape = (rel.shape[0], self.num_heads, self.head_dim)
-        return tuple(None if t is None else t.view(shape).permute(1, 2, 0)
-                     for t in (keys, queries))
+            queries = (queries * self.cfg.scale).view(shape).transpose(0, 1)
+        return keys, queries
 
     def forward(self, x: torch.Tensor, inputs: ModelInputs, rel: torch.Tensor | None,
                 index: _RelativeIndex | None) -> torch.Tensor:
@@ -229,22 +232,22 @@ class DisentangledAttention(nn.Module):
                                     inputs.cu_seqlens, inputs.max_seqlen, scale=scale,
                                     num_unattended=inputs.num_unattended)
             return attn.reshape(x.shape[0], -1)
-        pos_keys, pos_queries = self._project_positions(rel)  # [heads, head_dim, W]
+        pos_keys, pos_queries = self._project_positions(rel)
 
         def bias_fn(qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
-            # qs, ks: [n, heads, L, head_dim] -> [n, heads, L, L]
+            # qs, ks: [n, heads, L, head_dim] -> [n, heads, L(queries), L(keys)], scaled
             n, heads, length, _ = qs.shape
-            c2p_rows, p2c_rows = index(length)  # [L, L] each
+            c2p_rows, p2c_rows = index(length)  # [L, L] each, [query, key]
             shape = (n, heads, length, length)
             bias = None
             if pos_keys is not None:  # content -> position: q_i . Pk[r(i, j)]
                 c2p = torch.matmul(qs, pos_keys)  # [n, heads, L, W]
                 bias = torch.gather(c2p, -1, c2p_rows.expand(shape))
             if pos_queries is not None:  # position -> content: k_j . Pq[r(j, i)]
-                p2c = torch.matmul(ks, pos_queries)  # [n, heads, L(keys), W]
-                p2c = torch.gather(p2c, -1, p2c_rows.expand(shape)).transpose(-1, -2)
+                p2c = torch.matmul(pos_queries, ks.transpose(-1, -2))  # [n, heads, W, L(keys)]
+                p2c = torch.gather(p2c, -2, p2c_rows.expand(shape))
                 bias = p2c if bias is None else bias.add_(p2c)
-            return bias.mul_(scale)
+            return bias
 
         attn = packed_biased_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], inputs.seq_lens,
                                        bias_fn, scale, inputs.num_unattended,
