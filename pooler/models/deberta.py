@@ -137,29 +137,29 @@ def _relative_rows(length: int, span: int, buckets: int,
     return c2p, p2c
 
 
+@lru_cache(maxsize=256)
+def _shifted_rows(length: int, lo: int, span: int, buckets: int, max_position: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """_relative_rows minus `lo`, on `device`, both indexed [query i, key j]: c2p's row for
+    (i, j), and p2c's row for key j seen from query i. Cached per device: a GPU step does not
+    copy its index tables again."""
+    c2p, p2c = _relative_rows(length, span, buckets, max_position)
+    return (c2p - lo).to(device), (p2c.T - lo).contiguous().to(device)
+
+
 class _RelativeIndex:
-    """Per-forward cache of the table rows each sequence length reads, shifted to a slice of
-    the table: only rows [lo, hi] can be read by sequences up to the batch's longest."""
+    """The table rows each sequence length of one forward reads, shifted to a slice of the
+    table: only rows [lo, hi] can be read by sequences up to the batch's longest."""
 
     def __init__(self, cfg: DebertaConfig, max_len: int, device: torch.device):
-        self.cfg, self.device = cfg, device
-        c2p, _ = self._cpu(max_len)
+        self.key = (cfg.att_span, cfg.position_buckets, cfg.max_relative_positions)
+        self.device = device
+        c2p, _ = _relative_rows(max_len, *self.key)
         self.lo, self.hi = int(c2p.min()), int(c2p.max())  # the longest reads the widest range
-        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def _cpu(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
-        return _relative_rows(length, cfg.att_span, cfg.position_buckets,
-                              cfg.max_relative_positions)
 
     def __call__(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[L, L] table rows relative to `lo`, on the model's device, both indexed [query i,
-        key j]: c2p's row for (i, j), and p2c's row for key j seen from query i."""
-        if length not in self._cache:
-            c2p, p2c = self._cpu(length)
-            self._cache[length] = ((c2p - self.lo).to(self.device),
-                                   (p2c.T - self.lo).contiguous().to(self.device))
-        return self._cache[length]
+        """[L, L] c2p and p2c rows relative to `lo` (see _shifted_rows)."""
+        return _shifted_rows(length, self.lo, *self.key, self.device)
 
 
 # ---- layers ------------------------------------------------------------------------------------

@@ -195,3 +195,19 @@ def test_sentencepiece_only_folder_says_how_to_convert(tmp_path):
     (tmp_path / "spm.model").write_bytes(b"not read")
     with pytest.raises(FileNotFoundError, match="SentencePiece.*save_pretrained"):
         Engine(str(tmp_path), device="cpu")
+
+
+def test_int8_quantization_stays_close(tmp_path):
+    """quantization='int8' swaps the FFN, output and position projections (v2's separate
+    pos_key_proj / pos_query_proj included) for int8 layers; outputs stay close to fp32."""
+    build_deberta(tmp_path, "DebertaV2Model", seed=13, style=V2)
+    fp32 = Engine(str(tmp_path), device="cpu").embed(TEXTS)
+    engine = Engine(str(tmp_path), device="cpu", quantization="int8")
+    from pooler.layers.quantization import Int8Linear
+
+    names = {n.rsplit(".", 1)[-1] for n, m in engine.core.model_runner.model.named_modules()
+             if isinstance(m, Int8Linear)}
+    assert {"pos_key_proj", "pos_query_proj", "up_proj", "down_proj"} <= names
+    int8 = engine.embed(TEXTS)
+    cos = [float(np.dot(a.embedding, b.embedding)) for a, b in zip(fp32, int8)]
+    assert min(cos) > 0.99
