@@ -54,6 +54,12 @@ NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     "Gemma3ForCausalLM": ArchSpec("gemma3", "Gemma3TextModel", "base", "decoder"),
     "Gemma3TextForSequenceClassification": ArchSpec("gemma3", "Gemma3TextModel", "seq_cls",
                                                     "decoder"),
+    # DeBERTa v1 and v2/v3 share one implementation (pooler/models/deberta.py). No ForMaskedLM:
+    # its prediction head is not implemented (the fallback runner serves it).
+    **{prefix + suffix: ArchSpec("deberta", "DebertaModel", head, "encoder_only")
+       for prefix in ("Deberta", "DebertaV2")
+       for suffix, head in (("Model", "base"), ("ForSequenceClassification", "seq_cls"),
+                            ("ForTokenClassification", "token_cls"))},
     # Stanford ColBERT checkpoints: a BERT encoder plus `linear.weight` (read by the pooler).
     "HF_ColBERT": ArchSpec("bert", "BertModel", "base", "encoder_only"),
 }
@@ -73,7 +79,8 @@ _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
                         "modernbert": "ModernBertModel", "mpnet": "MPNetModel",
                         "camembert": "CamembertModel", "mistral": "MistralModel",
                         "distilbert": "DistilBertModel", "electra": "ElectraModel",
-                        "gemma3_text": "Gemma3TextModel"}
+                        "gemma3_text": "Gemma3TextModel",
+                        "deberta": "DebertaModel", "deberta-v2": "DebertaV2Model"}
 
 
 def architecture_of(hf_config: dict) -> str:

@@ -35,7 +35,13 @@ class TextTokenizer:
                 str(path / "vocab.txt"),
                 lowercase=bool(tokenizer_config.get("do_lower_case", True)))._tokenizer
         else:
-            raise FileNotFoundError(f"{path} has neither tokenizer.json nor vocab.txt.")
+            hint = ""
+            if any((path / n).is_file() for n in ("spm.model", "sentencepiece.bpe.model")):
+                # e.g. microsoft/deberta-v3-base ships only its SentencePiece model.
+                hint = (" It has a SentencePiece model: convert it once with `AutoTokenizer."
+                        "from_pretrained(folder).save_pretrained(folder)` (transformers, "
+                        "sentencepiece), which writes tokenizer.json.")
+            raise FileNotFoundError(f"{path} has neither tokenizer.json nor vocab.txt.{hint}")
         base.no_padding()
         base.no_truncation()
         # sentence_bert_config.json's do_lower_case lowercases the text before tokenizing.

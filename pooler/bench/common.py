@@ -20,11 +20,14 @@ _REPO = Path(__file__).resolve().parents[2]
 _SHARED_CANDIDATES = (_REPO.parent / "shared" / "models", _REPO.parent.parent / "shared" / "models")
 
 
-def pooler_engine(model: str | Path, opts: BenchOptions, quantization: str | None = None):
-    """The pooler Engine of a bench side, with the side's device, dtype, budget and threads."""
+def pooler_engine(model: str | Path, opts: BenchOptions, quantization: str | None = None,
+                  runner: str = "native"):
+    """The pooler Engine of a bench side, with the side's device, dtype, budget and threads
+    (runner="transformers": the padded fallback runner)."""
     from pooler.engine.llm import Engine
 
-    return Engine(str(model), device=opts.device, dtype=opts.dtype, quantization=quantization,
+    return Engine(str(model), runner=runner, device=opts.device, dtype=opts.dtype,
+                  quantization=quantization,
                   max_num_batched_tokens=opts.max_num_batched_tokens,
                   max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
 
@@ -81,7 +84,9 @@ def token_lens(model: str | Path, texts: list[str], pairs: list[str] | None = No
     from pooler.config import ModelConfig
     from pooler.tokenizer import TextTokenizer
 
-    cfg = ModelConfig(model=str(model), device="cpu")
+    # runner="transformers": only the folder's tokenizer is read, so an architecture pooler
+    # does not run natively still counts its tokens.
+    cfg = ModelConfig(model=str(model), device="cpu", runner="transformers")
     lower = bool(cfg.st and cfg.st.do_lower_case)
     tok = TextTokenizer(cfg.path, cfg.tokenizer_config, lowercase=lower)
     encoded = tok.encode_batch(texts, pairs, max_length=max_length or cfg.max_model_len)

@@ -52,6 +52,9 @@ class Side:
     name: str
     role: str                                   # "pooler" or "peer"
     run: Callable[[BenchOptions], SideResult]   # runs inside the side's own subprocess
+    # Why this side cannot run here (e.g. an architecture pooler does not run natively yet):
+    # it lands in the table as SKIPPED with this reason, and no process is started.
+    skip: str | None = None
 
 
 @dataclass

@@ -146,8 +146,14 @@ def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
                     run.rows.append(Row(workload.name, "-", "?", 0, 0, None, None, 0, 0, None,
                                         None, None, None, error=reason, skipped=True))
                     continue
-                results, errors = [], {}
-                for side in workload.sides(run_opts):
+                results, errors, skipped = [], {}, {}
+                sides = workload.sides(run_opts)
+                for side in sides:
+                    if side.skip:
+                        log(f"[run {index + 1}/{repeat}] {workload.name}: {side.name}: "
+                            f"skipped: {side.skip}")
+                        skipped[side.name] = side.skip
+                        continue
                     log(f"[run {index + 1}/{repeat}] {workload.name}: {side.name} ...")
                     try:
                         result = run_side(workload, side.name, run_opts)
@@ -165,7 +171,11 @@ def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
                     else None
                 if ceiling:
                     run.ceilings[workload.name] = ceiling
-                run.rows.extend(_rows(workload, results, errors, ceiling))
+                rows = _rows(workload, results, errors, ceiling) + [
+                    Row(workload.name, side, "?", 0, 0, None, None, 0, 0, None, None, None, None,
+                        error=reason, skipped=True) for side, reason in skipped.items()]
+                order = {side.name: i for i, side in enumerate(sides)}
+                run.rows.extend(sorted(rows, key=lambda r: order.get(r.side, len(order))))
             runs.append(run)
     gemm.append(measure_gemm_gflops(opts.threads))
     return BenchReport(opts, machine, gemm, flops, runs, [round(x, 2) for x in os.getloadavg()])

@@ -22,7 +22,12 @@ def add_parser(sub) -> None:
     p.add_argument("--quick", action="store_true",
                    help="tiny inputs: a smoke run that checks every side works, not a measurement")
     p.add_argument("--repeat", type=int, default=1, help="run every side this many times")
-    p.add_argument("--corpus-size", type=int, default=2000, help="texts in the embed corpus")
+    p.add_argument("--corpus-size", type=int, default=None,
+                   help="texts per side: the embed corpus (default 2000), the arch workload "
+                   "(default 200)")
+    p.add_argument("--archs", default=None,
+                   help="arch workload: comma-separated architectures (mpnet, deberta-v3, "
+                   "gemma3, bert; default mpnet,deberta-v3,gemma3)")
     p.add_argument("--json", default=None, help="also write the raw results to this file")
     p.add_argument("--markdown", default=None, help="also write the tables to this file")
     p.add_argument("--chart", default=None, help="also draw a PNG chart (needs matplotlib)")
@@ -56,7 +61,9 @@ def run(args) -> int:
                         quantization=args.quantization,
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         max_num_seqs=args.max_num_seqs,
-                        extra={"corpus_size": args.corpus_size})
+                        extra={"corpus_size": args.corpus_size,
+                               "archs": [a.strip() for a in args.archs.split(",") if a.strip()]
+                               if args.archs else None})
     report = run_benchmarks(names, opts, repeat=args.repeat)
     out = []
     out.extend(summary_lines(report))

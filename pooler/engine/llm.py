@@ -287,7 +287,7 @@ class Engine:
 
         A model is pair-capable when it is an encoder whose tokenizer puts a separator between
         the two texts (BERT `[SEP]`, RoBERTa `</s></s>`) and whose token-type embeddings cover
-        the type ids that template assigns. Decoders take one text: format pairs in a prompt."""
+        the type ids that template assigns (or who has none, ignoring them). Decoders take one text: format pairs in a prompt."""
         if text_pair is None:
             return None
         pairs = [text_pair] if isinstance(text_pair, str) else text_pair
@@ -314,8 +314,10 @@ class Engine:
         if "type_vocab_size" not in self.model_config.hf_config:
             return None  # no token type embeddings (MPNet, DistilBERT): type ids are unused
         type_ids = self.tokenizer.encode_batch(["a"], ["b"])[0].token_type_ids
-        type_vocab = int(self.model_config.hf_config["type_vocab_size"])
-        if max(type_ids) >= type_vocab:
+        type_vocab = int(self.model_config.hf_config.get("type_vocab_size", 1))
+        # type_vocab_size 0 (DeBERTa-v3): no token-type embeddings, the ids are ignored and
+        # the separator alone marks the second text, as transformers runs it.
+        if type_vocab > 0 and max(type_ids) >= type_vocab:
             return (f"its tokenizer marks the second text with token type {max(type_ids)} but "
                     f"the model has type_vocab_size={type_vocab}")
         return None

@@ -4,6 +4,7 @@
 Each head keeps the checkpoint's own parameter names (after the backbone prefix is stripped),
 so loading is a name lookup:
 - BERT: `pooler.dense` + tanh on [CLS], then `classifier`
+- DeBERTa v1/v2/v3: the same names (ContextPooler), with `pooler_hidden_act` instead of tanh
 - RoBERTa / XLM-R / MPNet: `classifier.dense` + tanh on <s>, then `classifier.out_proj`
 - DistilBERT: `pre_classifier` + ReLU on [CLS], then `classifier`
 - ELECTRA: `classifier.dense` + GELU on [CLS], then `classifier.out_proj`
@@ -22,12 +23,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from pooler.config import ModelConfig
+from pooler.layers.activations import get_activation
 from pooler.models.weights import copy_named_weights
 from pooler.pooling.activation import (apply_activation, num_labels_of, sequence_activation,
                                        token_activation)
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.pooling.methods import split_tokens
 from pooler.rerank_prompt import check_classifier_from_token
+
+_DEBERTA_TYPES = ("deberta", "deberta-v2")
 
 
 def load_named(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
@@ -39,16 +43,18 @@ def load_named(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
 
 
 class BertSequenceHead(nn.Module):
-    """[CLS] -> pooler.dense -> tanh -> classifier."""
+    """[CLS] -> pooler.dense -> tanh -> classifier. DeBERTa's ContextPooler has the same
+    weights with its own activation (`pooler_hidden_act`, GELU by default)."""
 
-    def __init__(self, hidden_size: int, num_labels: int):
+    def __init__(self, hidden_size: int, num_labels: int, activation: str = "tanh"):
         super().__init__()
         self.pooler = nn.Module()
         self.pooler.dense = nn.Linear(hidden_size, hidden_size)
         self.classifier = nn.Linear(hidden_size, num_labels)
+        self.act = get_activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, num_labels]
-        return self.classifier(torch.tanh(self.pooler.dense(x)))
+        return self.classifier(self.act(self.pooler.dense(x)))
 
 
 class RobertaSequenceHead(nn.Module):
@@ -212,6 +218,13 @@ def build_sequence_classifier(model_config: ModelConfig,
     if model_config.decoder_family:  # bidirectional ones too (their head is still `score`)
         return SequenceClassifyPooler(ScoreHead(hidden, num_labels), "last_non_pad", activation,
                                       hf.get("pad_token_id"))
+    if hf.get("model_type") in _DEBERTA_TYPES:
+        pooler_size = hf.get("pooler_hidden_size", hidden)
+        if pooler_size != hidden:
+            raise ValueError(f"DeBERTa pooler_hidden_size ({pooler_size}) must equal "
+                             f"hidden_size ({hidden}), as transformers' ContextPooler needs.")
+        head = BertSequenceHead(hidden, num_labels, hf.get("pooler_hidden_act", "gelu"))
+        return SequenceClassifyPooler(head, "first", activation)
     head_cls = _FIRST_TOKEN_HEADS.get(hf.get("model_type"), BertSequenceHead)
     return SequenceClassifyPooler(head_cls(hidden, num_labels), "first", activation)
 

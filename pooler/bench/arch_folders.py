@@ -1,0 +1,156 @@
+"""Random-weight model folders of real architectures at real sizes, for the `arch` workload.
+
+Each is built once (seeded) under the bench cache in the on-disk layout users download:
+- mpnet: all-mpnet-base-v2's shape (MPNetModel, 12 x 768) as a sentence-transformers folder
+  (mean pooling + Normalize);
+- deberta-v3: mxbai-rerank-base-v1's shape (DebertaV2ForSequenceClassification, 1 label,
+  DeBERTa-v3-base: 12 x 768, position_buckets 256, shared keys) as a CrossEncoder folder;
+- gemma3: EmbeddingGemma-300m's shape (Gemma3TextModel with bidirectional attention, 24 x 768,
+  3 heads / 1 KV head of 256, sliding window 512) as a sentence-transformers folder with its two
+  Dense layers and Normalize;
+- bert: BERT-base (12 x 768) as a sentence-transformers folder, a natively served reference.
+All share all-MiniLM-L6-v2's WordPiece tokenizer, and each vocabulary is cut to its 30,522
+tokens: token counts stay realistic and the embedding tables small, while the per-token compute
+of the encoder stacks is the real models'. `tiny=True` keeps every structural setting and
+shrinks the widths and depths (the --quick smoke run).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from pooler.bench.common import cached_folder, minilm_path
+
+VOCAB = 30522
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                    "special_tokens_map.json")
+
+
+@dataclass(frozen=True)
+class ArchModel:
+    name: str            # bench name
+    architecture: str    # config.json architectures[0], as pooler.architectures knows it
+    kind: str            # "embed" (sentence-transformers encode) | "rerank" (CrossEncoder)
+    build: Callable[[Path, bool], None]
+
+
+def _copy_tokenizer(dest: Path) -> None:
+    for name in _TOKENIZER_FILES:
+        if (minilm_path() / name).is_file():
+            shutil.copy(minilm_path() / name, dest / name)
+
+
+def _save_hf(model, dest: Path) -> None:
+    model.eval().save_pretrained(dest)
+    _copy_tokenizer(dest)
+
+
+def _st_folder(hf_dir: Path, dest: Path, dense: list[tuple[int, int]] = (),
+               prompts: dict | None = None) -> None:
+    from sentence_transformers import SentenceTransformer, models
+    import torch
+
+    transformer = models.Transformer(str(hf_dir), max_seq_length=512)
+    modules = [transformer, models.Pooling(transformer.get_word_embedding_dimension(), "mean")]
+    for in_features, out_features in dense:
+        modules.append(models.Dense(in_features, out_features, bias=False,
+                                    activation_function=torch.nn.Identity()))
+    modules.append(models.Normalize())
+    SentenceTransformer(modules=modules, device="cpu", prompts=prompts).save(str(dest))
+
+
+def _sizes(tiny: bool, **base) -> dict:
+    if not tiny:
+        return base
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=48)
+    return {**base, **{k: v for k, v in small.items() if k in base}}
+
+
+def _build_mpnet(dest: Path, tiny: bool) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MPNetConfig(**_sizes(
+        tiny, vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        intermediate_size=3072, max_position_embeddings=514, relative_attention_num_buckets=32))
+    with tempfile.TemporaryDirectory() as hf_dir:
+        _save_hf(transformers.MPNetModel(config), Path(hf_dir))
+        _st_folder(Path(hf_dir), dest)
+
+
+def _build_bert(dest: Path, tiny: bool) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(**_sizes(
+        tiny, vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        intermediate_size=3072, max_position_embeddings=512))
+    with tempfile.TemporaryDirectory() as hf_dir:
+        _save_hf(transformers.BertModel(config), Path(hf_dir))
+        _st_folder(Path(hf_dir), dest)
+
+
+def _build_deberta_v3(dest: Path, tiny: bool) -> None:
+    import torch
+    import transformers
+    from sentence_transformers import CrossEncoder
+
+    torch.manual_seed(0)
+    config = transformers.DebertaV2Config(**_sizes(
+        tiny, vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        intermediate_size=3072, max_position_embeddings=512), relative_attention=True,
+        pos_att_type="p2c|c2p", position_buckets=256, max_relative_positions=-1,
+        share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False,
+        type_vocab_size=0, layer_norm_eps=1e-7, num_labels=1, pad_token_id=0)
+    with tempfile.TemporaryDirectory() as hf_dir:
+        _save_hf(transformers.DebertaV2ForSequenceClassification(config), Path(hf_dir))
+        CrossEncoder(hf_dir, device="cpu").save(str(dest))
+
+
+def _build_gemma3(dest: Path, tiny: bool) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    layers = 2 if tiny else 24
+    config = transformers.Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=32 if tiny else 768,
+        intermediate_size=48 if tiny else 1152, num_hidden_layers=layers,
+        num_attention_heads=3, num_key_value_heads=1, head_dim=16 if tiny else 256,
+        query_pre_attn_scalar=16 if tiny else 256, max_position_embeddings=2048,
+        sliding_window=8 if tiny else 512, use_bidirectional_attention=True,
+        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, pad_token_id=0,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                     for i in range(layers)],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    model = transformers.Gemma3TextModel(config)
+    config.architectures = ["Gemma3TextModel"]
+    hidden = config.hidden_size
+    with tempfile.TemporaryDirectory() as hf_dir:
+        _save_hf(model, Path(hf_dir))
+        _st_folder(Path(hf_dir), dest, dense=[(hidden, 4 * hidden), (4 * hidden, hidden)],
+                   prompts={"query": "task: search result | query: ",
+                            "document": "title: none | text: "})
+
+
+ARCH_MODELS: dict[str, ArchModel] = {m.name: m for m in (
+    ArchModel("mpnet", "MPNetModel", "embed", _build_mpnet),
+    ArchModel("deberta-v3", "DebertaV2ForSequenceClassification", "rerank", _build_deberta_v3),
+    ArchModel("gemma3", "Gemma3TextModel", "embed", _build_gemma3),
+    ArchModel("bert", "BertModel", "embed", _build_bert),
+)}
+DEFAULT_ARCHS = ("mpnet", "deberta-v3", "gemma3")
+
+
+def arch_folder(name: str, tiny: bool) -> Path:
+    """The model folder of `name`, built once per size under the bench cache."""
+    model = ARCH_MODELS[name]
+    return cached_folder(f"arch-{name}-{'tiny' if tiny else 'base'}-seed0",
+                         lambda dest: model.build(dest, tiny))
