@@ -9,12 +9,14 @@ from typing import Iterable
 from pooler.model_folder import DEFAULT_MODEL
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, task: bool = True) -> None:
+    """task=False: the command defines its own --task (pooler batch)."""
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="model folder, installed model package name, or HF cache name "
                              f"(default: {DEFAULT_MODEL})")
-    parser.add_argument("--task", default=None,
-                        help="embed | classify | token_embed | token_classify (default: model's)")
+    if task:
+        parser.add_argument("--task", default=None, help="embed | classify | token_embed | "
+                            "token_classify (default: model's)")
     parser.add_argument("--runner", default="native", choices=["native", "transformers"],
                         help="native engine, or the transformers fallback")
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
@@ -30,13 +32,21 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "see docs/benchmarks.md for speed and accuracy)")
 
 
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """Engine(**kwargs) from the engine options (plain values: Ray ships them to actors).
+    A command with its own --task sets `engine_task` (None: the model's task)."""
+    task = args.engine_task if hasattr(args, "engine_task") else args.task
+    return dict(model=args.model, task=task, runner=args.runner, dtype=args.dtype,
+                device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
+                max_num_seqs=args.max_num_seqs, num_threads=args.threads,
+                quantization=getattr(args, "quantization", None))
+
+
 def engine_from_args(args: argparse.Namespace):
     from pooler.engine.llm import Engine
 
-    return Engine(args.model, task=args.task, runner=args.runner, dtype=args.dtype,
-                  device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
-                  max_num_seqs=args.max_num_seqs, num_threads=args.threads,
-                  quantization=getattr(args, "quantization", None))
+    kwargs = engine_kwargs(args)
+    return Engine(kwargs.pop("model"), **kwargs)
 
 
 def add_input_args(parser: argparse.ArgumentParser) -> None:
