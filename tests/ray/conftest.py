@@ -19,6 +19,9 @@ def ray_cluster():
     # Logical CPUs: two per node, so one engine actor per node still leaves room for Ray Data's
     # read and write tasks and Serve's controller and proxy.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # With one Serve proxy (on the head), let it route to both nodes' replicas alike instead of
+    # preferring the head's (the cluster's processes inherit this environment).
+    os.environ["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "object_store_memory": 150 * 2**20, "include_dashboard": False})
     cluster.add_node(num_cpus=2, object_store_memory=150 * 2**20)
