@@ -86,6 +86,9 @@ def embed_dataset(ds, *, model: str, task: str = "embed", text_column: str = "te
         kwargs.setdefault("device", "cuda")
     elif kwargs.get("num_threads") is None:
         kwargs["num_threads"] = max(1, int(num_cpus))
+    # Blocks of one batch each (streaming, no shuffle): a single big input file is otherwise a
+    # few blocks, and a block goes to one actor, so the pool would sit idle.
+    ds = ds.repartition(target_num_rows_per_block=batch_size)
     return ds.map_batches(
         predictor_class, batch_format="pyarrow", batch_size=batch_size,
         fn_constructor_kwargs={"engine_kwargs": kwargs, "options": options.to_dict(),
