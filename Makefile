@@ -1,12 +1,13 @@
 # Two commands do everything on a fresh machine (Python 3.11):
 #   make demo   create .venv, install pooler, embed a few sentences with all-MiniLM-L6-v2
 #   make test   create .venv, install pooler and the reference libraries, run the tests
+#   make test-ray  add the Ray extra, run the tests on a local two-node Ray cluster (CI runs both)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-ray bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +28,14 @@ demo: install
 		"pooler serves embedding models" "The cat sat on the mat." "A feline rested on a rug."
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --ignore=tests/ray
+
+$(VENV)/.installed-ray: $(VENV)/.installed
+	$(PIP) -e ".[test,ray]"
+	touch $@
+
+test-ray: $(VENV)/.installed-ray
+	$(PY) -m pytest -q tests/ray
 
 bench: install
 	$(VENV)/bin/pooler bench

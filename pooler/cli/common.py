@@ -9,15 +9,17 @@ from typing import Iterable
 from pooler.model_folder import DEFAULT_MODEL
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, task: bool = True) -> None:
+    """task=False: the command defines its own --task (pooler batch)."""
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="model folder, installed model package name, or Hugging Face hub "
                              "id ORG/NAME (cached, else downloaded) "
                              f"(default: {DEFAULT_MODEL})")
     parser.add_argument("--revision", default=None,
                         help="hub branch, tag or commit hash of a hub model (default: main)")
-    parser.add_argument("--task", default=None,
-                        help="embed | classify | token_embed | token_classify (default: model's)")
+    if task:
+        parser.add_argument("--task", default=None, help="embed | classify | token_embed | "
+                            "token_classify (default: model's)")
     parser.add_argument("--runner", default="auto", choices=["auto", "native", "transformers"],
                         help="native engine, or the transformers fallback")
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
@@ -38,15 +40,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "see docs/benchmarks.md for speed and accuracy)")
 
 
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """Engine(**kwargs) from the engine options (plain values: Ray ships them to actors).
+    A command with its own --task sets `engine_task` (None: the model's task)."""
+    task = args.engine_task if hasattr(args, "engine_task") else args.task
+    return dict(model=args.model, task=task, runner=args.runner, dtype=args.dtype,
+                device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
+                max_num_seqs=args.max_num_seqs, num_threads=args.threads,
+                quantization=getattr(args, "quantization", None),
+                revision=getattr(args, "revision", None),
+                hf_overrides=getattr(args, "hf_overrides", None))
+
+
 def engine_from_args(args: argparse.Namespace):
     from pooler.engine.llm import Engine
 
-    return Engine(args.model, task=args.task, runner=args.runner, dtype=args.dtype,
-                  device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
-                  max_num_seqs=args.max_num_seqs, num_threads=args.threads,
-                  quantization=getattr(args, "quantization", None),
-                  revision=getattr(args, "revision", None),
-                  hf_overrides=getattr(args, "hf_overrides", None))
+    kwargs = engine_kwargs(args)
+    return Engine(kwargs.pop("model"), **kwargs)
 
 
 def _json_object(text: str) -> dict:

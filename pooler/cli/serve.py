@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from pooler.cli.common import add_engine_args, engine_from_args
-
+from pooler.cli.common import add_engine_args, engine_from_args, engine_kwargs
 
 
 def add_parser(sub) -> None:
@@ -49,20 +48,58 @@ def add_parser(sub) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn and pooler log level (default: %(default)s)")
+    ray = p.add_argument_group("Ray Serve (pip install 'pooler[ray]'; see docs/scale-out.md)")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve the same app as a Ray Serve deployment, one Engine per replica")
+    ray.add_argument("--ray-address", default=None,
+                     help="cluster to join (e.g. auto); default: start a local Ray")
+    ray.add_argument("--replicas", type=int, default=1, help="replicas (default: %(default)s)")
+    ray.add_argument("--autoscale", default=None, metavar="MIN,MAX",
+                     help="autoscale between MIN and MAX replicas on ongoing requests")
+    ray.add_argument("--target-ongoing-requests", type=float, default=16,
+                     help="autoscaling target per replica (default: %(default)s)")
+    ray.add_argument("--num-cpus-per-replica", type=float, default=1.0,
+                     help="CPUs per replica; also the engine's threads on CPU (default: %(default)s)")
+    ray.add_argument("--num-gpus-per-replica", type=float, default=0.0,
+                     help="GPUs per replica (default: %(default)s)")
+    ray.add_argument("--request-timeout", type=float, default=300,
+                     help="seconds before Serve's proxy answers 408 (default: %(default)s)")
     p.set_defaults(func=run)
+
+
+def _settings(args):
+    from pooler.server.settings import ServerSettings
+
+    return ServerSettings(
+        served_model_name=args.served_model_name, api_key=args.api_key,
+        max_input_items=args.max_input_items, max_payload_bytes=args.max_payload_bytes,
+        max_queue=args.max_queue, max_workers=args.max_workers)
 
 
 def build_app(args):
     from pooler.server.app import create_app
-    from pooler.server.settings import ServerSettings
 
     if args.model_arg:
         args.model = args.model_arg
-    settings = ServerSettings(
-        served_model_name=args.served_model_name, api_key=args.api_key,
-        max_input_items=args.max_input_items, max_payload_bytes=args.max_payload_bytes,
-        max_queue=args.max_queue, max_workers=args.max_workers)
-    return create_app(engine_from_args(args), settings)
+    return create_app(engine_from_args(args), _settings(args))
+
+
+def run_ray(args) -> int:
+    try:
+        from pooler.ray.serve import parse_autoscale, run_serve, serve_app
+    except ImportError as exc:
+        raise ValueError(f"--ray needs Ray Serve: pip install 'pooler[ray]' ({exc}).") from None
+    if args.model_arg:
+        args.model = args.model_arg
+    kwargs = engine_kwargs(args)
+    app = serve_app(kwargs.pop("model"), replicas=args.replicas,
+                    autoscale=parse_autoscale(args.autoscale),
+                    target_ongoing_requests=args.target_ongoing_requests,
+                    num_cpus=args.num_cpus_per_replica, num_gpus=args.num_gpus_per_replica,
+                    engine_kwargs=kwargs, settings=_settings(args))
+    run_serve(app, host=args.host, port=args.port, address=args.ray_address,
+              request_timeout_s=args.request_timeout)
+    return 0
 
 
 def run(args) -> int:
@@ -70,6 +107,8 @@ def run(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.ray:
+        return run_ray(args)
     app = build_app(args)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.graceful_timeout)

@@ -1,0 +1,119 @@
+"""`pooler batch`: embed (or classify, tag, ...) a whole corpus file into Parquet part files.
+
+One machine by default (pooler/batch/job.py: resumable, bad rows to an errors file); with
+--ray the same job runs as a Ray Data pipeline over N engine actors (pooler/ray/data.py).
+"""
+from __future__ import annotations
+
+import sys
+
+from pooler.cli.common import add_engine_args, add_truncation_arg, engine_from_args
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "batch", help="run a corpus file (jsonl, parquet, csv) into Parquet",
+        description="Run every row of a corpus through the model and write Parquet part files "
+                    "(id + outputs) into the --output directory. Re-running the same command "
+                    "resumes after the last completed part. Rows that cannot be used (null, "
+                    "empty or non-text) go to an errors file. Needs pyarrow: "
+                    "pip install 'pooler[batch]' ('pooler[ray]' for --ray).")
+    add_engine_args(p, task=False)
+    p.add_argument("--task", default="embed",
+                   choices=["embed", "sparse", "token_embed", "classify", "ner"],
+                   help="what to compute per row (default: %(default)s)")
+    p.add_argument("--input", "-i", required=True, help="corpus.jsonl, .parquet or .csv")
+    p.add_argument("--input-format", default=None, choices=["jsonl", "parquet", "csv"],
+                   help="when the file name does not tell")
+    p.add_argument("--text-column", default="text", help="default: %(default)s")
+    p.add_argument("--id-column", default=None,
+                   help="column copied to the output's id (default: the row number)")
+    p.add_argument("--output", "-o", required=True,
+                   help="output directory of Parquet part files, e.g. out.parquet")
+    p.add_argument("--errors", default=None,
+                   help="JSONL file of rejected rows (default: OUTPUT/_errors.jsonl)")
+    p.add_argument("--chunk-rows", type=int, default=None,
+                   help="rows per part file (default: 4096; 512 for token_embed)")
+    p.add_argument("--precision", default="float32",
+                   choices=["float32", "float16", "int8", "binary"],
+                   help="dense vector storage: int8 = round(clip(x,-1,1)*127), binary = sign "
+                        "bits packed in uint8 (default: %(default)s)")
+    p.add_argument("--dimensions", type=int, default=None, help="embed: Matryoshka truncation")
+    p.add_argument("--no-normalize", action="store_true", help="embed: skip L2 normalization")
+    add_truncation_arg(p)
+    p.add_argument("--prompt-name", default=None, help="a prompt the model declares")
+    p.add_argument("--prompt", default=None, help="a literal prefix for every text")
+    p.add_argument("--top-k", type=int, default=None, help="sparse: keep the k largest weights")
+    p.add_argument("--aggregation-strategy", default="simple",
+                   choices=["none", "simple", "first", "max", "average"], help="ner")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete what OUTPUT holds and start again")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ray = p.add_argument_group("Ray Data (pip install 'pooler[ray]')")
+    ray.add_argument("--ray", action="store_true",
+                     help="run as a Ray Data pipeline with one engine per actor")
+    ray.add_argument("--ray-address", default=None,
+                     help="cluster to join, e.g. ray://head:10001 or auto (default: start a "
+                          "local Ray)")
+    ray.add_argument("--replicas", type=int, default=1, help="engine actors (default: 1)")
+    ray.add_argument("--num-cpus-per-replica", type=float, default=1.0,
+                     help="CPUs Ray reserves per actor (default: %(default)s)")
+    ray.add_argument("--num-gpus-per-replica", type=float, default=0.0,
+                     help="GPUs per actor, e.g. 1 (default: %(default)s)")
+    ray.add_argument("--batch-size", type=int, default=1024,
+                     help="rows per map_batches call (default: %(default)s)")
+    p.set_defaults(func=run)
+
+
+def task_options(args):
+    from pooler.batch.columns import TaskOptions
+
+    return TaskOptions(task=args.task, precision=args.precision, dimensions=args.dimensions,
+                       normalize=False if args.no_normalize else None,
+                       truncate=not args.no_truncate, prompt_name=args.prompt_name,
+                       prompt=args.prompt, top_k=args.top_k,
+                       aggregation_strategy=args.aggregation_strategy)
+
+
+def run(args) -> int:
+    args.engine_task = None  # the model's own task; --task picks the Engine method
+    _require_pyarrow()
+    if args.ray:
+        return _run_ray(args)
+    from pooler.batch.job import BatchSpec, run_batch
+
+    chunk_rows = args.chunk_rows or (512 if args.task == "token_embed" else 4096)
+    spec = BatchSpec(input=args.input, model=args.model, text_column=args.text_column,
+                     id_column=args.id_column, chunk_rows=chunk_rows,
+                     input_format=args.input_format, options=task_options(args))
+    report = run_batch(spec, args.output, lambda: engine_from_args(args),
+                       errors_file=args.errors, progress=not args.no_progress,
+                       overwrite=args.overwrite)
+    resumed = f", {report.resumed_parts} resumed" if report.resumed_parts else ""
+    print(f"wrote {report.rows} rows in {report.parts} parts{resumed} to {report.output}; "
+          f"{report.errors} rejected rows in {report.errors_file} ({report.seconds:.1f}s)",
+          file=sys.stderr)
+    return 0
+
+
+def _run_ray(args) -> int:
+    from pooler.cli.common import engine_kwargs
+    from pooler.ray.data import run_ray_batch
+
+    report = run_ray_batch(
+        input=args.input, input_format=args.input_format, output=args.output,
+        errors=args.errors, engine_kwargs=engine_kwargs(args), options=task_options(args),
+        text_column=args.text_column, id_column=args.id_column, replicas=args.replicas,
+        num_cpus=args.num_cpus_per_replica, num_gpus=args.num_gpus_per_replica,
+        batch_size=args.batch_size, address=args.ray_address, overwrite=args.overwrite)
+    print(f"wrote {report['rows']} rows to {args.output}; {report['errors']} rejected rows "
+          f"in {report['errors_file']} ({report['seconds']:.1f}s, {args.replicas} replicas)",
+          file=sys.stderr)
+    return 0
+
+
+def _require_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ValueError("pooler batch needs pyarrow: pip install 'pooler[batch]'.") from None
