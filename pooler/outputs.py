@@ -102,6 +102,9 @@ class ScoreOutput:
     score: float
     query_index: int
     document_index: int
+    # Tokens the model ran for this pair; a query shared by many pairs counts once, on its
+    # first pair, so the sum over a call is the tokens it computed.
+    num_tokens: int = 0
 
 
 @dataclass

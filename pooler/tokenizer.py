@@ -110,6 +110,42 @@ class TextTokenizer:
         return [_to_input(e) for e in encodings]
 
 
+    def encode_pairs_capped(self, texts: list[str], pairs: list[str], max_pair_tokens: int, *,
+                            max_length: int | None = None,
+                            direction: str = "right") -> list[TokenizedInput]:
+        """Pairs whose second text is first cut to `max_pair_tokens` tokens (its end is
+        dropped), then, when `max_length` is given, the longer of the two texts is trimmed
+        until the pair with its special tokens fits (the tokenizer's longest-first rule)."""
+        if self._lowercase:
+            texts = [t.lower() for t in texts]
+            pairs = [p.lower() for p in pairs]
+        budget = None
+        if max_length is not None:
+            budget = max_length - self.num_special_tokens_to_add(pair=True)
+            if budget <= 0:
+                raise ValueError(f"truncation length {max_length} leaves no room for the "
+                                 "model's special tokens.")
+        firsts = self._base.encode_batch(texts, add_special_tokens=False)
+        seconds = self._base.encode_batch(pairs, add_special_tokens=False)
+        out = []
+        for first, second in zip(firsts, seconds):
+            second.truncate(max_pair_tokens, direction="right")
+            n1, n2 = len(first.ids), len(second.ids)
+            if budget is not None and n1 + n2 > budget:
+                excess = n1 + n2 - budget
+                # Trim the longer text down towards the shorter, then both evenly.
+                cut2 = min(excess, max(n2 - n1, 0))
+                cut1 = min(excess - cut2, max(n1 - n2, 0))
+                rest = excess - cut1 - cut2
+                cut2 += (rest + 1) // 2
+                cut1 += rest // 2
+                first.truncate(n1 - cut1, direction=direction)
+                second.truncate(n2 - cut2, direction=direction)
+            joined = self._base.post_process(first, second, add_special_tokens=True)
+            out.append(_to_input(joined))
+        return out
+
+
 def _to_input(encoding: Encoding) -> TokenizedInput:
     return TokenizedInput(
         input_ids=list(encoding.ids),

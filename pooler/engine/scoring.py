@@ -82,22 +82,35 @@ def scoring_kind(engine: ScoringEngine) -> str:
 def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool = True,
           truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
           priority: int = 0, cancel: threading.Event | None = None,
-          use_activation: bool | None = None) -> list[ScoreOutput]:
-    """use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores)."""
+          use_activation: bool | None = None,
+          max_tokens_per_doc: int | None = None) -> list[ScoreOutput]:
+    """use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores).
+    max_tokens_per_doc: each document is cut to that many tokens before scoring."""
     request = pair_inputs(queries, documents)
     kind = scoring_kind(engine)
     if use_activation is False and kind != "cross_encoder":
         raise ValueError("Raw scores (use_activation=False / raw_scores=true) apply to "
                          f"cross-encoders only; this model scores by {kind.replace('_', ' ')}.")
+    if max_tokens_per_doc is not None:
+        if isinstance(max_tokens_per_doc, bool) or not isinstance(max_tokens_per_doc, int) \
+                or max_tokens_per_doc <= 0:
+            raise ValueError("max_tokens_per_doc must be a positive integer, got "
+                             f"{max_tokens_per_doc!r}.")
+        if kind == "late_interaction":
+            raise ValueError("max_tokens_per_doc does not apply to ColBERT models: their "
+                             "documents are cut to the model's own document length.")
     truncation = TruncationOptions(truncate, truncate_prompt_tokens)
     if kind == "late_interaction":
-        scores = _late_interaction_scores(engine, request, use_tqdm, priority, cancel)
+        scores, tokens = _late_interaction_scores(engine, request, use_tqdm, priority, cancel)
     elif kind == "bi_encoder":
-        scores = _bi_encoder_scores(engine, request, truncation, use_tqdm, priority, cancel)
+        scores, tokens = _bi_encoder_scores(engine, request, truncation, use_tqdm, priority,
+                                            cancel, max_tokens_per_doc)
     else:
-        scores = _cross_encoder_scores(engine, request, truncate, truncate_prompt_tokens,
-                                       use_tqdm, priority, use_activation)
-    return [ScoreOutput(float(s), qi, di) for s, (qi, di) in zip(scores, request.pairs)]
+        scores, tokens = _cross_encoder_scores(engine, request, truncate,
+                                               truncate_prompt_tokens, use_tqdm, priority,
+                                               use_activation, max_tokens_per_doc)
+    return [ScoreOutput(float(s), qi, di, n)
+            for s, n, (qi, di) in zip(scores, tokens, request.pairs)]
 
 
 def rerank(engine: ScoringEngine, query: Any, documents: Sequence, *, top_n: int | None = None,
@@ -171,7 +184,11 @@ def _late_interaction_scores(engine: ScoringEngine, request: ScoreRequest, use_t
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(results)} documents failed; document "
                            f"{request.pairs[failed[0][0]][1]}: {failed[0][1]}")
-    return [float(r.data) for r in results]
+    query_tokens = {key_of[qi]: len(item.prompt_token_ids)
+                    for qi, item in zip(query_indices, query_inputs)}
+    return [float(r.data) for r in results], _pair_tokens(
+        request.pairs, [len(item.prompt_token_ids) for item in doc_inputs],
+        lambda qi: query_tokens[key_of[qi]], key=lambda qi: key_of[qi])
 
 
 def _colbert_params(engine: ScoringEngine, item, role: str,
@@ -183,11 +200,17 @@ def _colbert_params(engine: ScoringEngine, item, role: str,
 
 # ---- bi-encoder ------------------------------------------------------------------------------
 def _bi_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncation, use_tqdm,
-                       priority, cancel) -> list[float]:
+                       priority, cancel, max_tokens_per_doc: int | None = None):
     used_q = sorted({qi for qi, _ in request.pairs})
     used_d = sorted({di for _, di in request.pairs})
-    texts = [request.queries[i] for i in used_q] + [request.documents[j] for j in used_d]
-    processed = engine.processor.process(texts, truncation=truncation)
+    doc_truncation = truncation
+    if max_tokens_per_doc is not None:
+        doc_truncation = TruncationOptions(True, min(max_tokens_per_doc,
+                                                     engine.processor.max_model_len))
+    processed = (engine.processor.process([request.queries[i] for i in used_q],
+                                          truncation=truncation)
+                 + engine.processor.process([request.documents[j] for j in used_d],
+                                            truncation=doc_truncation))
     params = engine.verify_params(PoolingParams(task="embed"))
     results = engine.run_processed(processed, [params] * len(processed), priority, use_tqdm,
                                    cancel=cancel)
@@ -195,13 +218,16 @@ def _bi_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncation,
     vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     q_row = {qi: n for n, qi in enumerate(used_q)}
     d_row = {dj: len(used_q) + n for n, dj in enumerate(used_d)}
-    return [float(vectors[q_row[qi]] @ vectors[d_row[di]]) for qi, di in request.pairs]
+    scores = [float(vectors[q_row[qi]] @ vectors[d_row[di]]) for qi, di in request.pairs]
+    lengths = [len(p.prompt_token_ids) for p in processed]
+    return scores, _pair_tokens(request.pairs, [lengths[d_row[di]] for _, di in request.pairs],
+                                lambda qi: lengths[q_row[qi]])
 
 
 # ---- cross-encoder ---------------------------------------------------------------------------
 def _cross_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncate,
-                          truncate_prompt_tokens, use_tqdm, priority,
-                          use_activation) -> list[float]:
+                          truncate_prompt_tokens, use_tqdm, priority, use_activation,
+                          max_tokens_per_doc: int | None = None):
     if not all(isinstance(x, str) for x in request.queries + request.documents):
         raise ValueError("A cross-encoder scores text pairs: pass queries and documents as "
                          "strings, not token ids.")
@@ -209,10 +235,22 @@ def _cross_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncate
                               text_pair=[request.documents[di] for _, di in request.pairs],
                               truncate=truncate, truncate_prompt_tokens=truncate_prompt_tokens,
                               use_tqdm=use_tqdm, priority=priority,
-                              use_activation=use_activation)
+                              use_activation=use_activation, max_pair_tokens=max_tokens_per_doc)
     # One relevance label (the usual reranker): its sigmoid; else the top class probability.
-    return [float(o.probs[0]) if np.asarray(o.probs).shape[0] == 1 else float(o.score)
-            for o in outputs]
+    return ([float(o.probs[0]) if np.asarray(o.probs).shape[0] == 1 else float(o.score)
+             for o in outputs], [int(o.num_tokens) for o in outputs])
+
+
+def _pair_tokens(pairs: list[tuple[int, int]], doc_tokens: list[int], query_tokens,
+                 key=lambda qi: qi) -> list[int]:
+    """Per pair: its document's tokens, plus its query's on the query's first pair."""
+    seen = set()
+    out = []
+    for (qi, _), n in zip(pairs, doc_tokens):
+        first = key(qi) not in seen
+        seen.add(key(qi))
+        out.append(int(n) + (int(query_tokens(qi)) if first else 0))
+    return out
 
 
 def _hashable(item):
