@@ -52,6 +52,9 @@ def vllm_error(status: int, message: str, param: str | None = None,
 def _validation_error(errors: list[dict]) -> JSONResponse:
     """Our sentence naming the field, then the error list as vLLM appends it."""
     sentence, param = validation_message(errors)
+    cause = (errors[0].get("ctx") or {}).get("error") if errors else None
+    if param is None and getattr(cause, "field", None):
+        sentence, param = str(cause), cause.field  # a validator's error about one field
     details = [{k: e[k] for k in ("type", "loc", "msg", "input") if k in e} for e in errors]
     return vllm_error(400, f"{sentence} {details}", param, _VALIDATION_TYPE)
 

@@ -15,6 +15,15 @@ from pooler.server.protocol import Inputs, TextInputs, _TruncationFields
 from pooler.server.vllm_encoding import EmbedDType, EncodingFormat, Endianness
 
 
+class FieldError(ValueError):
+    """A validator's error about one field: the error body names it in `param` (vLLM's
+    VLLMValidationError.parameter)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: StrictStr
@@ -43,12 +52,14 @@ class _InputOrChat(_VLLMRequest):
 
     @model_validator(mode="after")
     def _one_input(self):
-        if (self.input is None) == (self.messages is None):
-            raise ValueError("pass exactly one of 'input' (texts or token ids) or 'messages' "
-                             "(a chat)")
+        if self.input is None and self.messages is None:
+            raise FieldError("Missing required field 'input' (texts or token ids); or pass "
+                             "'messages' (a chat) instead.", "input")
+        if self.input is not None and self.messages is not None:
+            raise FieldError("Pass either 'input' or 'messages', not both.", "messages")
         if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("Cannot set both `continue_final_message` and "
-                             "`add_generation_prompt` to True.")
+            raise FieldError("Cannot set both `continue_final_message` and "
+                             "`add_generation_prompt` to True.", "continue_final_message")
         return self
 
 
@@ -101,8 +112,9 @@ class ScoreRequest(_Scoring):
                                      ("data_1", "data_2"), ("text_1", "text_2"))
                  if getattr(self, a) is not None and getattr(self, b) is not None]
         if not given:
-            raise ValueError("pass the two sides as queries and documents (or queries/items, "
-                             "data_1/data_2, text_1/text_2)")
+            raise FieldError("Missing required fields: pass the two sides as 'queries' and "
+                             "'documents' (or queries/items, data_1/data_2, text_1/text_2).",
+                             "documents")
         return self
 
     def sides(self):
@@ -134,11 +146,14 @@ class TokenizeRequest(_VLLMRequest):
 
     @model_validator(mode="after")
     def _one_input(self):
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("pass exactly one of 'prompt' or 'messages'")
+        if self.prompt is None and self.messages is None:
+            raise FieldError("Missing required field 'prompt'; or pass 'messages' (a chat) "
+                             "instead.", "prompt")
+        if self.prompt is not None and self.messages is not None:
+            raise FieldError("Pass either 'prompt' or 'messages', not both.", "messages")
         if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("Cannot set both `continue_final_message` and "
-                             "`add_generation_prompt` to True.")
+            raise FieldError("Cannot set both `continue_final_message` and "
+                             "`add_generation_prompt` to True.", "continue_final_message")
         return self
 
 
