@@ -114,8 +114,8 @@ class TextTokenizer:
                             max_length: int | None = None,
                             direction: str = "right") -> list[TokenizedInput]:
         """Pairs whose second text is first cut to `max_pair_tokens` tokens (its end is
-        dropped), then, when `max_length` is given, the longer of the two texts is trimmed
-        until the pair with its special tokens fits (the tokenizer's longest-first rule)."""
+        dropped), then, when `max_length` is given, the pair is cut to fit with its special
+        tokens by the tokenizers library's longest-first rule."""
         if self._lowercase:
             texts = [t.lower() for t in texts]
             pairs = [p.lower() for p in pairs]
@@ -132,18 +132,24 @@ class TextTokenizer:
             second.truncate(max_pair_tokens, direction="right")
             n1, n2 = len(first.ids), len(second.ids)
             if budget is not None and n1 + n2 > budget:
-                excess = n1 + n2 - budget
-                # Trim the longer text down towards the shorter, then both evenly.
-                cut2 = min(excess, max(n2 - n1, 0))
-                cut1 = min(excess - cut2, max(n1 - n2, 0))
-                rest = excess - cut1 - cut2
-                cut2 += (rest + 1) // 2
-                cut1 += rest // 2
-                first.truncate(n1 - cut1, direction=direction)
-                second.truncate(n2 - cut2, direction=direction)
+                keep1, keep2 = _longest_first(n1, n2, budget)
+                first.truncate(keep1, direction=direction)
+                second.truncate(keep2, direction=direction)
             joined = self._base.post_process(first, second, add_special_tokens=True)
             out.append(_to_input(joined))
         return out
+
+
+def _longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
+    """Tokens kept of each text of a pair, as `tokenizers` truncates with longest_first: the
+    longer text gives way alone if the shorter fits in half; else each keeps half (the longer
+    one the odd token)."""
+    short, long_ = min(n1, n2), max(n1, n2)
+    keep_long = short if short > budget else max(short, budget - short)
+    keep_short = short
+    if keep_short + keep_long > budget:
+        keep_short, keep_long = budget // 2, budget // 2 + budget % 2
+    return (keep_long, keep_short) if n1 > n2 else (keep_short, keep_long)
 
 
 def _to_input(encoding: Encoding) -> TokenizedInput:
