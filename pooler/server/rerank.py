@@ -21,8 +21,8 @@ from pooler.server import tei
 from pooler.server.errors import ERROR_RESPONSES, bad_request
 from pooler.server.protocol import TEIRerankRequest
 from pooler.server.state import ServerState
-from pooler.server.vllm_common import (check_priority, envelope, get_state, response_id,
-                                       scoring_unavailable_reason)
+from pooler.server.vllm_common import (TRUNCATION_TOO_BIG, check_priority, envelope,
+                                       get_state, response_id, scoring_unavailable_reason)
 from pooler.server.vllm_errors import VLLMRoute, use_tei_errors, vllm_error
 from pooler.server.vllm_protocol import (RerankRequest, RerankResponse, ScoreRequest,
                                          ScoreResponse)
@@ -45,9 +45,7 @@ def _scoring_options(state: ServerState, body) -> dict[str, Any]:
     limit = body.truncate_prompt_tokens
     max_len = state.engine.model_config.max_model_len
     if limit is not None and limit > max_len:
-        raise bad_request(f"truncate_prompt_tokens={limit} cannot be greater than "
-                          f"max_model_len={max_len}. Please request a smaller truncation size.",
-                          "truncate_prompt_tokens")
+        raise bad_request(TRUNCATION_TOO_BIG, "truncate_prompt_tokens")
     if limit is not None and limit != -1 and limit <= 0:
         raise bad_request(f"truncate_prompt_tokens must be a positive integer or -1, got "
                           f"{limit}.", "truncate_prompt_tokens")

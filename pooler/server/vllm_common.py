@@ -15,6 +15,11 @@ from pooler.server.errors import APIError, bad_request
 from pooler.server.state import ServerState
 
 
+# vLLM's exact sentence (its tests compare the whole message); `param` names the field.
+TRUNCATION_TOO_BIG = ("truncate_prompt_tokens value is greater than max_model_len. Please "
+                      "request a smaller truncation size.")
+
+
 def get_state(request: Request) -> ServerState:
     return request.app.state.pooler
 
@@ -72,9 +77,7 @@ def truncation_options(state: ServerState, body) -> dict[str, Any]:
     limit = body.truncate_prompt_tokens
     max_len = state.engine.model_config.max_model_len
     if limit is not None and limit > max_len:
-        raise bad_request(f"truncate_prompt_tokens={limit} cannot be greater than "
-                          f"max_model_len={max_len}. Please request a smaller truncation size.",
-                          "truncate_prompt_tokens")
+        raise bad_request(TRUNCATION_TOO_BIG, "truncate_prompt_tokens")
     out = state.truncation(body)
     if getattr(body, "truncation_side", None):
         out["truncation_direction"] = body.truncation_side

@@ -77,12 +77,21 @@ def test_truncate_prompt_tokens(client, model_name, engine):
     assert body.usage.prompt_tokens == body.usage.total_tokens == 10
     np.testing.assert_allclose(body.data[0].embedding, engine.embed(
         [text], truncate_prompt_tokens=10)[0].embedding, atol=1e-5)
-    r = client.post("/v1/embeddings", json={"input": [text], "truncate_prompt_tokens": 8193})
+    max_len = engine.model_config.max_model_len
+    r = client.post("/v1/embeddings", json={"input": [text], "truncate_prompt_tokens": max_len + 1})
     assert r.status_code == 400
     error = vs.ErrorResponse.model_validate(r.json()).error
     assert error.code == 400 and error.type == "BadRequestError"
-    assert "Please request a smaller truncation size." in error.message
+    assert error.message == ("truncate_prompt_tokens value is greater than max_model_len. "
+                             "Please request a smaller truncation size.")
     assert error.param == "truncate_prompt_tokens"
+    body = _embed(client, input="calculus " * 400, truncate_prompt_tokens=-1)
+    assert body.usage.prompt_tokens == max_len
+    body = _embed(client, input="calculus " * 400, truncate_prompt_tokens=10,
+                  truncation_side="left")
+    np.testing.assert_allclose(body.data[0].embedding, engine.embed(
+        ["calculus " * 400], truncate_prompt_tokens=10,
+        truncation_direction="left")[0].embedding, atol=1e-5)
 
 
 def test_base64_float32_matches_float(client, model_name):
