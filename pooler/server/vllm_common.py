@@ -90,10 +90,11 @@ def _model_template(state: ServerState) -> str | None:
     return model_chat_template(mc.tokenizer_config, mc.path)
 
 
-def chat_token_ids(state: ServerState, body, add_special_tokens: bool) -> list[int]:
-    """Render body.messages with the chat template (the request's, else the model's) and
-    tokenize the prompt."""
-    messages = [m.model_dump(exclude_none=False) for m in body.messages]
+def chat_token_ids(state: ServerState, body, add_special_tokens: bool,
+                   chat=None) -> list[int]:
+    """Render a chat (default: body.messages) with the chat template (the request's, else
+    the model's) and tokenize the prompt."""
+    messages = [m.model_dump(exclude_none=False) for m in (chat or body.messages)]
     try:
         prompt = render_chat(messages, body.chat_template or _model_template(state),
                              state.engine.model_config.tokenizer_config,
@@ -113,6 +114,7 @@ def prompt_inputs(state: ServerState, body) -> tuple[list, bool]:
     """Engine inputs of an input-or-messages body, and add_special_tokens for text inputs.
     A chat becomes token ids here (special tokens only if asked: vLLM's default for chat)."""
     if body.messages is not None:
-        return [chat_token_ids(state, body, bool(body.add_special_tokens))], True
+        return [chat_token_ids(state, body, bool(body.add_special_tokens), chat)
+                for chat in body.conversations()], True
     add_special = body.add_special_tokens is not False
     return state.inputs(body.input, "input"), add_special

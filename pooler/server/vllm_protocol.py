@@ -39,11 +39,33 @@ class _VLLMRequest(_TruncationFields):
     truncation_side: Optional[Literal["left", "right"]] = None  # vLLM's truncation_direction
 
 
+def _is_chat(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value))
+
+
 class _InputOrChat(_VLLMRequest):
-    """`input` (texts or token ids) or `messages` (a chat, rendered with the chat template).
-    add_special_tokens defaults to true for input and false for messages, as in vLLM."""
+    """`input` (texts or token ids) or `messages`: one chat, or a list of chats (a batch),
+    each rendered with the chat template. As in vLLM, a chat (or a list of chats) may also
+    come in `input`, and add_special_tokens defaults to true for input, false for chats."""
     input: Optional[Inputs] = None
-    messages: Optional[list[ChatMessage]] = None
+    messages: Optional[Union[list[ChatMessage], list[list[ChatMessage]]]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chat_in_input(cls, data):
+        if isinstance(data, dict) and "messages" not in data:
+            value = data.get("input")
+            if _is_chat(value) or (isinstance(value, list) and value
+                                   and all(_is_chat(v) for v in value)):
+                data = {k: v for k, v in data.items() if k != "input"}
+                data["messages"] = value
+        return data
+
+    def conversations(self) -> list[list[ChatMessage]]:
+        if self.messages and isinstance(self.messages[0], list):
+            return list(self.messages)
+        return [self.messages]
     add_special_tokens: Optional[StrictBool] = None
     add_generation_prompt: StrictBool = False
     continue_final_message: StrictBool = False
@@ -57,6 +79,10 @@ class _InputOrChat(_VLLMRequest):
                              "'messages' (a chat) instead.", "input")
         if self.input is not None and self.messages is not None:
             raise FieldError("Pass either 'input' or 'messages', not both.", "messages")
+        if self.messages is not None and (not self.messages or
+                                          any(not chat for chat in self.conversations())):
+            raise FieldError("messages is empty: pass at least one message per chat.",
+                             "messages")
         if self.continue_final_message and self.add_generation_prompt:
             raise FieldError("Cannot set both `continue_final_message` and "
                              "`add_generation_prompt` to True.", "continue_final_message")
@@ -146,6 +172,8 @@ class TokenizeRequest(_VLLMRequest):
 
     @model_validator(mode="after")
     def _one_input(self):
+        if self.messages is not None and not self.messages:
+            raise FieldError("messages is empty: pass at least one message.", "messages")
         if self.prompt is None and self.messages is None:
             raise FieldError("Missing required field 'prompt'; or pass 'messages' (a chat) "
                              "instead.", "prompt")

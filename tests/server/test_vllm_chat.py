@@ -97,6 +97,22 @@ def test_chat_options_change_the_prompt_as_transformers_does(chat_embedder, opti
     assert body.usage.prompt_tokens == len(ids)
 
 
+def test_chats_in_input_and_batched_chats(chat_embedder):
+    """vLLM also takes a chat in `input`, and a list of chats in `messages` or `input`."""
+    client, _, _ = chat_embedder
+    other = MESSAGES[:1]
+    one, two = ([d.embedding for d in vs.EmbeddingResponse.model_validate(client.post(
+        "/v1/embeddings", json={"messages": chat}).json()).data] for chat in (MESSAGES, other))
+    for body, expected in (({"input": MESSAGES}, one),
+                           ({"messages": [MESSAGES, other]}, one + two),
+                           ({"input": [MESSAGES, other]}, one + two)):
+        r = client.post("/v1/embeddings", json=body)
+        got = [d.embedding for d in vs.EmbeddingResponse.model_validate(r.json()).data]
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+    r = client.post("/v1/embeddings", json={"messages": [MESSAGES, []]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
 def test_both_generation_flags_is_an_error(chat_embedder):
     client, _, _ = chat_embedder
     r = client.post("/v1/embeddings", json={"messages": MESSAGES, "continue_final_message": True,
