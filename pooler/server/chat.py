@@ -77,7 +77,7 @@ def _text_of(content: Any, index: int) -> str:
 
 def render_chat(messages: list[dict], template: str | None, tokenizer_config: dict, *,
                 add_generation_prompt: bool = False, continue_final_message: bool = False,
-                template_kwargs: dict | None = None) -> str:
+                template_kwargs: dict | None = None, tools: list | None = None) -> str:
     if not template:
         raise ChatTemplateError(
             "This model has no chat template (no chat_template in its tokenizer_config.json); "
@@ -92,7 +92,7 @@ def render_chat(messages: list[dict], template: str | None, tokenizer_config: di
     context = {name: _token_text(tokenizer_config.get(name)) for name in _SPECIAL_TOKENS}
     context.update(template_kwargs or {})
     try:
-        prompt = _compile(template).render(messages=conversation,
+        prompt = _compile(template).render(messages=conversation, tools=tools,
                                            add_generation_prompt=add_generation_prompt,
                                            **context)
     except ChatTemplateError:

@@ -100,7 +100,8 @@ def chat_token_ids(state: ServerState, body, add_special_tokens: bool,
                              state.engine.model_config.tokenizer_config,
                              add_generation_prompt=body.add_generation_prompt,
                              continue_final_message=body.continue_final_message,
-                             template_kwargs=body.chat_template_kwargs)
+                             template_kwargs=body.chat_template_kwargs,
+                             tools=body.tools)
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None
     ids = state.engine.tokenizer.encode_batch([prompt],

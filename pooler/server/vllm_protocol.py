@@ -71,6 +71,7 @@ class _InputOrChat(_VLLMRequest):
     continue_final_message: StrictBool = False
     chat_template: Optional[StrictStr] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None  # in the template's scope, as transformers
 
     @model_validator(mode="after")
     def _one_input(self):
@@ -168,6 +169,7 @@ class TokenizeRequest(_VLLMRequest):
     continue_final_message: StrictBool = False
     chat_template: Optional[StrictStr] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None  # in the template's scope, as transformers
     return_token_strs: StrictBool = False
 
     @model_validator(mode="after")

@@ -157,6 +157,23 @@ def test_tokenize_chat_matches_transformers(chat_embedder):
                 assert body.token_strs is None
 
 
+def test_tokenize_chat_with_tools_matches_transformers(chat_embedder):
+    """The request's tools reach the template, as transformers passes them."""
+    client, _, folder = chat_embedder
+    template = ("{% if tools %}{% for t in tools %}{{ 'tool: ' + t['function']['name'] + '\\n' }}"
+                "{% endfor %}{% endif %}" + TEMPLATE)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"location": {"type": "string"}}}}}]
+    conversation = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+    prompt, tokenizer = _reference_prompt(folder, conversation, tools=tools,
+                                          chat_template=template)
+    assert "get_weather" in prompt
+    r = client.post("/tokenize", json={"messages": conversation, "tools": tools,
+                                       "chat_template": template})
+    assert vs.TokenizeResponse.model_validate(r.json()).tokens == tokenizer.encode(
+        prompt, add_special_tokens=False)
+
+
 def test_request_chat_template_and_text_parts(chat_embedder):
     client, _, _ = chat_embedder
     parts = [{"role": "user", "content": [{"type": "text", "text": "hello"},
