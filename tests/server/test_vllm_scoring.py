@@ -234,3 +234,26 @@ def test_bi_encoder_score_and_rerank(client, engine):
     rerank = vs.RerankResponse.model_validate(r.json())
     assert len(rerank.results) == len(DOCS)
     assert rerank.usage.prompt_tokens == body.usage.prompt_tokens
+
+
+def test_colbert_score_and_rerank(tmp_path_factory, serve_app):
+    """vLLM scores late-interaction (ColBERT) models on /score and /rerank too (MaxSim)."""
+    from tests.models.colbert_folders import build_tiny_stanford
+
+    engine = Engine(str(build_tiny_stanford(tmp_path_factory.mktemp("colbert") / "m")))
+    query = QUERIES[0]
+    expected = engine.score(query, DOCS)
+    with serve_app(engine, owns_engine=True) as (url, _), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        body = _score(client, {"queries": query, "documents": DOCS})
+        np.testing.assert_allclose([d.score for d in body.data], [o.score for o in expected],
+                                   atol=1e-5)
+        assert body.usage.prompt_tokens == sum(o.num_tokens for o in expected) > 0
+        r = client.post("/rerank", json={"query": query, "documents": DOCS})
+        rerank = vs.RerankResponse.model_validate(r.json())
+        best = max(expected, key=lambda o: o.score)
+        assert rerank.results[0].index == best.document_index
+        assert rerank.usage.prompt_tokens == body.usage.prompt_tokens
+        r = client.post("/rerank", json={"query": query, "documents": DOCS,
+                                         "max_tokens_per_doc": 4})
+        assert r.status_code == 400 and "ColBERT" in r.json()["error"]["message"]
