@@ -127,6 +127,7 @@ class BGEM3Score:
     colbert_sparse_dense: float   # "colbert+sparse+dense"
     query_index: int
     document_index: int
+    num_tokens: int = 0  # as ScoreOutput.num_tokens
 
     def by_mode(self, mode: str) -> float:
         return {"dense": self.dense, "sparse": self.sparse, "colbert": self.colbert,
@@ -141,6 +142,9 @@ class ScoreOutput:
     score: float
     query_index: int
     document_index: int
+    # Tokens the model ran for this pair; a query shared by many pairs counts once, on its
+    # first pair, so the sum over a call is the tokens it computed.
+    num_tokens: int = 0
 
 
 @dataclass

@@ -44,6 +44,7 @@ class PoolingParams:
     dimensions: Matryoshka truncation of an embedding (re-normalized when `normalize`).
     normalize: L2-normalize embeddings; None follows the model (sentence-transformers Normalize).
     use_activation: apply the classifier's activation (softmax/sigmoid); False gives raw logits.
+        On embed tasks it is the L2 normalization (as vLLM), i.e. the same switch as normalize.
     skip_special_tokens: token tasks only; drop [CLS]/[SEP]-like positions from the output.
     """
     task: str | None = None
@@ -68,6 +69,14 @@ class PoolingParams:
                     or params.dimensions <= 0:
                 raise ValueError(
                     f"dimensions must be a positive integer, got {params.dimensions!r}.")
+        if params.task in ("embed", "token_embed") and params.use_activation is not None:
+            # vLLM's name for an embedding's activation is use_activation: it is the L2
+            # normalization, so it sets `normalize` (they must agree when both are given).
+            if params.normalize is not None and params.normalize != params.use_activation:
+                raise ValueError(
+                    f"normalize={params.normalize} and use_activation={params.use_activation} "
+                    "disagree; for embeddings they are the same switch, pass one of them.")
+            params.normalize = params.use_activation
         if params.normalize is None and params.task in ("embed", "token_embed"):
             st = model_config.st
             params.normalize = st.normalize if st is not None and st.module_types else True

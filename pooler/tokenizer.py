@@ -116,6 +116,48 @@ class TextTokenizer:
         return [_to_input(e) for e in encodings]
 
 
+    def encode_pairs_capped(self, texts: list[str], pairs: list[str], max_pair_tokens: int, *,
+                            max_length: int | None = None,
+                            direction: str = "right") -> list[TokenizedInput]:
+        """Pairs whose second text is first cut to `max_pair_tokens` tokens (its end is
+        dropped), then, when `max_length` is given, the pair is cut to fit with its special
+        tokens by the tokenizers library's longest-first rule."""
+        if self._lowercase:
+            texts = [t.lower() for t in texts]
+            pairs = [p.lower() for p in pairs]
+        budget = None
+        if max_length is not None:
+            budget = max_length - self.num_special_tokens_to_add(pair=True)
+            if budget <= 0:
+                raise ValueError(f"truncation length {max_length} leaves no room for the "
+                                 "model's special tokens.")
+        firsts = self._base.encode_batch(texts, add_special_tokens=False)
+        seconds = self._base.encode_batch(pairs, add_special_tokens=False)
+        out = []
+        for first, second in zip(firsts, seconds):
+            second.truncate(max_pair_tokens, direction="right")
+            n1, n2 = len(first.ids), len(second.ids)
+            if budget is not None and n1 + n2 > budget:
+                keep1, keep2 = _longest_first(n1, n2, budget)
+                first.truncate(keep1, direction=direction)
+                second.truncate(keep2, direction=direction)
+            joined = self._base.post_process(first, second, add_special_tokens=True)
+            out.append(_to_input(joined))
+        return out
+
+
+def _longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
+    """Tokens kept of each text of a pair, as `tokenizers` truncates with longest_first: the
+    longer text gives way alone if the shorter fits in half; else each keeps half (the longer
+    one the odd token)."""
+    short, long_ = min(n1, n2), max(n1, n2)
+    keep_long = short if short > budget else max(short, budget - short)
+    keep_short = short
+    if keep_short + keep_long > budget:
+        keep_short, keep_long = budget // 2, budget // 2 + budget % 2
+    return (keep_long, keep_short) if n1 > n2 else (keep_short, keep_long)
+
+
 def _to_input(encoding: Encoding) -> TokenizedInput:
     return TokenizedInput(
         input_ids=list(encoding.ids),

@@ -23,6 +23,19 @@ class ProcessedInput:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class InputTooLongError(ValueError):
+    """An input longer than the allowed length while truncation is off. The servers word it
+    as their peer does (vLLM, TEI); the fields say what happened."""
+
+    def __init__(self, index: int, num_tokens: int, max_length: int):
+        super().__init__(
+            f"Input {index} has {num_tokens} tokens, more than the maximum of {max_length}. "
+            "Shorten it, or allow truncation (truncate=True).")
+        self.index = index
+        self.num_tokens = num_tokens
+        self.max_length = max_length
+
+
 @dataclass
 class TruncationOptions:
     """truncate: cut over-long inputs (False makes them an error).
@@ -111,8 +124,12 @@ class InputProcessor:
 
     def process(self, inputs: list[str | list[int]], *, pairs: list[str] | None = None,
                 truncation: TruncationOptions | None = None,
-                prompt: str | None = None, whole: bool = False) -> list[ProcessedInput]:
-        """whole=True: no truncation and no length check (the caller splits long inputs into
+                prompt: str | None = None, add_special_tokens: bool = True,
+                max_pair_tokens: int | None = None, whole: bool = False) -> list[ProcessedInput]:
+        """add_special_tokens=False leaves out [CLS]/[SEP] and the like (text inputs).
+        max_pair_tokens: cut each second text of a pair to this many tokens first (vLLM's
+        max_tokens_per_doc), then apply `truncation` to the whole pair.
+        whole=True: no truncation and no length check (the caller splits long inputs into
         windows, see long_inputs.py)."""
         truncation = truncation or TruncationOptions()
         if truncation.direction not in ("right", "left"):
@@ -134,15 +151,18 @@ class InputProcessor:
             if prompt:
                 texts = [prompt + t for t in texts]
                 num_prompt_tokens = self._num_prompt_tokens(prompt)
-            encoded = self.tokenizer.encode_batch(
-                texts, pairs, max_length=max_length if truncation.truncate and not whole
-                else None,
-                direction=truncation.direction)
+            if max_pair_tokens is not None and pairs is not None:
+                encoded = self.tokenizer.encode_pairs_capped(
+                    texts, pairs, max_pair_tokens,
+                    max_length=max_length if truncation.truncate else None,
+                    direction=truncation.direction)
+            else:
+                encoded = self.tokenizer.encode_batch(
+                    texts, pairs, max_length=max_length if truncation.truncate and not whole
+                    else None, direction=truncation.direction, add_special_tokens=add_special_tokens)
             for i, text, enc in zip(text_indices, texts, encoded):
                 if not truncation.truncate and len(enc.input_ids) > max_length:
-                    raise ValueError(
-                        f"Input {i} has {len(enc.input_ids)} tokens, more than the maximum of "
-                        f"{max_length}. Shorten it, or allow truncation (truncate=True).")
+                    raise InputTooLongError(i, len(enc.input_ids), max_length)
                 results[i] = ProcessedInput(
                     prompt_token_ids=enc.input_ids, token_type_ids=enc.token_type_ids,
                     special_tokens_mask=enc.special_tokens_mask,
@@ -188,8 +208,6 @@ class InputProcessor:
                              f"[0, {vocab_size}): {bad[:5]}.")
         if len(ids) > max_length:
             if not truncation.truncate:
-                raise ValueError(
-                    f"Input {index} has {len(ids)} tokens, more than the maximum of "
-                    f"{max_length}. Shorten it, or allow truncation (truncate=True).")
+                raise InputTooLongError(index, len(ids), max_length)
             ids = ids[:max_length] if truncation.direction == "right" else ids[-max_length:]
         return ProcessedInput(prompt_token_ids=list(ids))

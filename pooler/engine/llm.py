@@ -99,24 +99,31 @@ class Engine:
 
     # ---- public tasks -------------------------------------------------------------------
     def embed(self, inputs: str | Sequence, *, dimensions: int | None = None,
-              normalize: bool | None = None, truncate: bool = True,
-              truncate_prompt_tokens: int | None = None, truncation_direction: str = "right",
-              prompt: str | None = None, prompt_name: str | None = None,
+              normalize: bool | None = None, use_activation: bool | None = None,
+              truncate: bool = True, truncate_prompt_tokens: int | None = None,
+              truncation_direction: str = "right", prompt: str | None = None,
+              prompt_name: str | None = None, add_special_tokens: bool = True,
               use_tqdm: bool | None = None, priority: int = 0,
               long_input: str = "truncate", chunk_overlap: int = 0) -> list[EmbeddingOutput]:
-        """long_input="chunk": an input longer than the model's max length is embedded in
+        """use_activation: vLLM's name for normalize (False: the raw pooled vector).
+        add_special_tokens=False: texts are tokenized without [CLS]/[SEP] and the like.
+        long_input="chunk": an input longer than the model's max length is embedded in
         windows (sharing `chunk_overlap` tokens) whose vectors are averaged, weighted by their
         tokens (pooler/engine/long_inputs.py); the default truncates."""
-        params = PoolingParams(task="embed", dimensions=dimensions, normalize=normalize)
+        params = PoolingParams(task="embed", dimensions=dimensions, normalize=normalize,
+                               use_activation=use_activation)
         truncation = TruncationOptions(truncate, truncate_prompt_tokens, truncation_direction)
         if long_input not in long_inputs.LONG_INPUT_MODES:
             raise ValueError(f"long_input must be one of {list(long_inputs.LONG_INPUT_MODES)}, "
                              f"got {long_input!r}.")
         if long_input == "chunk":
+            if not add_special_tokens:
+                raise ValueError("long_input='chunk' puts the model's special tokens around "
+                                 "every window: it needs add_special_tokens=True.")
             return self._embed_chunked(inputs, params, truncation, prompt, prompt_name,
                                        chunk_overlap, use_tqdm, priority)
         results = self._encode(inputs, params, truncation, prompt, prompt_name, use_tqdm,
-                               priority)
+                               priority, add_special_tokens=add_special_tokens)
         return [EmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
                 for r in results]
 
@@ -186,31 +193,36 @@ class Engine:
     def encode(self, inputs: str | Sequence, pooling_params: PoolingParams | None = None, *,
                truncate: bool = True, truncate_prompt_tokens: int | None = None,
                truncation_direction: str = "right", prompt: str | None = None,
-               prompt_name: str | None = None, use_tqdm: bool | None = None,
-               priority: int = 0) -> list[PoolingOutput]:
+               prompt_name: str | None = None, add_special_tokens: bool = True,
+               use_tqdm: bool | None = None, priority: int = 0) -> list[PoolingOutput]:
         """Run any task; `pooling_params.task` picks it (default: the model's task)."""
         params = pooling_params or PoolingParams()
         results = self._encode(inputs, params, TruncationOptions(
             truncate, truncate_prompt_tokens, truncation_direction), prompt, prompt_name,
-            use_tqdm, priority)
+            use_tqdm, priority, add_special_tokens=add_special_tokens)
         return [PoolingOutput(as_numpy(r.data), r.num_tokens, r.extra["task"], r.request_id)
                 for r in results]
 
     # ---- classify / token_classify / NER (issue 3) ---------------------------------------
     def classify(self, inputs: str | Sequence, *, text_pair: str | list[str] | None = None,
                  use_activation: bool | None = None, truncate: bool = True,
-                 truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
+                 truncate_prompt_tokens: int | None = None, add_special_tokens: bool = True,
+                 max_pair_tokens: int | None = None, use_tqdm: bool | None = None,
                  priority: int = 0) -> list[ClassificationOutput]:
         """Score each input (or each (input, text_pair) pair) against the model's labels.
 
         Activation as the model declares it (see pooler/pooling/activation.py);
-        use_activation=False returns raw logits."""
+        use_activation=False returns raw logits. max_pair_tokens cuts each text_pair to that
+        many tokens before the pair is joined (a reranker's max_tokens_per_doc)."""
         items = normalize_inputs(inputs)
         pairs = self._check_pairs(items, text_pair)
+        if max_pair_tokens is not None and pairs is None:
+            raise ValueError("max_pair_tokens applies to sentence pairs; pass text_pair.")
         params = PoolingParams(task="classify", use_activation=use_activation)
         processed, results = self._run_texts(
             items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
-            use_tqdm, priority, pairs=pairs)
+            use_tqdm, priority, pairs=pairs, add_special_tokens=add_special_tokens,
+            max_pair_tokens=max_pair_tokens)
         labels = labels_of(self.model_config.hf_config)
         outputs = []
         for r in results:
@@ -268,14 +280,16 @@ class Engine:
 
     def _run_texts(self, items: list, params: PoolingParams, truncation: TruncationOptions,
                    use_tqdm: bool | None, priority: int, pairs: list[str] | None = None,
-                   prompt: str | None = None
+                   prompt: str | None = None, add_special_tokens: bool = True,
+                   max_pair_tokens: int | None = None
                    ) -> tuple[list[ProcessedInput], list[RequestOutput]]:
         """Tokenize normalized items (the time goes to the caller's CallContext, for the
         server's metrics) and run them with verified params; returns the processed inputs
         (offsets, special-token masks) with the results."""
         started = time.perf_counter()
         processed = self.processor.process(items, pairs=pairs, truncation=truncation,
-                                           prompt=prompt)
+                                           prompt=prompt, add_special_tokens=add_special_tokens,
+                                           max_pair_tokens=max_pair_tokens)
         call = current_call.get()
         if call is not None:
             call.tokenize_seconds += time.perf_counter() - started
@@ -328,8 +342,10 @@ class Engine:
               use_tqdm: bool | None = None, priority: int = 0,
               cancel: threading.Event | None = None,
               use_activation: bool | None = None, bge_m3_mode: str | None = None,
-              bge_m3_weights: Sequence[float] | None = None) -> list[ScoreOutput]:
+              bge_m3_weights: Sequence[float] | None = None,
+              max_tokens_per_doc: int | None = None) -> list[ScoreOutput]:
         """Score (query, document) pairs: 1 query x N documents, or N x N pairwise.
+        max_tokens_per_doc: cut each document to that many tokens first (vLLM's option).
 
         ColBERT: MaxSim of token vectors (each query encoded once); cross-encoder: the
         classifier's relevance; embedding model: cosine similarity; BGE-M3: `bge_m3_mode`
@@ -340,7 +356,8 @@ class Engine:
                              truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
                              priority=priority, cancel=cancel,
                              use_activation=use_activation, bge_m3_mode=bge_m3_mode,
-                             bge_m3_weights=bge_m3_weights)
+                             bge_m3_weights=bge_m3_weights,
+                             max_tokens_per_doc=max_tokens_per_doc)
 
     # ---- BGE-M3 (issue 13) -------------------------------------------------------------------
     def embed_bge_m3(self, inputs: str | Sequence, *,
@@ -567,12 +584,13 @@ class Engine:
 
     def _encode(self, inputs, params: PoolingParams, truncation: TruncationOptions,
                 prompt: str | None, prompt_name: str | None, use_tqdm: bool | None,
-                priority: int, pairs: list[str] | None = None) -> list[RequestOutput]:
+                priority: int, pairs: list[str] | None = None,
+                add_special_tokens: bool = True) -> list[RequestOutput]:
         params = self.verify_params(params)
         items = normalize_inputs(inputs)
         prompt_text = self.processor.resolve_prompt(prompt, prompt_name)
         return self._run_texts(items, params, truncation, use_tqdm, priority, pairs,
-                               prompt_text)[1]
+                               prompt_text, add_special_tokens)[1]
 
     def run_processed(self, processed: list[ProcessedInput], params: list[PoolingParams],
                       priority: int = 0, use_tqdm: bool | None = None,

@@ -89,10 +89,12 @@ def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool
           truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
           priority: int = 0, cancel: threading.Event | None = None,
           use_activation: bool | None = None, bge_m3_mode: str | None = None,
-          bge_m3_weights: Sequence[float] | None = None) -> list[ScoreOutput]:
+          bge_m3_weights: Sequence[float] | None = None,
+          max_tokens_per_doc: int | None = None) -> list[ScoreOutput]:
     """use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores).
     BGE-M3: `bge_m3_mode` picks one of SCORE_MODES (default "colbert+sparse+dense") and
-    `bge_m3_weights` the (dense, sparse, colbert) weights of the combinations."""
+    `bge_m3_weights` the (dense, sparse, colbert) weights of the combinations.
+    max_tokens_per_doc: each document is cut to that many tokens before scoring."""
     request = pair_inputs(queries, documents)
     kind = scoring_kind(engine)
     if use_activation is False and kind != "cross_encoder":
@@ -101,6 +103,14 @@ def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool
     if kind != "bge_m3" and (bge_m3_mode is not None or bge_m3_weights is not None):
         raise ValueError("bge_m3_mode / bge_m3_weights apply to BGE-M3 models only (a folder "
                          "with colbert_linear.pt and sparse_linear.pt).")
+    if max_tokens_per_doc is not None:
+        if isinstance(max_tokens_per_doc, bool) or not isinstance(max_tokens_per_doc, int) \
+                or max_tokens_per_doc <= 0:
+            raise ValueError("max_tokens_per_doc must be a positive integer, got "
+                             f"{max_tokens_per_doc!r}.")
+        if kind in ("late_interaction", "bge_m3"):
+            raise ValueError("max_tokens_per_doc does not apply to ColBERT models: their "
+                             "documents are cut to the model's own document length.")
     truncation = TruncationOptions(truncate, truncate_prompt_tokens)
     if kind == "bge_m3":
         mode = bge_m3_mode or "colbert+sparse+dense"
@@ -108,15 +118,19 @@ def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool
             raise ValueError(f"bge_m3_mode must be one of {list(SCORE_MODES)}, got {mode!r}.")
         results = bge_m3_scores(engine, request, truncation, bge_m3_weights, use_tqdm,
                                 priority, cancel)
-        return [ScoreOutput(r.by_mode(mode), r.query_index, r.document_index) for r in results]
+        return [ScoreOutput(r.by_mode(mode), r.query_index, r.document_index, r.num_tokens)
+                for r in results]
     if kind == "late_interaction":
-        scores = _late_interaction_scores(engine, request, use_tqdm, priority, cancel)
+        scores, tokens = _late_interaction_scores(engine, request, use_tqdm, priority, cancel)
     elif kind == "bi_encoder":
-        scores = _bi_encoder_scores(engine, request, truncation, use_tqdm, priority, cancel)
+        scores, tokens = _bi_encoder_scores(engine, request, truncation, use_tqdm, priority,
+                                            cancel, max_tokens_per_doc)
     else:
-        scores = _cross_encoder_scores(engine, request, truncate, truncate_prompt_tokens,
-                                       use_tqdm, priority, use_activation)
-    return [ScoreOutput(float(s), qi, di) for s, (qi, di) in zip(scores, request.pairs)]
+        scores, tokens = _cross_encoder_scores(engine, request, truncate,
+                                               truncate_prompt_tokens, use_tqdm, priority,
+                                               use_activation, max_tokens_per_doc)
+    return [ScoreOutput(float(s), qi, di, n)
+            for s, n, (qi, di) in zip(scores, tokens, request.pairs)]
 
 
 def rerank(engine: ScoringEngine, query: Any, documents: Sequence, *, top_n: int | None = None,
@@ -137,12 +151,12 @@ def rerank(engine: ScoringEngine, query: Any, documents: Sequence, *, top_n: int
 
 # ---- ColBERT (and BGE-M3): queries cached once, documents scored in the runner --------------
 def _late_interaction_scores(engine: ScoringEngine, request: ScoreRequest, use_tqdm, priority,
-                             cancel) -> list[float]:
+                             cancel) -> tuple[list[float], list[int]]:
     builder = engine.colbert_inputs
-    results = _two_stage(engine, request, builder.build,
-                         lambda item, role, li: _colbert_params(engine, item, role, li),
-                         use_tqdm, priority, cancel)
-    return [float(r.data) for r in results]
+    results, tokens = _two_stage(engine, request, builder.build,
+                                 lambda item, role, li: _colbert_params(engine, item, role, li),
+                                 use_tqdm, priority, cancel)
+    return [float(r.data) for r in results], tokens
 
 
 def _two_stage(engine: ScoringEngine, request: ScoreRequest, build, make_params, use_tqdm,
@@ -150,7 +164,8 @@ def _two_stage(engine: ScoringEngine, request: ScoreRequest, build, make_params,
     """Run every distinct query once as `cache_query` (uses = its documents), then every
     document as `score_doc`; the runner's late-interaction cache turns each document's output
     into its score(s). `build(items, role)` makes the inputs, `make_params(item, role, li)`
-    each request's verified params. Returns the documents' results in pair order."""
+    each request's verified params. Returns the documents' results in pair order, and each
+    pair's tokens (its document's, plus its query's on the query's first pair)."""
     used = sorted({qi for qi, _ in request.pairs})
     # Distinct queries are encoded once; each gets a fresh key no client can guess or reuse.
     key_of: dict[int, str] = {}
@@ -202,7 +217,11 @@ def _two_stage(engine: ScoringEngine, request: ScoreRequest, build, make_params,
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(results)} documents failed; document "
                            f"{request.pairs[failed[0][0]][1]}: {failed[0][1]}")
-    return results
+    query_tokens = {key_of[qi]: len(item.prompt_token_ids)
+                    for qi, item in zip(query_indices, query_inputs)}
+    return results, _pair_tokens(
+        request.pairs, [len(item.prompt_token_ids) for item in doc_inputs],
+        lambda qi: query_tokens[key_of[qi]], key=lambda qi: key_of[qi])
 
 
 def _colbert_params(engine: ScoringEngine, item, role: str,
@@ -214,11 +233,17 @@ def _colbert_params(engine: ScoringEngine, item, role: str,
 
 # ---- bi-encoder ------------------------------------------------------------------------------
 def _bi_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncation, use_tqdm,
-                       priority, cancel) -> list[float]:
+                       priority, cancel, max_tokens_per_doc: int | None = None):
     used_q = sorted({qi for qi, _ in request.pairs})
     used_d = sorted({di for _, di in request.pairs})
-    texts = [request.queries[i] for i in used_q] + [request.documents[j] for j in used_d]
-    processed = engine.processor.process(texts, truncation=truncation)
+    doc_truncation = truncation
+    if max_tokens_per_doc is not None:
+        doc_truncation = TruncationOptions(True, min(max_tokens_per_doc,
+                                                     engine.processor.max_model_len))
+    processed = (engine.processor.process([request.queries[i] for i in used_q],
+                                          truncation=truncation)
+                 + engine.processor.process([request.documents[j] for j in used_d],
+                                            truncation=doc_truncation))
     params = engine.verify_params(PoolingParams(task="embed"))
     results = engine.run_processed(processed, [params] * len(processed), priority, use_tqdm,
                                    cancel=cancel)
@@ -226,7 +251,10 @@ def _bi_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncation,
     vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     q_row = {qi: n for n, qi in enumerate(used_q)}
     d_row = {dj: len(used_q) + n for n, dj in enumerate(used_d)}
-    return [float(vectors[q_row[qi]] @ vectors[d_row[di]]) for qi, di in request.pairs]
+    scores = [float(vectors[q_row[qi]] @ vectors[d_row[di]]) for qi, di in request.pairs]
+    lengths = [len(p.prompt_token_ids) for p in processed]
+    return scores, _pair_tokens(request.pairs, [lengths[d_row[di]] for _, di in request.pairs],
+                                lambda qi: lengths[q_row[qi]])
 
 
 # ---- BGE-M3 ----------------------------------------------------------------------------------
@@ -240,26 +268,26 @@ def bge_m3_scores(engine: ScoringEngine, request: ScoreRequest, truncation: Trun
     weighted (dense, sparse, colbert) combinations are made here."""
     w_dense, w_sparse, w_colbert = check_weights(weights)
     extra = {"bge_m3": list(BGE_M3_OUTPUTS)}
-    results = _two_stage(
+    results, tokens = _two_stage(
         engine, request, lambda items, role: engine.processor.process(items, truncation=truncation),
         lambda item, role, li: engine.verify_params(PoolingParams(
             task="embed", late_interaction=li, extra=dict(extra))),
         use_tqdm, priority, cancel)
     scores = []
-    for r, (qi, di) in zip(results, request.pairs):
+    for r, n, (qi, di) in zip(results, tokens, request.pairs):
         dense, sparse, colbert = (float(x) for x in r.data)  # the runner's [3] scores
         scores.append(BGEM3Score(
             dense, sparse, colbert,
             (dense * w_dense + sparse * w_sparse) / (w_dense + w_sparse),
             (dense * w_dense + sparse * w_sparse + colbert * w_colbert) /
-            (w_dense + w_sparse + w_colbert), qi, di))
+            (w_dense + w_sparse + w_colbert), qi, di, n))
     return scores
 
 
 # ---- cross-encoder ---------------------------------------------------------------------------
 def _cross_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncate,
-                          truncate_prompt_tokens, use_tqdm, priority,
-                          use_activation) -> list[float]:
+                          truncate_prompt_tokens, use_tqdm, priority, use_activation,
+                          max_tokens_per_doc: int | None = None):
     if not all(isinstance(x, str) for x in request.queries + request.documents):
         raise ValueError("A cross-encoder scores text pairs: pass queries and documents as "
                          "strings, not token ids.")
@@ -267,10 +295,22 @@ def _cross_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncate
                               text_pair=[request.documents[di] for _, di in request.pairs],
                               truncate=truncate, truncate_prompt_tokens=truncate_prompt_tokens,
                               use_tqdm=use_tqdm, priority=priority,
-                              use_activation=use_activation)
+                              use_activation=use_activation, max_pair_tokens=max_tokens_per_doc)
     # One relevance label (the usual reranker): its sigmoid; else the top class probability.
-    return [float(o.probs[0]) if np.asarray(o.probs).shape[0] == 1 else float(o.score)
-            for o in outputs]
+    return ([float(o.probs[0]) if np.asarray(o.probs).shape[0] == 1 else float(o.score)
+             for o in outputs], [int(o.num_tokens) for o in outputs])
+
+
+def _pair_tokens(pairs: list[tuple[int, int]], doc_tokens: list[int], query_tokens,
+                 key=lambda qi: qi) -> list[int]:
+    """Per pair: its document's tokens, plus its query's on the query's first pair."""
+    seen = set()
+    out = []
+    for (qi, _), n in zip(pairs, doc_tokens):
+        first = key(qi) not in seen
+        seen.add(key(qi))
+        out.append(int(n) + (int(query_tokens(qi)) if first else 0))
+    return out
 
 
 def _hashable(item):

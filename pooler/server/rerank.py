@@ -1,32 +1,102 @@
-"""Rerank routes in the Cohere / Jina / vLLM shape: POST /rerank, /v1/rerank, /v2/rerank.
+"""Scoring routes in vLLM's shape (also what Cohere's and Jina's rerank clients read):
+POST /rerank, /v1/rerank, /v2/rerank, and the /score handler vllm.py routes to.
 
-{query, documents, top_n, return_documents} -> {id, model, usage, results[{index,
-relevance_score, document?: {text}}]} sorted best first.
+{query, documents, top_n} -> {id, model, usage{prompt_tokens, total_tokens}, results[{index,
+document{text}, relevance_score}]}, best first; top_n 0 (the default) keeps every document.
+As vLLM: an over-long pair is a 400 unless truncation is asked for (truncate_prompt_tokens,
+-1 for the model's maximum), max_tokens_per_doc cuts documents first, use_activation=false
+gives raw logits, and the routes answer 404 on models vLLM would not score with.
 
 POST /rerank is also TEI's rerank path: a body with `texts` (TEI) is answered in TEI's shape
-([{index, score, text?}]), a body with `documents` in Cohere's.
+([{index, score, text?}]), a body with `documents` in vLLM's.
 """
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse
 
 from pooler.server import tei
 from pooler.server.errors import ERROR_RESPONSES, bad_request
-from pooler.server.protocol import RerankRequest, RerankResponse, TEIRerankRequest
+from pooler.server.protocol import TEIRerankRequest
 from pooler.server.state import ServerState
+from pooler.server.vllm_common import (TRUNCATION_TOO_BIG, check_priority, envelope,
+                                       get_state, response_id, scoring_unavailable_reason)
+from pooler.server.vllm_errors import VLLMRoute, use_tei_errors, vllm_error
+from pooler.server.vllm_protocol import (RerankRequest, RerankResponse, ScoreRequest,
+                                         ScoreResponse)
 
-router = APIRouter(tags=["Rerank (Cohere, Jina, vLLM)"])
+router = APIRouter(tags=["Rerank (vLLM, Cohere, Jina)"], route_class=VLLMRoute)
+
+__all__ = ["router", "score", "rerank_vllm", "ScoreResponse"]
 
 
-def get_state(request: Request) -> ServerState:
-    return request.app.state.pooler
+def _not_served(state: ServerState, path: str) -> JSONResponse | None:
+    reason = scoring_unavailable_reason(state)
+    if reason is None:
+        return None
+    # vLLM does not register the route: FastAPI's {"detail": "Not Found"}, plus why.
+    return vllm_error(404, f"{path} is not served for this model: {reason}.",
+                      extra={"detail": "Not Found"})
 
 
-def _document_texts(documents: list) -> list[str]:
-    """Cohere v1 also takes documents as {"text": ...} objects."""
+def _scoring_options(state: ServerState, body) -> dict[str, Any]:
+    limit = body.truncate_prompt_tokens
+    max_len = state.engine.model_config.max_model_len
+    if limit is not None and limit > max_len:
+        raise bad_request(TRUNCATION_TOO_BIG, "truncate_prompt_tokens")
+    if limit is not None and limit != -1 and limit <= 0:
+        raise bad_request(f"truncate_prompt_tokens must be a positive integer or -1, got "
+                          f"{limit}.", "truncate_prompt_tokens")
+    if body.max_tokens_per_doc is not None and body.max_tokens_per_doc <= 0:
+        raise bad_request(f"max_tokens_per_doc must be a positive integer, got "
+                          f"{body.max_tokens_per_doc}.", "max_tokens_per_doc")
+    truncate = body.truncate if body.truncate is not None else limit is not None
+    options: dict[str, Any] = {"truncate": truncate,
+                               "truncate_prompt_tokens": None if limit == -1 else limit}
+    if body.use_activation is not None:
+        options["use_activation"] = body.use_activation
+    if body.max_tokens_per_doc is not None:
+        options["max_tokens_per_doc"] = body.max_tokens_per_doc
+    return options
+
+
+def _texts(value, field: str) -> list[str] | str:
+    if isinstance(value, list) and not value:
+        raise bad_request(f"'{field}' is empty: pass at least one text.", field)
+    return value
+
+
+async def score(body: ScoreRequest, request: Request):
+    state = get_state(request)
+    state.check_model(body.model)
+    check_priority(body)
+    not_served = _not_served(state, request.url.path)
+    if not_served is not None:
+        return not_served
+    queries, documents, doc_field = body.sides()
+    queries, documents = _texts(queries, "queries"), _texts(documents, doc_field)
+    n_q = 1 if isinstance(queries, str) else len(queries)
+    n_d = 1 if isinstance(documents, str) else len(documents)
+    if n_q > 1 and n_d != n_q:
+        raise bad_request(f"Got {n_q} queries and {n_d} {doc_field}: pass one query with any "
+                          f"number of {doc_field}, or as many queries as {doc_field}.", doc_field)
+    options = _scoring_options(state, body)
+
+    def compute():
+        outputs = state.call("score", queries, documents, use_tqdm=False, **options)
+        data = [{"index": i, "object": "score", "score": float(o.score)}
+                for i, o in enumerate(outputs)]
+        return envelope("score", state, body, data, sum(o.num_tokens for o in outputs))
+
+    return await state.respond(request, n_q + n_d, doc_field, compute)
+
+
+def _document_texts(documents) -> list[str]:
+    """A string, or a list of strings / Cohere v1's {"text": ...} objects."""
+    if isinstance(documents, str):
+        return [documents]
     texts = []
     for i, doc in enumerate(documents):
         if isinstance(doc, str):
@@ -39,31 +109,33 @@ def _document_texts(documents: list) -> list[str]:
     return texts
 
 
-async def _rerank(body: RerankRequest, request: Request):
+async def rerank_vllm(body: RerankRequest, request: Request):
     state = get_state(request)
     state.check_model(body.model)
-    state.require("rerank", None, "reranking")
-    if not body.documents:
-        raise bad_request("'documents' is empty: pass at least one document.", "documents")
-    if body.top_n is not None and body.top_n <= 0:
-        raise bad_request(f"top_n must be a positive integer, got {body.top_n}.", "top_n")
+    check_priority(body)
+    not_served = _not_served(state, request.url.path)
+    if not_served is not None:
+        return not_served
     documents = _document_texts(body.documents)
-    top_n = None if body.top_n is None else min(body.top_n, len(documents))
+    if not documents:
+        raise bad_request("'documents' is empty: pass at least one document.", "documents")
+    top_n = body.top_n if 0 < body.top_n < len(documents) else len(documents)
+    options = _scoring_options(state, body)
 
     def compute():
-        results = state.call("rerank", body.query, documents, top_n=top_n,
-                             return_documents=body.return_documents, use_tqdm=False)
-        ranked = sorted(results, key=lambda r: -float(r.score))[:top_n]
-        items = []
-        for r in ranked:
-            item: dict[str, Any] = {"index": int(r.index), "relevance_score": float(r.score)}
-            if body.return_documents:
-                item["document"] = {"text": documents[r.index]}
-            items.append(item)
-        tokens = [getattr(r, "num_tokens", None) for r in results]
-        total = sum(tokens) if tokens and all(t is not None for t in tokens) else None
-        return {"id": f"rerank-{uuid.uuid4().hex}", "model": state.model_name,
-                "results": items, "usage": {"total_tokens": total}}
+        outputs = state.call("score", body.query, documents, use_tqdm=False, **options)
+        ranked = sorted(outputs, key=lambda o: (-o.score, o.document_index))[:top_n]
+        results = []
+        for o in ranked:
+            item: dict[str, Any] = {"index": int(o.document_index)}
+            if body.return_documents is not False:
+                item["document"] = {"text": documents[o.document_index]}
+            item["relevance_score"] = float(o.score)
+            results.append(item)
+        tokens = sum(o.num_tokens for o in outputs)
+        return {"id": response_id("rerank", body), "model": state.model_name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "results": results}
 
     return await state.respond(request, len(documents) + 1, "documents", compute)
 
@@ -75,17 +147,18 @@ _RERANK_BODY = {"requestBody": {"required": True, "content": {"application/json"
 
 @router.post("/rerank", responses=ERROR_RESPONSES, openapi_extra=_RERANK_BODY)
 async def rerank(request: Request, body: dict[str, Any] = Body(...)):
-    """Cohere/Jina/vLLM body ({query, documents}) or TEI body ({query, texts})."""
+    """vLLM/Cohere/Jina body ({query, documents}) or TEI body ({query, texts})."""
     if "texts" in body and "documents" not in body:
+        use_tei_errors(request)
         return await tei.rerank_tei(TEIRerankRequest.model_validate(body), request)
-    return await _rerank(RerankRequest.model_validate(body), request)
+    return await rerank_vllm(RerankRequest.model_validate(body), request)
 
 
 @router.post("/v1/rerank", response_model=RerankResponse, responses=ERROR_RESPONSES)
 async def rerank_v1(body: RerankRequest, request: Request):
-    return await _rerank(body, request)
+    return await rerank_vllm(body, request)
 
 
 @router.post("/v2/rerank", response_model=RerankResponse, responses=ERROR_RESPONSES)
 async def rerank_v2(body: RerankRequest, request: Request):
-    return await _rerank(body, request)
+    return await rerank_vllm(body, request)

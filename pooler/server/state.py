@@ -47,9 +47,8 @@ class ServerState:
     # ---- checks (event loop; cheap) -----------------------------------------------------
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.model_names:
-            raise APIError(404, f"The model '{model}' does not exist on this server; it "
-                           f"serves '{self.model_name}'.", param="model",
-                           code="model_not_found")
+            raise APIError(404, f"The model `{model}` does not exist. This server serves "
+                           f"`{self.model_name}`.", param="model", code="model_not_found")
 
     def require(self, method: str, task: str | None = None, what: str | None = None) -> None:
         """400 unless the engine has `method` (other branches add some) and the model
@@ -128,10 +127,12 @@ class ServerState:
         self.metrics.inputs_in_flight.set(self.admission.in_flight)
         call = CallContext(cancel=threading.Event())
 
-        def work() -> bytes:
+        def work() -> bytes | Response:
             token = current_call.set(call)
             try:
-                return _to_json(compute())
+                result = compute()
+                # A ready Response (a binary body) goes out as is; anything else is JSON.
+                return result if isinstance(result, Response) else _to_json(result)
             finally:
                 current_call.reset(token)
 
@@ -155,6 +156,8 @@ class ServerState:
             self.metrics.inputs_in_flight.set(self.admission.in_flight)
             if call.tokenize_seconds:
                 self.metrics.tokenize_time.observe(call.tokenize_seconds)
+        if isinstance(body, Response):
+            return body
         return Response(body, media_type="application/json")
 
 

@@ -1,43 +1,77 @@
-"""vLLM-compatible routes: /pooling, /classify, /score, /v1/score, /tokenize, /detokenize.
-(/rerank, /v1/rerank, /v2/rerank are in rerank.py.)
+"""vLLM-compatible routes: /v1/embeddings, /pooling, /classify, /score, /v1/score, /tokenize,
+/detokenize, /invocations (SageMaker). /rerank, /v1/rerank, /v2/rerank are in rerank.py.
 
-/tokenize is shared with TEI: a body with `inputs` is TEI's request, one with `prompt` is
-vLLM's.
+Bodies, options and errors follow vLLM's pooling entrypoints (see vllm_protocol.py and
+vllm_errors.py): `messages` (chat) input, add_special_tokens, use_activation, embed_dtype x
+endianness with base64 or binary ("bytes", "bytes_only") bodies.
+
+/tokenize is shared with TEI: a body with `inputs` is TEI's request, one with `prompt` or
+`messages` is vLLM's.
 """
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
+from pydantic import ValidationError
 
 from pooler.params import PoolingParams
-from pooler.server import tei
+from pooler.server import rerank, tei
 from pooler.server.errors import ERROR_RESPONSES, bad_request
-from pooler.server.protocol import (ClassificationRequest, ClassificationResponse,
-                                    DetokenizeRequest, DetokenizeResponse, PoolingRequest,
-                                    PoolingResponse, ScoreRequest, ScoreResponse,
-                                    TEITokenizeRequest, TokenizeRequest, TokenizeResponse)
-from pooler.server.state import ServerState, usage, vector
+from pooler.server.protocol import TEITokenizeRequest
+from pooler.server.state import ServerState
+from pooler.server.vllm_common import (check_priority, chat_token_ids, envelope, get_state,
+                                       prompt_inputs, require_task, response_id,
+                                       scoring_unavailable_reason, truncation_options,
+                                       vllm_usage)
+from pooler.server.vllm_encoding import binary_response, encode_vector
+from pooler.server.vllm_errors import VLLMRoute, use_tei_errors
+from pooler.server.vllm_protocol import (ClassificationRequest, ClassificationResponse,
+                                         DetokenizeRequest, DetokenizeResponse,
+                                         EmbeddingRequest, EmbeddingResponse, PoolingRequest,
+                                         PoolingResponse, RerankRequest, ScoreRequest,
+                                         TokenizeRequest, TokenizeResponse)
 
-router = APIRouter(tags=["vLLM"])
-
-
-def get_state(request: Request) -> ServerState:
-    return request.app.state.pooler
-
-
-def _envelope(prefix: str, state: ServerState, data: list, num_tokens: int | None) -> dict:
-    body = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": state.model_name, "data": data}
-    if num_tokens is not None:
-        body["usage"] = usage(num_tokens)
-    return body
+router = APIRouter(tags=["vLLM"], route_class=VLLMRoute)
 
 
-def _num_tokens(outputs) -> int:
-    return sum(int(getattr(o, "num_tokens", 0) or 0) for o in outputs)
+def _encoded_body(prefix: str, state: ServerState, body, arrays: list, num_tokens: int,
+                  key: str, obj: str):
+    """The JSON list body (float or base64 per vector) or vLLM's binary body."""
+    if body.encoding_format in ("bytes", "bytes_only"):
+        head = {"id": response_id(prefix, body), "created": int(time.time()),
+                "model": state.model_name, "usage": vllm_usage(num_tokens)}
+        return binary_response(arrays, body.encoding_format, body.embed_dtype, body.endianness,
+                               head)
+    data = [{"index": i, "object": obj,
+             key: encode_vector(a, body.encoding_format, body.embed_dtype, body.endianness)}
+            for i, a in enumerate(arrays)]
+    return envelope(prefix, state, body, data, num_tokens)
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERROR_RESPONSES)
+async def create_embeddings(body: EmbeddingRequest, request: Request):
+    """OpenAI's embeddings request plus vLLM's options (messages, use_activation,
+    add_special_tokens, embed_dtype, endianness, truncate_prompt_tokens, ...)."""
+    state = get_state(request)
+    state.check_model(body.model)
+    check_priority(body)
+    require_task(state, "embed", "embeddings")
+    items, add_special = prompt_inputs(state, body)
+    state.check_dimensions(body.dimensions)
+    truncation = truncation_options(state, body)
+
+    def compute():
+        outputs = state.engine.embed(items, dimensions=body.dimensions, normalize=body.normalize,
+                                     use_activation=body.use_activation,
+                                     prompt_name=body.prompt_name,
+                                     add_special_tokens=add_special, use_tqdm=False,
+                                     **truncation)
+        return _encoded_body("embd", state, body, [o.embedding for o in outputs],
+                             sum(o.num_tokens for o in outputs), "embedding", "embedding")
+
+    return await state.respond(request, len(items), "input", compute)
 
 
 @router.post("/pooling", response_model=PoolingResponse, responses=ERROR_RESPONSES)
@@ -46,19 +80,24 @@ async def pooling(body: PoolingRequest, request: Request):
     (one vector per token), token_classify (probabilities per token)."""
     state = get_state(request)
     state.check_model(body.model)
+    check_priority(body)
     task = body.task or state.engine.default_task
-    state.require("encode", task, f"the {task!r} task")
-    items = state.inputs(body.input, "input")
+    require_task(state, task, f"the {task!r} task")
+    items, add_special = prompt_inputs(state, body)
     state.check_dimensions(body.dimensions, task)
-    truncation = state.truncation(body)
+    truncation = truncation_options(state, body)
     params = PoolingParams(task=task, dimensions=body.dimensions, normalize=body.normalize,
                            use_activation=body.use_activation)
+    try:
+        state.engine.verify_params(params)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
 
     def compute():
-        outputs = state.engine.encode(items, params, use_tqdm=False, **truncation)
-        data = [{"index": i, "object": "pooling", "data": vector(o.data, body.encoding_format)}
-                for i, o in enumerate(outputs)]
-        return _envelope("pool", state, data, _num_tokens(outputs))
+        outputs = state.engine.encode(items, params, add_special_tokens=add_special,
+                                      use_tqdm=False, **truncation)
+        return _encoded_body("pool", state, body, [o.data for o in outputs],
+                             sum(int(o.num_tokens) for o in outputs), "data", "pooling")
 
     return await state.respond(request, len(items), "input", compute)
 
@@ -67,61 +106,33 @@ async def pooling(body: PoolingRequest, request: Request):
 async def classify(body: ClassificationRequest, request: Request):
     state = get_state(request)
     state.check_model(body.model)
-    state.require("classify", "classify", "classification")
-    items = state.inputs(body.input, "input")
-    truncation = state.truncation(body, only_set=True)
+    check_priority(body)
+    require_task(state, "classify", "classification")
+    items, add_special = prompt_inputs(state, body)
+    truncation = truncation_options(state, body)
+    if truncation.pop("truncation_direction") != "right":
+        raise bad_request("/classify truncates from the right only; leave truncation_side "
+                          "unset.", "truncation_side")
 
     def compute():
         outputs = state.call("classify", items, use_activation=body.use_activation,
-                             use_tqdm=False, **truncation)
+                             add_special_tokens=add_special, use_tqdm=False, **truncation)
         data = [{"index": i, "object": "classification", "label": o.label,
                  "probs": [float(p) for p in o.probs], "num_classes": len(o.probs)}
                 for i, o in enumerate(outputs)]
-        return _envelope("classify", state, data, _num_tokens(outputs))
+        return envelope("classify", state, body, data, sum(o.num_tokens for o in outputs))
 
     return await state.respond(request, len(items), "input", compute)
 
 
-def _texts(value, field: str) -> list[str] | str:
-    if isinstance(value, list) and not value:
-        raise bad_request(f"'{field}' is empty: pass at least one text.", field)
-    return value
-
-
-async def _score(body: ScoreRequest, request: Request):
-    state = get_state(request)
-    state.check_model(body.model)
-    state.require("score", None, "scoring")
-    queries = body.queries if body.queries is not None else body.text_1
-    documents = body.documents if body.documents is not None else body.text_2
-    if queries is None:
-        raise bad_request("Missing 'queries' (or 'text_1').", "queries")
-    if documents is None:
-        raise bad_request("Missing 'documents' (or 'text_2').", "documents")
-    queries, documents = _texts(queries, "queries"), _texts(documents, "documents")
-    n_q = 1 if isinstance(queries, str) else len(queries)
-    n_d = 1 if isinstance(documents, str) else len(documents)
-    if n_q > 1 and n_d != n_q:
-        raise bad_request(f"Got {n_q} queries and {n_d} documents: pass one query with any "
-                          "number of documents, or as many queries as documents.", "documents")
-
-    def compute():
-        outputs = state.call("score", queries, documents, use_tqdm=False)
-        data = [{"index": i, "object": "score", "score": float(o.score)}
-                for i, o in enumerate(outputs)]
-        return _envelope("score", state, data, _num_tokens(outputs))
-
-    return await state.respond(request, n_q + n_d, "documents", compute)
-
-
-@router.post("/score", response_model=ScoreResponse, responses=ERROR_RESPONSES)
+@router.post("/score", response_model=rerank.ScoreResponse, responses=ERROR_RESPONSES)
 async def score(body: ScoreRequest, request: Request):
-    return await _score(body, request)
+    return await rerank.score(body, request)
 
 
-@router.post("/v1/score", response_model=ScoreResponse, responses=ERROR_RESPONSES)
+@router.post("/v1/score", response_model=rerank.ScoreResponse, responses=ERROR_RESPONSES)
 async def score_v1(body: ScoreRequest, request: Request):
-    return await _score(body, request)
+    return await rerank.score(body, request)
 
 
 _TOKENIZE_BODY = {"requestBody": {"required": True, "content": {"application/json": {
@@ -131,23 +142,28 @@ _TOKENIZE_BODY = {"requestBody": {"required": True, "content": {"application/jso
 
 @router.post("/tokenize", responses=ERROR_RESPONSES, openapi_extra=_TOKENIZE_BODY)
 async def tokenize(request: Request, body: dict[str, Any] = Body(...)):
-    """vLLM's {prompt, add_special_tokens} -> {count, max_model_len, tokens}; TEI's
-    {inputs, add_special_tokens} -> [[{id, text, special, start, stop}]]."""
+    """vLLM's {prompt | messages, add_special_tokens, return_token_strs} -> {count,
+    max_model_len, tokens, token_strs}; TEI's {inputs, add_special_tokens} -> [[{id, text,
+    special, start, stop}]]."""
     if "inputs" in body:
+        use_tei_errors(request)
         return await tei.tokenize_tei(TEITokenizeRequest.model_validate(body), request)
     req = TokenizeRequest.model_validate(body)
     state = get_state(request)
     state.check_model(req.model)
     tokenizer = state.engine.tokenizer
+    if req.messages is not None:
+        ids = chat_token_ids(state, req, bool(req.add_special_tokens))
+    else:
+        ids = None
 
     def compute():
-        ids = tokenizer.encode_batch([req.prompt],
-                                     add_special_tokens=req.add_special_tokens)[0].input_ids
-        out = {"count": len(ids), "max_model_len": state.engine.model_config.max_model_len,
-               "tokens": ids}
-        if req.return_token_strs:
-            out["token_strs"] = [tokenizer.id_to_token(t) for t in ids]
-        return out
+        tokens = ids if ids is not None else tokenizer.encode_batch(
+            [req.prompt], add_special_tokens=req.add_special_tokens is not False)[0].input_ids
+        return {"count": len(tokens), "max_model_len": state.engine.model_config.max_model_len,
+                "tokens": tokens,
+                "token_strs": [tokenizer.id_to_token(t) for t in tokens]
+                if req.return_token_strs else None}
 
     return await state.respond(request, 1, "prompt", compute)
 
@@ -163,3 +179,33 @@ async def detokenize(body: DetokenizeRequest, request: Request):
                                                        skip_special_tokens=False)}
 
     return await state.respond(request, 1, "tokens", compute)
+
+
+def _invocation_handlers(state: ServerState) -> list[tuple[type, Any]]:
+    """vLLM's order: embeddings, classification, rerank, score, pooling; each only where the
+    model serves it."""
+    tasks = state.engine.supported_tasks
+    handlers: list[tuple[type, Any]] = []
+    if "embed" in tasks:
+        handlers.append((EmbeddingRequest, create_embeddings))
+    if "classify" in tasks:
+        handlers.append((ClassificationRequest, classify))
+    if scoring_unavailable_reason(state) is None:
+        handlers += [(RerankRequest, rerank.rerank_vllm), (ScoreRequest, score)]
+    handlers.append((PoolingRequest, pooling))
+    return handlers
+
+
+@router.post("/invocations", responses=ERROR_RESPONSES)
+async def invocations(request: Request, body: dict[str, Any] = Body(...)):
+    """SageMaker's single route: the body goes to the first handler whose request it is,
+    tried in vLLM's order."""
+    handlers = _invocation_handlers(get_state(request))
+    for model, handler in handlers:
+        try:
+            parsed = model.model_validate(body)
+        except ValidationError:
+            continue
+        return await handler(parsed, request)
+    names = [model.__name__ for model, _ in handlers]
+    raise bad_request(f"Cannot find suitable handler for request. Expected one of: {names}")

@@ -62,7 +62,7 @@ def test_unknown_model_bad_token_ids_and_overlong(client):
                  None, "outside the vocabulary")
     long_text = "word " * 400
     assert_error(client.post("/v1/embeddings", json={"input": long_text, "truncate": False}),
-                 400, None, "more than the maximum")
+                 400, None, "Please reduce the length of the input prompt")  # vLLM's words
     assert_error(client.post("/embed", json={"inputs": long_text}), 400, None,
                  "more than the maximum")  # TEI's default: truncate=false
     assert client.post("/embed", json={"inputs": long_text, "truncate": True}).status_code == 200

@@ -81,7 +81,7 @@ def test_rerank_shapes(cross_encoder):
         assert [x["index"] for x in tei] == [e.index for e in expected]
         assert tei[0]["text"] == DOCS[expected[0].index]
         for bad in ({"query": query, "documents": []}, {"query": query, "documents": DOCS,
-                                                         "top_n": 0}):
+                                                         "top_n": -1}):
             r = c.post("/v1/rerank", json=bad)
             assert r.status_code == 400, r.text
 

@@ -1,0 +1,121 @@
+"""What the vLLM-compatible handlers (vllm.py, rerank.py) share: task checks worded as vLLM
+words them, truncation options, chat `messages` -> token ids, ids and usage blocks."""
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from typing import Any
+
+from fastapi import Request
+
+from pooler.pooling.activation import labels_of
+from pooler.server.chat import ChatTemplateError, model_chat_template, render_chat
+from pooler.server.errors import APIError, bad_request
+from pooler.server.state import ServerState
+
+
+# vLLM's exact sentence (its tests compare the whole message); `param` names the field.
+TRUNCATION_TOO_BIG = ("truncate_prompt_tokens value is greater than max_model_len. Please "
+                      "request a smaller truncation size.")
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.pooler
+
+
+def response_id(prefix: str, body) -> str:
+    """vLLM's ids: prefix-<the client's request_id, or a fresh uuid>."""
+    return f"{prefix}-{getattr(body, 'request_id', None) or uuid.uuid4().hex}"
+
+
+def vllm_usage(num_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": int(num_tokens), "total_tokens": int(num_tokens),
+            "completion_tokens": 0}
+
+
+def envelope(prefix: str, state: ServerState, body, data: list, num_tokens: int) -> dict:
+    return {"id": response_id(prefix, body), "object": "list", "created": int(time.time()),
+            "model": state.model_name, "data": data, "usage": vllm_usage(num_tokens)}
+
+
+def require_task(state: ServerState, task: str, what: str) -> None:
+    """vLLM's wording ("Unsupported task: 'classify' ...") and pooler's plain words."""
+    tasks = sorted(state.engine.supported_tasks)
+    if task not in tasks:
+        raise APIError(400, f"Unsupported task: {task!r}. Supported tasks: {tasks}. This "
+                       f"model/engine does not support {what}.", param="task",
+                       code="unsupported_task")
+
+
+def scoring_unavailable_reason(state: ServerState) -> str | None:
+    """vLLM serves /score and /rerank for embedding models (cosine), ColBERT (MaxSim) and
+    classifiers with a single label (cross-encoders); elsewhere the routes do not exist."""
+    engine = state.engine
+    if engine.model_config.colbert is not None:
+        return None
+    task = engine.default_task
+    if task in ("embed", "token_embed"):
+        return None
+    if task == "classify":
+        num_labels = len(labels_of(engine.model_config.hf_config))
+        if num_labels == 1:
+            return None
+        return (f"scoring needs a classifier with one label (a cross-encoder); this one has "
+                f"{num_labels}")
+    return f"this model's task is {task!r}"
+
+
+def check_priority(body) -> None:
+    if getattr(body, "priority", 0):
+        raise bad_request("priority scheduling is not enabled on this server; leave priority "
+                          "at 0.", "priority")
+
+
+def truncation_options(state: ServerState, body) -> dict[str, Any]:
+    """Engine truncation kwargs; vLLM's truncation_side is pooler's truncation_direction."""
+    limit = body.truncate_prompt_tokens
+    max_len = state.engine.model_config.max_model_len
+    if limit is not None and limit > max_len:
+        raise bad_request(TRUNCATION_TOO_BIG, "truncate_prompt_tokens")
+    out = state.truncation(body)
+    if getattr(body, "truncation_side", None):
+        out["truncation_direction"] = body.truncation_side
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _model_template(state: ServerState) -> str | None:
+    mc = state.engine.model_config
+    return model_chat_template(mc.tokenizer_config, mc.path)
+
+
+def chat_token_ids(state: ServerState, body, add_special_tokens: bool,
+                   chat=None) -> list[int]:
+    """Render a chat (default: body.messages) with the chat template (the request's, else
+    the model's) and tokenize the prompt."""
+    messages = [m.model_dump(exclude_none=False) for m in (chat or body.messages)]
+    try:
+        prompt = render_chat(messages, body.chat_template or _model_template(state),
+                             state.engine.model_config.tokenizer_config,
+                             add_generation_prompt=body.add_generation_prompt,
+                             continue_final_message=body.continue_final_message,
+                             template_kwargs=body.chat_template_kwargs,
+                             tools=body.tools)
+    except ChatTemplateError as exc:
+        raise bad_request(str(exc), "messages") from None
+    ids = state.engine.tokenizer.encode_batch([prompt],
+                                              add_special_tokens=add_special_tokens)[0].input_ids
+    if not ids:
+        raise bad_request("The chat renders to an empty prompt.", "messages")
+    return ids
+
+
+def prompt_inputs(state: ServerState, body) -> tuple[list, bool]:
+    """Engine inputs of an input-or-messages body, and add_special_tokens for text inputs.
+    A chat becomes token ids here (special tokens only if asked: vLLM's default for chat)."""
+    if body.messages is not None:
+        return [chat_token_ids(state, body, bool(body.add_special_tokens), chat)
+                for chat in body.conversations()], True
+    add_special = body.add_special_tokens is not False
+    return state.inputs(body.input, "input"), add_special

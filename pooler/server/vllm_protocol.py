@@ -1,0 +1,292 @@
+"""Request and response bodies of vLLM's pooling routes, field for field as vLLM's published
+protocol (vllm/entrypoints/pooling/*/protocol.py, serve/tokenize), plus pooler's own options
+(normalize, prompt_name, truncate, truncation_direction).
+
+Unknown fields are ignored, as vLLM ignores them. Known fields are strictly typed; enumerated
+ones are Literals, so a bad value is a 400 naming the field and the value.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+
+from pooler.server.protocol import Inputs, TextInputs, _TruncationFields
+from pooler.server.vllm_encoding import EmbedDType, EncodingFormat, Endianness
+
+
+class FieldError(ValueError):
+    """A validator's error about one field: the error body names it in `param` (vLLM's
+    VLLMValidationError.parameter)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: StrictStr
+    content: Union[StrictStr, list[dict[str, Any]], None] = None
+
+
+class _VLLMRequest(_TruncationFields):
+    """What every vLLM pooling request takes."""
+    model: Optional[StrictStr] = None
+    user: Optional[StrictStr] = None
+    request_id: Optional[StrictStr] = None
+    priority: StrictInt = 0
+    truncation_side: Optional[Literal["left", "right"]] = None  # vLLM's truncation_direction
+
+
+def _is_chat(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value))
+
+
+class _InputOrChat(_VLLMRequest):
+    """`input` (texts or token ids) or `messages`: one chat, or a list of chats (a batch),
+    each rendered with the chat template. As in vLLM, a chat (or a list of chats) may also
+    come in `input`, and add_special_tokens defaults to true for input, false for chats."""
+    input: Optional[Inputs] = None
+    messages: Optional[Union[list[ChatMessage], list[list[ChatMessage]]]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chat_in_input(cls, data):
+        if isinstance(data, dict) and "messages" not in data:
+            value = data.get("input")
+            if _is_chat(value) or (isinstance(value, list) and value
+                                   and all(_is_chat(v) for v in value)):
+                data = {k: v for k, v in data.items() if k != "input"}
+                data["messages"] = value
+        return data
+
+    def conversations(self) -> list[list[ChatMessage]]:
+        if self.messages and isinstance(self.messages[0], list):
+            return list(self.messages)
+        return [self.messages]
+    add_special_tokens: Optional[StrictBool] = None
+    add_generation_prompt: StrictBool = False
+    continue_final_message: StrictBool = False
+    chat_template: Optional[StrictStr] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None  # in the template's scope, as transformers
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if self.input is None and self.messages is None:
+            raise FieldError("Missing required field 'input' (texts or token ids); or pass "
+                             "'messages' (a chat) instead.", "input")
+        if self.input is not None and self.messages is not None:
+            raise FieldError("Pass either 'input' or 'messages', not both.", "messages")
+        if self.messages is not None and (not self.messages or
+                                          any(not chat for chat in self.conversations())):
+            raise FieldError("messages is empty: pass at least one message per chat.",
+                             "messages")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise FieldError("Cannot set both `continue_final_message` and "
+                             "`add_generation_prompt` to True.", "continue_final_message")
+        return self
+
+
+class _Encoding(BaseModel):
+    encoding_format: EncodingFormat = "float"
+    embed_dtype: EmbedDType = "float32"
+    endianness: Endianness = "native"
+
+
+class EmbeddingRequest(_InputOrChat, _Encoding):
+    dimensions: Optional[StrictInt] = None
+    use_activation: Optional[StrictBool] = None
+    normalize: Optional[StrictBool] = None  # pooler's name for use_activation on embeddings
+    prompt_name: Optional[StrictStr] = None
+
+
+class PoolingRequest(_InputOrChat, _Encoding):
+    # A string, not a Literal: an unknown task is vLLM's "Unsupported task: ..." error.
+    task: Optional[StrictStr] = None
+    dimensions: Optional[StrictInt] = None
+    use_activation: Optional[StrictBool] = None
+    normalize: Optional[StrictBool] = None
+
+
+class ClassificationRequest(_InputOrChat):
+    use_activation: Optional[StrictBool] = None
+
+
+class _Scoring(_VLLMRequest):
+    use_activation: Optional[StrictBool] = None
+    max_tokens_per_doc: Optional[StrictInt] = None
+    # None: an over-long pair is an error unless truncate_prompt_tokens is given (vLLM).
+    truncate: Optional[StrictBool] = None
+
+
+class ScoreRequest(_Scoring):
+    """vLLM's four spellings of the two sides: queries/documents, queries/items,
+    data_1/data_2, text_1/text_2."""
+    queries: Optional[TextInputs] = None
+    documents: Optional[TextInputs] = None
+    items: Optional[TextInputs] = None
+    data_1: Optional[TextInputs] = None
+    data_2: Optional[TextInputs] = None
+    text_1: Optional[TextInputs] = None
+    text_2: Optional[TextInputs] = None
+
+    @model_validator(mode="after")
+    def _one_spelling(self):
+        given = [(a, b) for a, b in (("queries", "documents"), ("queries", "items"),
+                                     ("data_1", "data_2"), ("text_1", "text_2"))
+                 if getattr(self, a) is not None and getattr(self, b) is not None]
+        if not given:
+            raise FieldError("Missing required fields: pass the two sides as 'queries' and "
+                             "'documents' (or queries/items, data_1/data_2, text_1/text_2).",
+                             "documents")
+        return self
+
+    def sides(self):
+        for a, b in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"),
+                     ("text_1", "text_2")):
+            if getattr(self, a) is not None and getattr(self, b) is not None:
+                return getattr(self, a), getattr(self, b), b
+        raise AssertionError("validated above")
+
+
+class RerankRequest(_Scoring):
+    """vLLM's, Jina's and Cohere's rerank body. top_n 0 (the default) means every document."""
+    query: StrictStr
+    documents: Union[StrictStr, list[Union[StrictStr, dict[str, Any]]]]
+    top_n: StrictInt = Field(0, ge=0)
+    return_documents: Optional[StrictBool] = None  # Cohere/Jina; vLLM always returns them
+
+
+class TokenizeRequest(_VLLMRequest):
+    """vLLM's /tokenize: `prompt` or `messages` (TEI's body has `inputs` instead)."""
+    prompt: Optional[StrictStr] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: Optional[StrictBool] = None
+    add_generation_prompt: StrictBool = False
+    continue_final_message: StrictBool = False
+    chat_template: Optional[StrictStr] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None  # in the template's scope, as transformers
+    return_token_strs: StrictBool = False
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if self.messages is not None and not self.messages:
+            raise FieldError("messages is empty: pass at least one message.", "messages")
+        if self.prompt is None and self.messages is None:
+            raise FieldError("Missing required field 'prompt'; or pass 'messages' (a chat) "
+                             "instead.", "prompt")
+        if self.prompt is not None and self.messages is not None:
+            raise FieldError("Pass either 'prompt' or 'messages', not both.", "messages")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise FieldError("Cannot set both `continue_final_message` and "
+                             "`add_generation_prompt` to True.", "continue_final_message")
+        return self
+
+
+class DetokenizeRequest(_VLLMRequest):
+    tokens: list[StrictInt]
+
+
+# ---- responses (for the OpenAPI spec; handlers build plain dicts) ------------------------------
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: Optional[int] = 0
+
+
+class EmbeddingData(BaseModel):
+    index: int
+    object: str = "embedding"
+    embedding: Union[list[float], str]
+
+
+class EmbeddingResponse(BaseModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[EmbeddingData]
+    usage: UsageInfo
+
+
+class PoolingData(BaseModel):
+    index: int
+    object: str = "pooling"
+    data: Union[list[list[float]], list[float], str]
+
+
+class PoolingResponse(BaseModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[PoolingData]
+    usage: UsageInfo
+
+
+class ClassificationData(BaseModel):
+    index: int
+    label: Optional[str]
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(BaseModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: UsageInfo
+
+
+class ScoreData(BaseModel):
+    index: int
+    object: str = "score"
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: UsageInfo
+
+
+class RerankDocument(BaseModel):
+    text: Optional[str] = None
+
+
+class RerankResult(BaseModel):
+    index: int
+    document: Optional[RerankDocument] = None  # left out only when return_documents=false
+    relevance_score: float
+
+
+class RerankUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
