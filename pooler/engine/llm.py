@@ -27,6 +27,7 @@ from pooler.outputs import (ClassificationOutput, EmbeddingOutput, Entity, Pooli
                             TokenClassificationOutput, TokenEmbeddingOutput, as_numpy)
 from pooler.params import PoolingParams
 from pooler.pooling.activation import labels_of
+from pooler.quantize_output import check_precision, quantize_embeddings
 from pooler.tokenizer import TextTokenizer
 
 # Offline jobs at least this long show a progress bar unless use_tqdm says otherwise.
@@ -99,13 +100,23 @@ class Engine:
               normalize: bool | None = None, truncate: bool = True,
               truncate_prompt_tokens: int | None = None, truncation_direction: str = "right",
               prompt: str | None = None, prompt_name: str | None = None,
-              use_tqdm: bool | None = None, priority: int = 0) -> list[EmbeddingOutput]:
+              use_tqdm: bool | None = None, priority: int = 0, precision: str = "float32",
+              ranges=None, calibration_embeddings=None) -> list[EmbeddingOutput]:
+        """precision: "float32", or "int8" / "uint8" (256 buckets per dimension between
+        `ranges` [2, dim], else the min/max of `calibration_embeddings` [n, dim], else of this
+        call's own embeddings) or "binary" / "ubinary" (bits packed 8 per byte), as
+        sentence-transformers' quantize_embeddings."""
+        check_precision(precision)
         params = PoolingParams(task="embed", dimensions=dimensions, normalize=normalize)
         results = self._encode(inputs, params, TruncationOptions(
             truncate, truncate_prompt_tokens, truncation_direction), prompt, prompt_name,
             use_tqdm, priority)
-        return [EmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
-                for r in results]
+        vectors = [as_numpy(r.data) for r in results]
+        if precision != "float32" and vectors:
+            vectors = list(quantize_embeddings(np.stack(vectors), precision, ranges,
+                                               calibration_embeddings))
+        return [EmbeddingOutput(v, r.num_tokens, r.request_id)
+                for v, r in zip(vectors, results)]
 
     def token_embed(self, inputs: str | Sequence, *, normalize: bool | None = None,
                     skip_special_tokens: bool = False, truncate: bool = True,

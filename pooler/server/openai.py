@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 from fastapi import APIRouter, Request
 
+from pooler.server import quantized
 from pooler.server.errors import ERROR_RESPONSES
 from pooler.server.protocol import EmbeddingRequest, EmbeddingResponse, ModelList
 from pooler.server.state import ServerState, usage, vector
@@ -24,14 +26,21 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     items = state.inputs(body.input, "input")
     state.check_dimensions(body.dimensions)
     truncation = state.truncation(body)
+    if body.precision in ("int8", "uint8"):
+        quantized.server_ranges(body.ranges, body.dimensions or state.engine.embedding_size)
 
     def compute():
         outputs = state.engine.embed(items, dimensions=body.dimensions,
                                      normalize=body.normalize, prompt_name=body.prompt_name,
                                      use_tqdm=False, **truncation)
-        data = [{"object": "embedding", "index": i,
-                 "embedding": vector(o.embedding, body.encoding_format)}
-                for i, o in enumerate(outputs)]
+        if body.precision != "float32":  # pooler's quantized vectors (issue 16)
+            codes = quantized.quantize(np.stack([o.embedding for o in outputs]),
+                                       body.precision, body.ranges)
+            vectors = [quantized.encode(c, body.encoding_format) for c in codes]
+        else:
+            vectors = [vector(o.embedding, body.encoding_format) for o in outputs]
+        data = [{"object": "embedding", "index": i, "embedding": v}
+                for i, v in enumerate(vectors)]
         return {"object": "list", "data": data, "model": state.model_name,
                 "usage": usage(sum(o.num_tokens for o in outputs))}
 

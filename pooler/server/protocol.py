@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 # One or many texts, or one or many token-id lists (OpenAI's `input`).
 Inputs = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 TextInputs = Union[StrictStr, list[StrictStr]]
+# pooler's quantized outputs (issue 16), on /v1/embeddings and /embed.
+Precision = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 
 
 class _Request(BaseModel):
@@ -49,6 +51,9 @@ class EmbeddingRequest(_TruncationFields):
     user: Optional[StrictStr] = None
     normalize: Optional[StrictBool] = None
     prompt_name: Optional[StrictStr] = None
+    # pooler's addition (issue 16): quantized vectors, see pooler/server/quantized.py
+    precision: Precision = "float32"
+    ranges: Optional[list[list[float]]] = None
 
 
 class Usage(BaseModel):
@@ -59,7 +64,7 @@ class Usage(BaseModel):
 class EmbeddingData(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: Union[list[float], str]
+    embedding: Union[list[float], list[int], str]
 
 
 class EmbeddingResponse(BaseModel):
@@ -218,30 +223,35 @@ class RerankResponse(BaseModel):
 TEIDirection = Literal["right", "left", "Right", "Left"]
 
 
-class TEIEmbedRequest(_Request):
-    """TEI's defaults: normalize=true, truncate=false (over-long input is an error)."""
+class _TEITruncation(_Request):
+    """TEI >= 1.9: `truncate` unset means the server's auto-truncate (on); false makes an
+    over-long input a 422."""
+    truncate: Optional[StrictBool] = None
+    truncation_direction: TEIDirection = "right"
+
+
+class TEIEmbedRequest(_TEITruncation):
     inputs: Inputs
     normalize: StrictBool = True
-    truncate: Optional[StrictBool] = False
-    truncation_direction: TEIDirection = "right"
     prompt_name: Optional[StrictStr] = None
     dimensions: Optional[StrictInt] = None
+    precision: Precision = Field("float32", description="pooler's addition: int8, uint8, "
+                                 "binary or ubinary vectors (see README, quantized outputs)")
+    ranges: Optional[list[list[float]]] = Field(
+        None, description="int8/uint8: [[min per dimension], [max per dimension]]; default "
+        "[-1, 1] in every dimension")
 
 
-class TEIEmbedAllRequest(_Request):
+class TEIEmbedAllRequest(_TEITruncation):
     inputs: Inputs
-    truncate: Optional[StrictBool] = False
-    truncation_direction: TEIDirection = "right"
     prompt_name: Optional[StrictStr] = None
 
 
-class TEIRerankRequest(_Request):
+class TEIRerankRequest(_TEITruncation):
     query: StrictStr
     texts: list[StrictStr]
     raw_scores: StrictBool = False
     return_text: StrictBool = False
-    truncate: Optional[StrictBool] = False
-    truncation_direction: TEIDirection = "right"
 
 
 class TEIRank(BaseModel):
@@ -250,12 +260,10 @@ class TEIRank(BaseModel):
     text: Optional[str] = None
 
 
-class TEIPredictRequest(_Request):
-    """A text, a [text, text_pair] pair, or a list of either."""
-    inputs: Union[StrictStr, list[StrictStr], list[list[StrictStr]]]
+class TEIPredictRequest(_TEITruncation):
+    """A text, [text], [text, text_pair], or a batch [[text], [text, text_pair], ...]."""
+    inputs: Union[StrictStr, list[Union[StrictStr, list[StrictStr]]]]
     raw_scores: StrictBool = False
-    truncate: Optional[StrictBool] = False
-    truncation_direction: TEIDirection = "right"
 
 
 class TEILabelScore(BaseModel):
@@ -263,16 +271,28 @@ class TEILabelScore(BaseModel):
     score: float
 
 
-class TEISparseRequest(_Request):
+class TEISparseRequest(_TEITruncation):
     inputs: TextInputs
-    truncate: Optional[StrictBool] = False
-    truncation_direction: TEIDirection = "right"
     prompt_name: Optional[StrictStr] = None
 
 
 class TEISparseValue(BaseModel):
     index: int
     value: float
+
+
+class TEISimilarityInput(_Request):
+    source_sentence: StrictStr
+    sentences: list[StrictStr]
+
+
+class TEISimilarityParameters(_TEITruncation):
+    prompt_name: Optional[StrictStr] = None
+
+
+class TEISimilarityRequest(_Request):
+    inputs: TEISimilarityInput
+    parameters: TEISimilarityParameters = Field(default_factory=TEISimilarityParameters)
 
 
 class TEITokenizeRequest(_Request):
@@ -326,7 +346,16 @@ class NERResponse(BaseModel):
 
 
 class InfoResponse(BaseModel):
+    """TEI's Info fields (its python client reads them), then pooler's own."""
     model_id: str
+    model_sha: Optional[str] = None
+    served_model_name: str
+    model_type: dict[str, Any]
+    max_concurrent_requests: int
+    auto_truncate: bool
+    tokenization_workers: int
+    sha: Optional[str] = None
+    docker_label: Optional[str] = None
     model_path: str
     model_dtype: str
     architecture: str
@@ -335,7 +364,7 @@ class InfoResponse(BaseModel):
     embedding_dimensions: Optional[int]
     max_input_length: int
     max_batch_tokens: int
-    max_batch_requests: int
+    max_batch_requests: Optional[int]
     max_client_batch_size: int
     max_payload_bytes: int
     max_queue: int

@@ -77,7 +77,7 @@ _RERANK_BODY = {"requestBody": {"required": True, "content": {"application/json"
 async def rerank(request: Request, body: dict[str, Any] = Body(...)):
     """Cohere/Jina/vLLM body ({query, documents}) or TEI body ({query, texts})."""
     if "texts" in body and "documents" not in body:
-        return await tei.rerank_tei(TEIRerankRequest.model_validate(body), request)
+        return await tei.rerank_tei(body, request)
     return await _rerank(RerankRequest.model_validate(body), request)
 
 

@@ -134,7 +134,7 @@ async def tokenize(request: Request, body: dict[str, Any] = Body(...)):
     """vLLM's {prompt, add_special_tokens} -> {count, max_model_len, tokens}; TEI's
     {inputs, add_special_tokens} -> [[{id, text, special, start, stop}]]."""
     if "inputs" in body:
-        return await tei.tokenize_tei(TEITokenizeRequest.model_validate(body), request)
+        return await tei.tokenize_tei(body, request)
     req = TokenizeRequest.model_validate(body)
     state = get_state(request)
     state.check_model(req.model)
