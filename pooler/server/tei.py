@@ -12,6 +12,7 @@ TEI >= 1.9 defaults: `truncate` unset means auto-truncate (the server's `auto_tr
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from typing import Any, Awaitable, Callable
 
@@ -144,6 +145,24 @@ def check_token_ids(state: ServerState, ids: list[int], field: str) -> None:
                           f"{bad[:5]}.", field)
 
 
+def check_prompt(state: ServerState, prompt_name: str | None) -> str | None:
+    """The prompt text for `prompt_name`; unknown names are TEI's 422, whose message lists the
+    model's prompts as TEI does ("Available prompts: [...]": TEI's clients parse it)."""
+    if prompt_name is None:
+        return None
+    st = state.engine.model_config.st
+    prompts = st.prompts if st is not None else {}
+    if not prompts:
+        raise TEIError("Validation", f"`prompt_name` is set to `{prompt_name}` but no prompts "
+                                     "were found in the Sentence Transformers configuration")
+    if prompt_name not in prompts:
+        listed = ", ".join(f'"{name}"' for name in prompts)
+        raise TEIError("Validation", f"`prompt_name` is set to `{prompt_name}` but it was not "
+                                     "found in the Sentence Transformers prompts. Available "
+                                     f"prompts: [{listed}]")
+    return prompts[prompt_name]
+
+
 def require(state: ServerState, task: str, kind: str) -> None:
     """424 as TEI answers a model of the wrong type ("Model is not an embedding model")."""
     if task not in state.engine.supported_tasks:
@@ -196,6 +215,7 @@ async def _embed(body: TEIEmbedRequest, request: Request):
     if body.dimensions is not None and body.dimensions <= 0:
         raise TEIError("Validation", "`dimensions` should be positive")
     state.check_dimensions(body.dimensions)
+    check_prompt(state, body.prompt_name)
     kwargs = truncation(body)
     if body.ranges is not None:
         quantized.server_ranges(body.ranges, body.dimensions or state.engine.embedding_size)
@@ -232,6 +252,7 @@ async def embed_all(body: TEIEmbedAllRequest, request: Request):
     state = get_state(request)
     require(state, "token_embed", "an embedding")
     items = inputs(state, body.inputs)
+    check_prompt(state, body.prompt_name)
     kwargs = truncation(body)
 
     def compute():
@@ -251,6 +272,7 @@ async def embed_sparse(body: TEISparseRequest, request: Request):
                                   "needs a masked-LM model (*ForMaskedLM, e.g. SPLADE) and "
                                   f"this one is {state.engine.model_config.architecture}.")
     items = inputs(state, body.inputs)
+    check_prompt(state, body.prompt_name)
     kwargs = truncation(body)
 
     def compute():
@@ -363,6 +385,7 @@ async def _similarity(body: TEISimilarityRequest, request: Request):
     if not body.inputs.sentences:
         raise empty("inputs.sentences")
     params = body.parameters
+    check_prompt(state, params.prompt_name)
     texts = [body.inputs.source_sentence, *body.inputs.sentences]
     kwargs = truncation(params)
 
@@ -386,9 +409,7 @@ async def _tokenize(body: TEITokenizeRequest, request: Request):
     texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
     if not texts:
         raise empty("inputs")
-    prompt = None  # TEI adds a prompt only when asked to
-    if body.prompt_name is not None:
-        prompt = state.engine.processor.resolve_prompt(None, body.prompt_name)
+    prompt = check_prompt(state, body.prompt_name)  # TEI adds a prompt only when asked to
     tokenizer = state.engine.tokenizer
 
     def compute():
@@ -472,12 +493,44 @@ async def root(request: Request, body: dict[str, Any] = Body(...)):
     if route == "rerank":
         return await _rerank(TEIRerankRequest.model_validate(body), request)
     if route == "predict":
+        if "parameters" in body:  # the HF Inference API's text-classification body
+            return await _pipeline_classify(body, request)
         return await _predict(TEIPredictRequest.model_validate(body), request)
     if route == "ner":
         return await _entities(body, request)
     if route == "embed_sparse":
         return await embed_sparse(TEISparseRequest.model_validate(body), request)
     return await _embed(TEIEmbedRequest.model_validate(body), request)
+
+
+async def _pipeline_classify(body: dict, request: Request):
+    """huggingface_hub's text_classification: {inputs: text, parameters: {top_k,
+    function_to_apply}} -> [[{label, score}]] best first, as the transformers pipeline answers
+    (TEI's /predict shape would lose all but the top label in that client)."""
+    raw, params = body.get("inputs"), body.get("parameters") or {}
+    if not isinstance(raw, str):
+        raise TEIError("Validation", "`inputs` must be one text for text classification.")
+    top_k = params.get("top_k")
+    if top_k is not None and (not isinstance(top_k, int) or top_k <= 0):
+        raise TEIError("Validation", f"`parameters.top_k` must be a positive integer, got "
+                                     f"{top_k!r}.")
+    activation = params.get("function_to_apply")
+    if activation not in (None, "none", "sigmoid", "softmax"):
+        raise TEIError("Validation", "`parameters.function_to_apply` must be none, sigmoid or "
+                                     f"softmax, got {activation!r}.")
+    # function_to_apply is applied here to the logits; unset keeps the model's own activation
+    response = await _predict(TEIPredictRequest(inputs=raw, raw_scores=activation is not None),
+                              request)
+    ranked = json.loads(response.body)
+    if activation in ("sigmoid", "softmax"):
+        logits = np.array([p["score"] for p in ranked], dtype=np.float64)  # [num_labels]
+        if activation == "sigmoid":
+            scores = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            scores = np.exp(logits - logits.max())
+            scores /= scores.sum()
+        ranked = [{"score": float(x), "label": p["label"]} for x, p in zip(scores, ranked)]
+    return Response(json.dumps([ranked[:top_k]]), media_type="application/json")
 
 
 async def _entities(body: dict, request: Request):
@@ -488,10 +541,13 @@ async def _entities(body: dict, request: Request):
     single = isinstance(raw, str)
     items = inputs(state, raw)
     params = body.get("parameters") or {}
-    strategy = params.get("aggregation_strategy") or "simple"
+    kwargs: dict[str, Any] = {"aggregation_strategy": params.get("aggregation_strategy")
+                              or "simple"}
+    if params.get("ignore_labels") is not None:
+        kwargs["ignore_labels"] = tuple(params["ignore_labels"])
 
     def compute():
-        results = state.call("ner", items, aggregation_strategy=strategy, use_tqdm=False)
+        results = state.call("ner", items, use_tqdm=False, **kwargs)
         as_dicts = [[{k: (float(v) if k == "score" else v) for k, v in e.to_dict().items()}
                      for e in ents] for ents in results]
         return as_dicts[0] if single else as_dicts
