@@ -42,7 +42,8 @@ def quantization_ranges(embeddings: np.ndarray, ranges=None,
         ranges = np.vstack((source.min(axis=0), source.max(axis=0)))  # [2, dim]
     if np.any(ranges[1] <= ranges[0]):
         raise ValueError("int8/uint8 need a maximum above the minimum in every dimension: pass "
-                         "`ranges` ([2, dim]) or calibration embeddings (several vectors); "
+                         "`ranges` ([2, dim]) or calibration embeddings (several vectors; `pooler embed "
+                         "--calibration FILE.npy`); "
                          "from a single vector the range of each dimension is empty.")
     return ranges
 
