@@ -51,6 +51,7 @@ class ModelConfig:
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}.")
         if self.task is not None:
             check_task(self.task)
+        check_device(self.device)
         self.root_path = resolve_model_path(self.model)
         # Inference-free SPLADE keeps its MLM in a sentence-transformers Router subfolder.
         self.path = router_transformer_path(self.root_path)
@@ -132,6 +133,23 @@ class ModelConfig:
                 f"max_model_len={self.max_model_len} exceeds what the model supports "
                 f"({derived}); use a value <= {derived}.")
         return self.max_model_len
+
+
+def check_device(device: str) -> None:
+    """A device this torch can use, said before any weights load."""
+    if not isinstance(device, str) or not device:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}.")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else \
+            f"a CUDA {torch.version.cuda} build, but it sees no GPU"
+        raise ValueError(f"device={device!r} was asked for, but this torch ({torch.__version__}) "
+                         f"is {build}. Use device='cpu' (or 'auto', which picks CUDA only when "
+                         "it is there), or install a CUDA build of torch on a machine with a GPU.")
+    try:
+        torch.device(device if device != "auto" else "cpu")
+    except RuntimeError:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got "
+                         f"{device!r}.") from None
 
 
 def _fallback_head(architecture: str, hf_config: dict) -> tuple[str, str]:

@@ -28,6 +28,7 @@ from pooler.outputs import (ClassificationOutput, EmbeddingOutput, Entity, Pooli
 from pooler.params import PoolingParams
 from pooler.pooling.activation import labels_of
 from pooler.quantize_output import check_precision, quantize_embeddings
+from pooler.tasks import unsupported_task_message
 from pooler.tokenizer import TextTokenizer
 
 # Offline jobs at least this long show a progress bar unless use_tqdm says otherwise.
@@ -410,8 +411,9 @@ class Engine:
             raise ValueError(f"dimensions={params.dimensions} is larger than the model's "
                              f"{what} size {size}; use a value <= {size}.")
         if params.task not in self.supported_tasks:
-            raise ValueError(f"Unsupported task: {params.task!r}. "
-                             f"Supported tasks: {sorted(self.supported_tasks)}")
+            raise ValueError(unsupported_task_message(
+                params.task, self.supported_tasks, self.default_task,
+                self.model_config.architecture))
         return params
 
     def _encode(self, inputs, params: PoolingParams, truncation: TruncationOptions,
