@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-_FORMATS = (".jsonl", ".json", ".npy", ".csv")
+_FORMATS = (".jsonl", ".npy", ".csv")
 
 
 def _quantization_kwargs(args) -> dict:

@@ -322,11 +322,12 @@ async def rerank_tei(body: dict | TEIRerankRequest, request: Request) -> Respons
     return await tei_errors(lambda: _rerank(TEIRerankRequest.model_validate(body), request))
 
 
-def predict_inputs(raw) -> tuple[list[str], list[str] | None, bool]:
+def predict_inputs(raw) -> tuple[list[str], list[str | None], bool]:
     """TEI's PredictInput: "text"; ["text"]; ["text", "pair"]; or a batch
-    [["text"], ["text", "pair"], ...]. Returns (texts, pairs or None, single)."""
+    [["text"], ["text", "pair"], ...] (singles and pairs mixed). Returns (texts, the pair of
+    each or None, single)."""
     if isinstance(raw, str):
-        return [raw], None, True
+        return [raw], [None], True
     if not raw:
         raise empty("inputs")
     if isinstance(raw[0], str):
@@ -336,7 +337,7 @@ def predict_inputs(raw) -> tuple[list[str], list[str] | None, bool]:
                                          "pairs [[string], [string, string], ...]; got a flat "
                                          f"list of {len(raw)} items (for a batch of single "
                                          "texts send [[text], [text], ...]).")
-        return [raw[0]], (None if len(raw) == 1 else [raw[1]]), True
+        return [raw[0]], [None if len(raw) == 1 else raw[1]], True
     texts, pairs = [], []
     for i, item in enumerate(raw):
         if not isinstance(item, list) or len(item) not in (1, 2):
@@ -344,11 +345,6 @@ def predict_inputs(raw) -> tuple[list[str], list[str] | None, bool]:
                                          f"got {item!r:.80}.")
         texts.append(item[0])
         pairs.append(item[1] if len(item) == 2 else None)
-    if all(p is None for p in pairs):
-        return texts, None, False
-    if any(p is None for p in pairs):
-        raise TEIError("Validation", "`inputs` mixes single texts and pairs; pooler runs a "
-                                     "batch as all singles or all pairs: send two requests.")
     return texts, pairs, False
 
 
@@ -363,9 +359,19 @@ async def _predict(body: TEIPredictRequest, request: Request):
     kwargs = truncation(body)
 
     def compute():
-        outputs = state.call("classify", texts, text_pair=pairs,
-                             use_activation=False if body.raw_scores else None,
-                             use_tqdm=False, **kwargs)
+        # Engine.classify takes all singles or all pairs: one call per kind, then the results
+        # go back in input order.
+        outputs: list = [None] * len(texts)
+        for is_pair in (False, True):
+            where = [i for i, p in enumerate(pairs) if (p is not None) == is_pair]
+            if not where:
+                continue
+            results = state.call("classify", [texts[i] for i in where],
+                                 text_pair=[pairs[i] for i in where] if is_pair else None,
+                                 use_activation=False if body.raw_scores else None,
+                                 use_tqdm=False, **kwargs)
+            for i, result in zip(where, results):
+                outputs[i] = result
         ranked = [sorted(({"score": float(l["score"]), "label": str(l["label"])}
                           for l in o.labels), key=lambda x: x["score"])[::-1] for o in outputs]
         return ranked[0] if single else ranked

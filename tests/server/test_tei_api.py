@@ -243,6 +243,9 @@ def test_predict_shapes(classifier):
     pairs = ok(c.post("/predict", json={"inputs": [["a question", "an answer"]] * 2}),
                "/predict")
     assert pairs == [pair, pair]
+    mixed = ok(c.post("/predict", json={"inputs": [["test"], ["a question", "an answer"],
+                                                   ["test"]]}), "/predict")
+    assert mixed == [single, pair, single]
     raw = ok(c.post("/predict", json={"inputs": "test", "raw_scores": True}), "/predict")
     logits = engine.classify("test", use_activation=False)[0].probs
     np.testing.assert_allclose(sorted((p["score"] for p in raw), reverse=True),
@@ -298,3 +301,67 @@ def test_classifier_info_and_embed_is_424(classifier, reranker):
     info = c.get("/info").json()
     validate("Info", info)
     assert list(info["model_type"]) == ["reranker"]
+
+
+@pytest.fixture(scope="module")
+def splade(tmp_path_factory, minilm_path, tiny_model, serve_app):
+    folder = tiny_model(tmp_path_factory.mktemp("mlm"), minilm_path, "BertForMaskedLM", 2)
+    engine = Engine(str(folder))
+    with serve_app(engine, owns_engine=True) as (url, _):
+        with httpx.Client(base_url=url, timeout=60) as c:
+            yield c, engine
+
+
+def test_embed_sparse_and_root_on_a_splade_model(splade):
+    # TEI: /embed_sparse -> [[{index, value}]]; POST / on a SPLADE model is /embed_sparse;
+    # Info says pooling "splade".
+    c, engine = splade
+    body = ok(c.post("/embed_sparse", json={"inputs": ["hello world", "a"]}), "/embed_sparse")
+    for got, want in zip(body, engine.embed_sparse(["hello world", "a"])):
+        assert [g["index"] for g in got] == [int(i) for i in want.indices]
+        np.testing.assert_allclose([g["value"] for g in got], want.values, atol=1e-5)
+    assert ok(c.post("/", json={"inputs": ["hello world", "a"]}), "/embed_sparse") == body
+    info = c.get("/info").json()
+    validate("Info", info)
+    assert info["model_type"] == {"embedding": {"pooling": "splade"}}
+
+
+def test_predict_truncation_like_every_route(classifier):
+    # TEI >= 1.9 on /predict: auto-truncate by default, truncate=false -> 422.
+    c, engine = classifier
+    body = ok(c.post("/predict", json={"inputs": LONG}), "/predict")
+    assert body[0]["label"] == engine.classify(LONG)[0].label
+    tei_error(c.post("/predict", json={"inputs": LONG, "truncate": False}), 422, "Validation")
+
+
+def test_overloaded_is_429_and_bad_json_is_422(engine, serve_app):
+    # TEI: more work than the server admits -> 429 Overloaded; a body that is not JSON -> 422.
+    from pooler.server.settings import ServerSettings
+
+    with serve_app(engine, ServerSettings(max_queue=1)) as (url, _):
+        with httpx.Client(base_url=url, timeout=60) as c:
+            tei_error(c.post("/embed", json={"inputs": ["a", "b"]}), 429, "Overloaded")
+            tei_error(c.post("/embed", content=b"{nope",
+                             headers={"content-type": "application/json"}), 422, "Validation")
+
+
+def test_health_routes_are_open_with_an_api_key(engine, serve_app):
+    # TEI: /health, / and /ping are public routes; POST / needs the key like every other.
+    from pooler.server.settings import ServerSettings
+
+    with serve_app(engine, ServerSettings(api_key="k")) as (url, _):
+        with httpx.Client(base_url=url, timeout=60) as c:
+            for path in ("/health", "/", "/ping"):
+                assert c.get(path).status_code == 200, path
+            assert c.post("/", json={"inputs": "a"}).status_code == 401
+            assert c.post("/", json={"inputs": "a"},
+                          headers={"Authorization": "Bearer k"}).status_code == 200
+
+
+def test_prompt_name_errors_list_the_prompts(client):
+    # TEI: an unknown prompt_name is 422 Validation; tei-client parses "Available prompts".
+    message = tei_error(client.post("/tokenize", json={"inputs": "a", "prompt_name": "nope"}),
+                        422, "Validation")
+    assert "no prompts were found" in message
+    tei_error(client.post("/embed", json={"inputs": "a", "prompt_name": "nope"}), 422,
+              "Validation")
