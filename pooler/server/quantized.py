@@ -42,7 +42,7 @@ def quantize(matrix: np.ndarray, precision: str, ranges=None) -> np.ndarray:
 def encode(vector: np.ndarray, encoding_format: str):
     """A float32 vector as floats or base64 of little-endian float32; an int8/uint8 one as
     integers or base64 of its raw bytes."""
-    if vector.dtype == np.float32 or vector.dtype.kind == "f":
+    if vector.dtype.kind == "f":
         if encoding_format == "base64":
             return base64.b64encode(np.ascontiguousarray(vector, "<f4").tobytes()).decode()
         return vector.tolist()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 from typing import Any, Awaitable, Callable
 
 import numpy as np
@@ -31,8 +30,6 @@ from pooler.server.protocol import (EmbeddingRequest, TEIDecodeRequest, TEIEmbed
                                     TEISimilarityRequest, TEISparseRequest, TEISparseValue,
                                     TEITokenizeRequest)
 from pooler.server.state import ServerState
-
-logger = logging.getLogger(__name__)
 
 # TEI >= 1.9 starts with --auto-truncate on; pooler has no switch to turn it off.
 AUTO_TRUNCATE = True
