@@ -223,6 +223,10 @@ class RerankResponse(BaseModel):
 TEIDirection = Literal["right", "left", "Right", "Left"]
 
 
+# TEI's Input: one text or token-id list, or a batch of them, texts and id lists mixed.
+TEIInputs = Union[StrictStr, list[StrictInt], list[Union[StrictStr, list[StrictInt]]]]
+
+
 class _TEITruncation(_Request):
     """TEI >= 1.9: `truncate` unset means the server's auto-truncate (on); false makes an
     over-long input a 422."""
@@ -231,7 +235,7 @@ class _TEITruncation(_Request):
 
 
 class TEIEmbedRequest(_TEITruncation):
-    inputs: Inputs
+    inputs: TEIInputs
     normalize: StrictBool = True
     prompt_name: Optional[StrictStr] = None
     dimensions: Optional[StrictInt] = None
@@ -243,7 +247,7 @@ class TEIEmbedRequest(_TEITruncation):
 
 
 class TEIEmbedAllRequest(_TEITruncation):
-    inputs: Inputs
+    inputs: TEIInputs
     prompt_name: Optional[StrictStr] = None
 
 
@@ -272,7 +276,7 @@ class TEILabelScore(BaseModel):
 
 
 class TEISparseRequest(_TEITruncation):
-    inputs: TextInputs
+    inputs: TEIInputs
     prompt_name: Optional[StrictStr] = None
 
 

@@ -84,6 +84,8 @@ def test_embed_defaults_and_options(client, engine):
     ids = engine.tokenizer.encode_batch(["hello"])[0].input_ids
     by_ids = ok(client.post("/embed", json={"inputs": ids}), "/embed")
     np.testing.assert_allclose(by_ids[0], body[0], atol=1e-6)
+    mixed = ok(client.post("/embed", json={"inputs": [ids, "world"]}), "/embed")  # TEI: mixed
+    np.testing.assert_allclose(mixed, body, atol=1e-6)
 
 
 def test_auto_truncate_default_and_truncate_false(client, engine):
