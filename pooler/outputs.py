@@ -9,7 +9,7 @@ import numpy as np
 
 @dataclass
 class EmbeddingOutput:
-    embedding: np.ndarray  # [dim] float32
+    embedding: np.ndarray  # [dim] float32; int8/uint8 [dim] or [dim / 8] when quantized
     num_tokens: int
     request_id: str = ""
 

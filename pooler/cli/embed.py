@@ -1,6 +1,8 @@
-"""`pooler embed`: texts in, embeddings out as JSONL (stdout or file) or .npy."""
+"""`pooler embed`: texts in, embeddings out as JSONL (stdout or file), .npy or .csv; float32
+or quantized (--precision int8/uint8/binary/ubinary)."""
 from __future__ import annotations
 
+import csv
 import json
 import sys
 
@@ -8,6 +10,7 @@ import numpy as np
 
 from pooler.cli.common import (add_engine_args, add_input_args, add_truncation_arg,
                                engine_from_args, read_texts)
+from pooler.quantize_output import PRECISIONS
 
 
 def add_parser(sub) -> None:
@@ -16,38 +19,74 @@ def add_parser(sub) -> None:
     add_engine_args(p)
     add_input_args(p)
     p.add_argument("--output", "-o", default="-",
-                   help="'-' for JSONL on stdout, a .jsonl path, or a .npy path")
+                   help="'-' for JSONL on stdout, or a .jsonl, .npy or .csv path (.csv: "
+                        "index, text, then one column per dimension)")
     p.add_argument("--dimensions", type=int, default=None, help="Matryoshka truncation")
     p.add_argument("--no-normalize", action="store_true", help="skip L2 normalization")
     add_truncation_arg(p)
     p.add_argument("--prompt-name", default=None, help="a prompt the model declares")
     p.add_argument("--prompt", default=None, help="a literal prefix for every text")
+    p.add_argument("--precision", default="float32", choices=PRECISIONS,
+                   help="quantized vectors as sentence-transformers' quantize_embeddings: "
+                        "int8/uint8 (256 buckets per dimension), binary/ubinary (1 bit per "
+                        "dimension, packed in bytes) (default: %(default)s)")
+    p.add_argument("--calibration", default=None, metavar="FILE.npy",
+                   help="int8/uint8: a .npy of calibration embeddings [n, dim] (or ranges "
+                        "[2, dim]) to take each dimension's range from; without it the range "
+                        "comes from the texts being embedded")
     p.add_argument("--preview", action="store_true",
                    help="print a readable summary (first values, norm, cosine similarities) "
                         "instead of JSONL")
     p.set_defaults(func=run)
 
 
+_FORMATS = (".jsonl", ".npy", ".csv")
+
+
+def _quantization_kwargs(args) -> dict:
+    if args.calibration is None:
+        return {"precision": args.precision}
+    if args.precision not in ("int8", "uint8"):
+        raise ValueError(f"--calibration is for --precision int8 or uint8, not "
+                         f"{args.precision}.")
+    calibration = np.load(args.calibration)
+    if calibration.ndim == 2 and calibration.shape[0] == 2:
+        return {"precision": args.precision, "ranges": calibration}
+    return {"precision": args.precision, "calibration_embeddings": calibration}
+
+
 def run(args) -> int:
+    if args.output != "-" and not args.output.endswith(_FORMATS):
+        raise ValueError(f"--output {args.output!r}: pooler embed writes '-' (stdout), "
+                         f"{', '.join(_FORMATS)} files; pick one of those extensions.")
     texts = read_texts(args)
     engine = engine_from_args(args)
     outputs = engine.embed(texts, dimensions=args.dimensions,
                            normalize=False if args.no_normalize else None,
                            truncate=not args.no_truncate, prompt=args.prompt,
-                           prompt_name=args.prompt_name)
+                           prompt_name=args.prompt_name, **_quantization_kwargs(args))
     if args.preview:
         _print_preview(texts, outputs)
         return 0
+    matrix = np.stack([o.embedding for o in outputs])  # [n, dim] (or [n, dim / 8] bits)
     if args.output.endswith(".npy"):
-        np.save(args.output, np.stack([o.embedding for o in outputs]))
-        print(f"wrote {len(outputs)} x {outputs[0].embedding.shape[0]} to {args.output}",
+        np.save(args.output, matrix)
+        print(f"wrote {matrix.shape[0]} x {matrix.shape[1]} {matrix.dtype} to {args.output}",
               file=sys.stderr)
         return 0
-    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    values = ([[int(x) for x in row] for row in matrix] if matrix.dtype.kind in "iu"
+              else [[round(float(x), 7) for x in row] for row in matrix])
+    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8",
+                                                     newline="")
     try:
-        for i, (text, o) in enumerate(zip(texts, outputs)):
-            out.write(json.dumps({"index": i, "text": text,
-                                  "embedding": [round(float(x), 7) for x in o.embedding]}) + "\n")
+        if args.output.endswith(".csv"):
+            writer = csv.writer(out)
+            writer.writerow(["index", "text"] + [f"e{j}" for j in range(matrix.shape[1])])
+            for i, (text, row) in enumerate(zip(texts, values)):
+                writer.writerow([i, text, *row])
+            return 0
+        for i, (text, row) in enumerate(zip(texts, values)):
+            out.write(json.dumps({"index": i, "text": text, "embedding": row}) + "\n")
     finally:
         if out is not sys.stdout:
             out.close()

@@ -17,10 +17,20 @@ def _command_modules():
             yield module
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pooler")
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pooler", description="Serve and run pooling models: embeddings, rerankers, "
         "ColBERT, token classifiers and SPLADE.")
+    parser.add_argument("--version", action="version", version=f"pooler {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in _command_modules():
         module.add_parser(sub)

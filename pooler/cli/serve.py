@@ -6,8 +6,11 @@ SIGTERM / Ctrl-C: uvicorn stops accepting connections, lets in-flight requests f
 from __future__ import annotations
 
 import logging
+import socket
 
 from pooler.cli.common import add_engine_args, engine_from_args, engine_kwargs
+
+logger = logging.getLogger("pooler.serve")
 
 
 def add_parser(sub) -> None:
@@ -102,11 +105,33 @@ def run_ray(args) -> int:
     return 0
 
 
+def check_port(host: str, port: int) -> None:
+    """Fail in a second, before the model loads, when the address cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}. Another "
+                             "server may be using the port: stop it or pick another with "
+                             "--port.") from None
+
+
+def warn_if_exposed(host: str, api_key: str | None) -> None:
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("serving on %s without --api-key: anyone who can reach this machine "
+                       "can use the model. Set --api-key KEY (clients then send "
+                       "'Authorization: Bearer KEY').", host)
+
+
 def run(args) -> int:
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_port(args.host, args.port)
+    warn_if_exposed(args.host, args.api_key)
     if args.ray:
         return run_ray(args)
     app = build_app(args)

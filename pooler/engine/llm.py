@@ -28,6 +28,8 @@ from pooler.outputs import (BGEM3Output, BGEM3Score, ChunkEmbeddingOutput, Class
                             TokenEmbeddingOutput, as_numpy)
 from pooler.params import PoolingParams
 from pooler.pooling.activation import labels_of
+from pooler.quantize_output import check_precision, quantize_embeddings
+from pooler.tasks import unsupported_task_message
 from pooler.tokenizer import TextTokenizer
 
 # Offline jobs at least this long show a progress bar unless use_tqdm says otherwise.
@@ -104,12 +106,19 @@ class Engine:
               truncation_direction: str = "right", prompt: str | None = None,
               prompt_name: str | None = None, add_special_tokens: bool = True,
               use_tqdm: bool | None = None, priority: int = 0,
-              long_input: str = "truncate", chunk_overlap: int = 0) -> list[EmbeddingOutput]:
+              long_input: str = "truncate", chunk_overlap: int = 0,
+              precision: str = "float32", ranges=None,
+              calibration_embeddings=None) -> list[EmbeddingOutput]:
         """use_activation: vLLM's name for normalize (False: the raw pooled vector).
         add_special_tokens=False: texts are tokenized without [CLS]/[SEP] and the like.
         long_input="chunk": an input longer than the model's max length is embedded in
         windows (sharing `chunk_overlap` tokens) whose vectors are averaged, weighted by their
-        tokens (pooler/engine/long_inputs.py); the default truncates."""
+        tokens (pooler/engine/long_inputs.py); the default truncates.
+        precision: "float32", or "int8" / "uint8" (256 buckets per dimension between
+        `ranges` [2, dim], else the min/max of `calibration_embeddings` [n, dim], else of this
+        call's own embeddings) or "binary" / "ubinary" (bits packed 8 per byte), as
+        sentence-transformers' quantize_embeddings."""
+        check_precision(precision)
         params = PoolingParams(task="embed", dimensions=dimensions, normalize=normalize,
                                use_activation=use_activation)
         truncation = TruncationOptions(truncate, truncate_prompt_tokens, truncation_direction)
@@ -120,12 +129,19 @@ class Engine:
             if not add_special_tokens:
                 raise ValueError("long_input='chunk' puts the model's special tokens around "
                                  "every window: it needs add_special_tokens=True.")
-            return self._embed_chunked(inputs, params, truncation, prompt, prompt_name,
-                                       chunk_overlap, use_tqdm, priority)
-        results = self._encode(inputs, params, truncation, prompt, prompt_name, use_tqdm,
-                               priority, add_special_tokens=add_special_tokens)
-        return [EmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
-                for r in results]
+            outputs = self._embed_chunked(inputs, params, truncation, prompt, prompt_name,
+                                          chunk_overlap, use_tqdm, priority)
+        else:
+            results = self._encode(inputs, params, truncation, prompt, prompt_name, use_tqdm,
+                                   priority, add_special_tokens=add_special_tokens)
+            outputs = [EmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
+                       for r in results]
+        if precision != "float32" and outputs:
+            codes = quantize_embeddings(np.stack([o.embedding for o in outputs]), precision,
+                                        ranges, calibration_embeddings)
+            for output, code in zip(outputs, codes):
+                output.embedding = code
+        return outputs
 
     def embed_chunks(self, document: str, chunks: Sequence[tuple[int, int]] | None = None, *,
                      chunker: str = "sentences", normalize: bool | None = None,
@@ -544,8 +560,9 @@ class Engine:
             raise ValueError(f"dimensions={params.dimensions} is larger than the model's "
                              f"{what} size {size}; use a value <= {size}.")
         if params.task not in self.supported_tasks:
-            raise ValueError(f"Unsupported task: {params.task!r}. "
-                             f"Supported tasks: {sorted(self.supported_tasks)}")
+            raise ValueError(unsupported_task_message(
+                params.task, self.supported_tasks, self.default_task,
+                self.model_config.architecture))
         return params
 
     def _embed_chunked(self, inputs, params: PoolingParams, truncation: TruncationOptions,

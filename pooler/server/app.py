@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from pooler.server import bge_m3, ner, openai, rerank, tei, vllm
+from pooler.server import bge_m3, cohere, ner, openai, rerank, tei, vllm
 from pooler.server.auth import APIKeyMiddleware
 from pooler.server.errors import (ERROR_RESPONSES, error_response, install_error_handlers,
                                   validation_message)
@@ -72,7 +72,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
         message, param = validation_message(list(exc.errors()))
         return error_response(400, message, param, "invalid_value")
 
-    for module in (openai, vllm, rerank, tei, ner, bge_m3):
+    for module in (openai, vllm, rerank, tei, cohere, ner, bge_m3):
         app.include_router(module.router)
 
     @app.get("/health", tags=["common"])
@@ -86,7 +86,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
     @app.get("/info", response_model=InfoResponse, tags=["common"], responses=ERROR_RESPONSES)
     async def info():
         mc, sc = engine.model_config, engine.config.scheduler_config
-        return {"model_id": state.model_name, "model_path": str(mc.path),
+        return {**tei.info_fields(state, _version()), "model_id": state.model_name, "model_path": str(mc.path),
                 "model_dtype": mc.dtype, "architecture": mc.architecture,
                 "tasks": sorted(engine.supported_tasks), "default_task": engine.default_task,
                 "embedding_dimensions": engine.embedding_size,

@@ -1,11 +1,12 @@
-"""`--api-key`: every route but /health needs `Authorization: Bearer KEY` (pure ASGI)."""
+"""`--api-key`: every route but the health checks (/health, /ping, GET /) needs
+`Authorization: Bearer KEY` (pure ASGI)."""
 from __future__ import annotations
 
 import hmac
 
 from pooler.server.errors import error_body
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ping"})
 
 
 class APIKeyMiddleware:
@@ -14,7 +15,8 @@ class APIKeyMiddleware:
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or (
+                scope["path"] == "/" and scope.get("method") == "GET"):
             return await self.app(scope, receive, send)
         supplied = b""
         for name, value in scope.get("headers", ()):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from pooler.server import quantized
 from pooler.server.errors import ERROR_RESPONSES
 from pooler.server.protocol import ModelList
 from pooler.server.state import ServerState

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 # One or many texts, or one or many token-id lists (OpenAI's `input`).
 Inputs = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 TextInputs = Union[StrictStr, list[StrictStr]]
+# pooler's quantized outputs (issue 16), on /v1/embeddings and /embed.
+Precision = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 
 
 class _Request(BaseModel):
@@ -64,30 +66,39 @@ class ModelList(BaseModel):
 TEIDirection = Literal["right", "left", "Right", "Left"]
 
 
-class TEIEmbedRequest(_Request):
-    """TEI's defaults: normalize=true, truncate=false (over-long input is an error)."""
-    inputs: Inputs
-    normalize: StrictBool = True
-    truncate: Optional[StrictBool] = False
+# TEI's Input: one text or token-id list, or a batch of them, texts and id lists mixed.
+TEIInputs = Union[StrictStr, list[StrictInt], list[Union[StrictStr, list[StrictInt]]]]
+
+
+class _TEITruncation(_Request):
+    """TEI >= 1.9: `truncate` unset means the server's auto-truncate (on); false makes an
+    over-long input a 422."""
+    truncate: Optional[StrictBool] = None
     truncation_direction: TEIDirection = "right"
+
+
+class TEIEmbedRequest(_TEITruncation):
+    inputs: TEIInputs
+    normalize: StrictBool = True
     prompt_name: Optional[StrictStr] = None
     dimensions: Optional[StrictInt] = None
+    precision: Precision = Field("float32", description="pooler's addition: int8, uint8, "
+                                 "binary or ubinary vectors (see README, quantized outputs)")
+    ranges: Optional[list[list[float]]] = Field(
+        None, description="int8/uint8: [[min per dimension], [max per dimension]]; default "
+        "[-1, 1] in every dimension")
 
 
-class TEIEmbedAllRequest(_Request):
-    inputs: Inputs
-    truncate: Optional[StrictBool] = False
-    truncation_direction: TEIDirection = "right"
+class TEIEmbedAllRequest(_TEITruncation):
+    inputs: TEIInputs
     prompt_name: Optional[StrictStr] = None
 
 
-class TEIRerankRequest(_Request):
+class TEIRerankRequest(_TEITruncation):
     query: StrictStr
     texts: list[StrictStr]
     raw_scores: StrictBool = False
     return_text: StrictBool = False
-    truncate: Optional[StrictBool] = False
-    truncation_direction: TEIDirection = "right"
 
 
 class TEIRank(BaseModel):
@@ -96,12 +107,10 @@ class TEIRank(BaseModel):
     text: Optional[str] = None
 
 
-class TEIPredictRequest(_Request):
-    """A text, a [text, text_pair] pair, or a list of either."""
-    inputs: Union[StrictStr, list[StrictStr], list[list[StrictStr]]]
+class TEIPredictRequest(_TEITruncation):
+    """A text, [text], [text, text_pair], or a batch [[text], [text, text_pair], ...]."""
+    inputs: Union[StrictStr, list[Union[StrictStr, list[StrictStr]]]]
     raw_scores: StrictBool = False
-    truncate: Optional[StrictBool] = False
-    truncation_direction: TEIDirection = "right"
 
 
 class TEILabelScore(BaseModel):
@@ -109,16 +118,28 @@ class TEILabelScore(BaseModel):
     score: float
 
 
-class TEISparseRequest(_Request):
-    inputs: TextInputs
-    truncate: Optional[StrictBool] = False
-    truncation_direction: TEIDirection = "right"
+class TEISparseRequest(_TEITruncation):
+    inputs: TEIInputs
     prompt_name: Optional[StrictStr] = None
 
 
 class TEISparseValue(BaseModel):
     index: int
     value: float
+
+
+class TEISimilarityInput(_Request):
+    source_sentence: StrictStr
+    sentences: list[StrictStr]
+
+
+class TEISimilarityParameters(_TEITruncation):
+    prompt_name: Optional[StrictStr] = None
+
+
+class TEISimilarityRequest(_Request):
+    inputs: TEISimilarityInput
+    parameters: TEISimilarityParameters = Field(default_factory=TEISimilarityParameters)
 
 
 class TEITokenizeRequest(_Request):
@@ -172,7 +193,16 @@ class NERResponse(BaseModel):
 
 
 class InfoResponse(BaseModel):
+    """TEI's Info fields (its python client reads them), then pooler's own."""
     model_id: str
+    model_sha: Optional[str] = None
+    served_model_name: str
+    model_type: dict[str, Any]
+    max_concurrent_requests: int
+    auto_truncate: bool
+    tokenization_workers: int
+    sha: Optional[str] = None
+    docker_label: Optional[str] = None
     model_path: str
     model_dtype: str
     architecture: str
@@ -181,7 +211,7 @@ class InfoResponse(BaseModel):
     embedding_dimensions: Optional[int]
     max_input_length: int
     max_batch_tokens: int
-    max_batch_requests: int
+    max_batch_requests: Optional[int]
     max_client_batch_size: int
     max_payload_bytes: int
     max_queue: int

@@ -150,7 +150,7 @@ async def rerank(request: Request, body: dict[str, Any] = Body(...)):
     """vLLM/Cohere/Jina body ({query, documents}) or TEI body ({query, texts})."""
     if "texts" in body and "documents" not in body:
         use_tei_errors(request)
-        return await tei.rerank_tei(TEIRerankRequest.model_validate(body), request)
+        return await tei.rerank_tei(body, request)
     return await rerank_vllm(RerankRequest.model_validate(body), request)
 
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from fastapi import APIRouter, Body, Request
 from pydantic import ValidationError
 
 from pooler.params import PoolingParams
-from pooler.server import rerank, tei
+from pooler.server import quantized, rerank, tei
 from pooler.server.errors import ERROR_RESPONSES, bad_request
 from pooler.server.protocol import TEITokenizeRequest
 from pooler.server.state import ServerState
@@ -61,6 +63,11 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     items, add_special = prompt_inputs(state, body)
     state.check_dimensions(body.dimensions)
     truncation = truncation_options(state, body)
+    if body.precision != "float32" and body.encoding_format not in ("float", "base64"):
+        raise bad_request(f"precision={body.precision!r} takes encoding_format 'float' or "
+                          f"'base64', not {body.encoding_format!r}.", "encoding_format")
+    if body.precision in ("int8", "uint8"):
+        quantized.server_ranges(body.ranges, body.dimensions or state.engine.embedding_size)
 
     def compute():
         outputs = state.engine.embed(items, dimensions=body.dimensions, normalize=body.normalize,
@@ -68,10 +75,28 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
                                      prompt_name=body.prompt_name,
                                      add_special_tokens=add_special, use_tqdm=False,
                                      **truncation)
-        return _encoded_body("embd", state, body, [o.embedding for o in outputs],
-                             sum(o.num_tokens for o in outputs), "embedding", "embedding")
+        tokens = sum(o.num_tokens for o in outputs)
+        if body.precision != "float32":  # pooler's quantized vectors (issue 16)
+            codes = quantized.quantize(np.stack([o.embedding for o in outputs]),
+                                       body.precision, body.ranges)
+            data = [{"index": i, "object": "embedding",
+                     "embedding": quantized.encode(c, body.encoding_format)}
+                    for i, c in enumerate(codes)]
+            return envelope("embd", state, body, data, tokens)
+        return _encoded_body("embd", state, body, [o.embedding for o in outputs], tokens,
+                             "embedding", "embedding")
 
     return await state.respond(request, len(items), "input", compute)
+
+
+@router.post("/embeddings", response_model=EmbeddingResponse, responses=ERROR_RESPONSES,
+             tags=["TEI"])
+async def tei_embeddings(body: EmbeddingRequest, request: Request):
+    """TEI's alias of the OpenAI route (/v1/embeddings): same body, same answer, TEI's error
+    shape; `model` may be any name, as TEI ignores it. (Here rather than in tei.py: the vLLM
+    module imports tei.py for the shared paths, so tei.py cannot import this handler.)"""
+    use_tei_errors(request)
+    return await create_embeddings(body.model_copy(update={"model": None}), request)
 
 
 @router.post("/pooling", response_model=PoolingResponse, responses=ERROR_RESPONSES)
@@ -147,7 +172,7 @@ async def tokenize(request: Request, body: dict[str, Any] = Body(...)):
     special, start, stop}]]."""
     if "inputs" in body:
         use_tei_errors(request)
-        return await tei.tokenize_tei(TEITokenizeRequest.model_validate(body), request)
+        return await tei.tokenize_tei(body, request)
     req = TokenizeRequest.model_validate(body)
     state = get_state(request)
     state.check_model(req.model)

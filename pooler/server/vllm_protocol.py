@@ -11,7 +11,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-from pooler.server.protocol import Inputs, TextInputs, _TruncationFields
+from pooler.server.protocol import Inputs, Precision, TextInputs, _TruncationFields
 from pooler.server.vllm_encoding import EmbedDType, EncodingFormat, Endianness
 
 
@@ -101,6 +101,9 @@ class EmbeddingRequest(_InputOrChat, _Encoding):
     use_activation: Optional[StrictBool] = None
     normalize: Optional[StrictBool] = None  # pooler's name for use_activation on embeddings
     prompt_name: Optional[StrictStr] = None
+    # pooler's addition (issue 16): quantized vectors, see pooler/server/quantized.py
+    precision: Precision = "float32"
+    ranges: Optional[list[list[float]]] = None
 
 
 class PoolingRequest(_InputOrChat, _Encoding):

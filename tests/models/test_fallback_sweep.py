@@ -94,6 +94,6 @@ def test_text_pairs_on_a_family_without_token_types_are_a_clear_error(families_d
     from pooler import Engine
 
     folder = save_family("distilbert", "classify", families_dir / "distil-pairs", minilm_path)
-    engine = Engine(str(folder), device="cpu")
+    engine = Engine(str(folder), device="cpu", runner="transformers")
     with pytest.raises(ValueError, match="text_pair|token type"):
         engine.classify("a question", text_pair="a passage")

@@ -96,12 +96,11 @@ def test_metrics_count_requests_by_route_and_status(client):
 
 @pytest.mark.parametrize("path,body", [
     ("/classify", {"input": "x"}),
-    ("/predict", {"inputs": "x"}),
     ("/ner", {"input": "x"}),
-    ("/embed_sparse", {"inputs": "x"}),
     ("/pooling", {"input": "x", "task": "classify"}),
 ])
 def test_tasks_the_embedding_model_lacks_are_clean_400s(client, path, body):
+    """(TEI's /predict and /embed_sparse answer 424 as TEI does: test_tei_api.py.)"""
     r = client.post(path, json=body)
     assert r.status_code == 400, r.text
     error = r.json()["error"]

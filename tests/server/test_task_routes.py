@@ -43,7 +43,7 @@ def test_classify_and_predict(classifier):
         single = c.post("/predict", json={"inputs": "great movie"}).json()
         assert single[0]["label"] == expected[0].label
         assert [x["score"] for x in single] == sorted((x["score"] for x in single), reverse=True)
-        batch = c.post("/predict", json={"inputs": texts}).json()
+        batch = c.post("/predict", json={"inputs": [[t] for t in texts]}).json()
         assert [b[0]["label"] for b in batch] == [e.label for e in expected]
         pooled = c.post("/pooling", json={"input": texts, "task": "classify"}).json()
         np.testing.assert_allclose(pooled["data"][0]["data"], expected[0].probs, atol=1e-6)

@@ -1,0 +1,185 @@
+"""Cohere's embed API: POST /v2/embed (cohere.ClientV2.embed) and /v1/embed (cohere.Client.embed;
+also a Cohere body, {texts, ...}, on TEI's /embed path).
+
+`embedding_types` float, int8, uint8, binary, ubinary and base64 (little-endian float32 bytes)
+come back side by side under `embeddings`; the quantized kinds are pooler's
+(pooler/server/quantized.py: fixed ranges, so a vector's codes do not depend on its batch), not
+Cohere's own calibration. `model` may be any name (the server serves one model). `truncate`:
+END (default) / START cut an over-long text on that side, NONE makes it a 400. Errors are
+Cohere's {"message": ...}.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import uuid
+from typing import Any, Literal, Optional, Union
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+
+from pooler.engine.engine_loop import RequestCancelled
+from pooler.server import quantized
+from pooler.server.errors import APIError, bad_request, validation_message
+from pooler.server.state import ServerState
+
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+# Cohere's input types, and the prompt names sentence-transformers models use for them.
+_PROMPT_NAMES = {"search_query": ("query", "search_query"),
+                 "search_document": ("document", "passage", "search_document"),
+                 "classification": ("classification",), "clustering": ("clustering",)}
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class CohereTextContent(_Request):
+    type: Literal["text"] = "text"
+    text: StrictStr
+
+
+class CohereInput(_Request):
+    content: list[Union[CohereTextContent, dict[str, Any]]]
+
+
+class CohereEmbedRequest(_Request):
+    texts: Optional[list[StrictStr]] = None
+    inputs: Optional[list[CohereInput]] = None
+    model: Optional[StrictStr] = None
+    input_type: Optional[StrictStr] = None
+    embedding_types: Optional[list[EmbeddingType]] = None
+    truncate: Literal["NONE", "START", "END"] = "END"
+    output_dimension: Optional[int] = None
+    max_tokens: Optional[int] = None
+
+
+# ---- errors in Cohere's shape -----------------------------------------------------------------
+def _cohere_error(exc: Exception) -> Response | None:
+    if isinstance(exc, (RequestValidationError, ValidationError)):
+        message, _ = validation_message(list(exc.errors()))
+        return JSONResponse({"message": message}, status_code=400)
+    if isinstance(exc, APIError):
+        return JSONResponse({"message": exc.message}, status_code=exc.status,
+                            headers=exc.headers)
+    if isinstance(exc, ValueError) and not isinstance(exc, RequestCancelled):
+        return JSONResponse({"message": str(exc)}, status_code=400)
+    return None
+
+
+async def cohere_errors(run) -> Response:
+    try:
+        return await run()
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is a client error
+        response = _cohere_error(exc)
+        if response is None:
+            raise
+        return response
+
+
+class CohereRoute(APIRoute):
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def with_cohere_errors(request: Request) -> Response:
+            return await cohere_errors(functools.partial(handler, request))
+
+        return with_cohere_errors
+
+
+router = APIRouter(tags=["Cohere"], route_class=CohereRoute)
+
+
+# ---- the embed call ---------------------------------------------------------------------------
+def _texts(body: CohereEmbedRequest) -> list[str]:
+    if body.texts is not None:
+        texts = list(body.texts)
+    elif body.inputs is not None:
+        texts = []
+        for i, item in enumerate(body.inputs):
+            parts = [c.text for c in item.content if isinstance(c, CohereTextContent)]
+            if len(parts) != len(item.content):
+                raise bad_request(f"inputs[{i}] has non-text content: this server embeds "
+                                  "text only.", "inputs")
+            texts.append(" ".join(parts))
+    else:
+        raise bad_request("Pass 'texts' (a list of strings) or 'inputs'.", "texts")
+    if not texts:
+        raise bad_request("'texts' is empty: pass at least one text.", "texts")
+    return texts
+
+
+def _prompt_name(state: ServerState, input_type: str | None) -> str | None:
+    """The model's own prompt for Cohere's input_type, when it declares one."""
+    st = state.engine.model_config.st
+    prompts = st.prompts if st else {}
+    for name in _PROMPT_NAMES.get(input_type or "", ()):
+        if name in prompts:
+            return name
+    return None
+
+
+def _by_type(matrix: np.ndarray, types: list[str]) -> dict[str, Any]:
+    """matrix [n, dim] float32 -> {embedding type: n vectors}."""
+    out: dict[str, Any] = {}
+    for kind in types:
+        if kind == "float":
+            out["float"] = matrix.tolist()
+        elif kind == "base64":
+            out["base64"] = [base64.b64encode(np.ascontiguousarray(row, "<f4").tobytes())
+                             .decode() for row in matrix]
+        else:
+            out[kind] = quantized.quantize(matrix, kind).astype(np.int64).tolist()
+    return out
+
+
+async def _embed(body: CohereEmbedRequest, request: Request, version: str):
+    state: ServerState = request.app.state.pooler
+    state.require("embed", "embed", "embeddings")
+    texts = _texts(body)
+    state.check_dimensions(body.output_dimension)
+    types = list(dict.fromkeys(body.embedding_types or ["float"]))
+    truncation = {"truncate": body.truncate != "NONE",
+                  "truncation_direction": "left" if body.truncate == "START" else "right"}
+    if body.max_tokens is not None:
+        truncation["truncate_prompt_tokens"] = body.max_tokens
+    prompt_name = _prompt_name(state, body.input_type)
+
+    def compute():
+        outputs = state.engine.embed(texts, dimensions=body.output_dimension,
+                                     prompt_name=prompt_name, use_tqdm=False, **truncation)
+        matrix = np.stack([o.embedding for o in outputs])  # [n, dim] float32
+        tokens = sum(o.num_tokens for o in outputs)
+        meta = {"api_version": {"version": version},
+                "billed_units": {"input_tokens": tokens}}
+        common = {"id": str(uuid.uuid4()), "texts": texts, "meta": meta}
+        if version == "1" and body.embedding_types is None:
+            return {"response_type": "embeddings_floats", "embeddings": matrix.tolist(),
+                    **common}
+        return {"response_type": "embeddings_by_type", "embeddings": _by_type(matrix, types),
+                **common}
+
+    return await state.respond(request, len(texts), "texts", compute)
+
+
+@router.post("/v2/embed")
+async def embed_v2(body: CohereEmbedRequest, request: Request):
+    """Cohere v2: {texts | inputs, model, input_type, embedding_types, truncate,
+    output_dimension} -> {id, embeddings: {float, int8, ...}, texts, meta}."""
+    return await _embed(body, request, "2")
+
+
+@router.post("/v1/embed")
+async def embed_v1(body: CohereEmbedRequest, request: Request):
+    """Cohere v1: as v2; without embedding_types the answer is the `embeddings_floats` kind."""
+    return await _embed(body, request, "1")
+
+
+async def embed_v1_from_dict(body: dict, request: Request) -> Response:
+    """A Cohere body on TEI's /embed path (tei.py dispatches it here by its `texts` field)."""
+    return await cohere_errors(
+        lambda: _embed(CohereEmbedRequest.model_validate(body), request, "1"))
