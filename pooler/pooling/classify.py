@@ -27,7 +27,6 @@ from pooler.pooling.metadata import PoolingMetadata
 from pooler.pooling.methods import split_tokens
 
 
-
 def load_named(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                what: str) -> set[str]:
     """Copy tensors whose names equal the module's parameter names; all must be present."""
