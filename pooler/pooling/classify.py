@@ -33,7 +33,6 @@ from pooler.rerank_prompt import check_classifier_from_token
 
 _DEBERTA_TYPES = ("deberta", "deberta-v2")
 
-
 def load_named(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                what: str) -> set[str]:
     """Copy tensors whose names equal the module's parameter names; all must be present."""
