@@ -213,10 +213,9 @@ class TransformersRunner(ModelRunnerBase):
             if r.token_type_ids is not None:
                 types[i, :n] = torch.tensor(r.token_type_ids)
         batch = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
-        if types.any():
-            if "token_type_ids" not in self.forward_inputs:
-                raise ValueError(f"{self.model_config.architecture} takes no token type ids, "
-                                 "so it cannot tell a text pair's two texts apart.")
+        # Families without token types (DistilBERT, ...) tell a pair's texts apart by the
+        # separator alone, as transformers runs them: their forward takes no type ids.
+        if types.any() and "token_type_ids" in self.forward_inputs:
             batch["token_type_ids"] = types.to(self.device)
         return batch, mask.to(self.device)
 

@@ -89,11 +89,18 @@ def test_fallback_logs_why_it_is_used(families_dir, minilm_path, caplog):
     assert "AlbertModel has no native implementation" in record.getMessage()
 
 
-def test_text_pairs_on_a_family_without_token_types_are_a_clear_error(families_dir,
-                                                                      minilm_path):
+def test_text_pairs_on_a_family_without_token_types(families_dir, minilm_path):
+    """DistilBERT has no token-type embeddings: the separator alone marks the second text, and
+    the fallback leaves the type ids out as transformers' own callers do."""
     from pooler import Engine
 
     folder = save_family("distilbert", "classify", families_dir / "distil-pairs", minilm_path)
     engine = Engine(str(folder), device="cpu", runner="transformers")
-    with pytest.raises(ValueError, match="text_pair|token type"):
-        engine.classify("a question", text_pair="a passage")
+    [out] = engine.classify("a question", text_pair="a passage", use_activation=False)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    batch = tokenizer("a question", "a passage", return_tensors="pt")
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"],
+                       attention_mask=batch["attention_mask"]).logits[0].numpy()
+    np.testing.assert_allclose(out.probs, logits, atol=1e-5)
