@@ -198,7 +198,8 @@ class Engine:
             items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
             use_tqdm, priority)
         labels = labels_of(self.model_config.hf_config)
-        rules = SubwordRules(self.tokenizer.backend)
+        rules = self._subword_rules = getattr(self, "_subword_rules", None) or \
+            SubwordRules(self.tokenizer.backend)  # once per engine: may parse the vocabulary
         return [extract_entities(text, item.prompt_token_ids, as_numpy(r.data), item.offsets,
                                  item.special_tokens_mask, labels, rules, aggregation_strategy,
                                  ignore_labels, ignore_subwords)
