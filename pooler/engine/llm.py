@@ -226,7 +226,8 @@ class Engine:
 
         A model is pair-capable when it is an encoder whose tokenizer puts a separator between
         the two texts (BERT `[SEP]`, RoBERTa `</s></s>`) and whose token-type embeddings cover
-        the type ids that template assigns (or who has none, ignoring them). Decoders take one text: format pairs in a prompt."""
+        the type ids that template assigns (or who has none, ignoring them). Decoders take one
+        text: format pairs in a prompt."""
         if text_pair is None:
             return None
         pairs = [text_pair] if isinstance(text_pair, str) else text_pair
