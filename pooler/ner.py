@@ -17,6 +17,8 @@ the pipeline only knows B-/I-, so the two agree on every BIO model.
 """
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -37,7 +39,10 @@ class SubwordRules:
         model = backend.model
         self.word_aware = bool(getattr(model, "continuing_subword_prefix", None))
         unk = getattr(model, "unk_token", None)
-        self.unk_id = backend.token_to_id(unk) if unk else None
+        if unk:
+            self.unk_id = backend.token_to_id(unk)
+        else:  # Unigram (SentencePiece, e.g. DeBERTa-v3) keeps only an id, unexposed in Python
+            self.unk_id = json.loads(backend.to_str()).get("model", {}).get("unk_id")
 
     def token(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id)

@@ -288,7 +288,8 @@ class Engine:
             items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
             use_tqdm, priority)
         labels = labels_of(self.model_config.hf_config)
-        rules = SubwordRules(self.tokenizer.backend)
+        rules = self._subword_rules = getattr(self, "_subword_rules", None) or \
+            SubwordRules(self.tokenizer.backend)  # once per engine: may parse the vocabulary
         return [extract_entities(text, item.prompt_token_ids, as_numpy(r.data), item.offsets,
                                  item.special_tokens_mask, labels, rules, aggregation_strategy,
                                  ignore_labels, ignore_subwords)
@@ -317,7 +318,8 @@ class Engine:
 
         A model is pair-capable when it is an encoder whose tokenizer puts a separator between
         the two texts (BERT `[SEP]`, RoBERTa `</s></s>`) and whose token-type embeddings cover
-        the type ids that template assigns (or who has none, ignoring them). Decoders take one text: format pairs in a prompt."""
+        the type ids that template assigns (or who has none, ignoring them). Decoders take one
+        text: format pairs in a prompt."""
         if text_pair is None:
             return None
         pairs = [text_pair] if isinstance(text_pair, str) else text_pair

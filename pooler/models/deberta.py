@@ -88,8 +88,9 @@ class DebertaConfig:
         return cls(
             vocab_size=d["vocab_size"], hidden_size=hidden,
             num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
-            head_dim=int(d.get("attention_head_size") or hidden // heads) if not v1
-            else hidden // heads,
+            # v2 may set attention_head_size (inner size heads * head_dim != hidden)
+            head_dim=hidden // heads if v1 else int(d.get("attention_head_size") or
+                                                   hidden // heads),
             intermediate_size=d["intermediate_size"],
             embedding_size=int(d.get("embedding_size") or hidden),
             max_position_embeddings=max_positions,

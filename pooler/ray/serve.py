@@ -148,4 +148,9 @@ def run_serve(app, *, host: str, port: int, address: str | None = None,
     ray.init(address=address, ignore_reinit_error=True)
     serve.start(http_options={"host": host, "port": port,
                               "request_timeout_s": request_timeout_s})
-    serve.run(app, name="pooler", route_prefix="/", blocking=True)
+    try:
+        serve.run(app, name="pooler", route_prefix="/", blocking=True)
+    except KeyboardInterrupt:  # Ctrl-C: take the app down, leave no replicas behind
+        serve.delete("pooler")
+    finally:
+        ray.shutdown()

@@ -211,3 +211,29 @@ def test_int8_quantization_stays_close(tmp_path):
     int8 = engine.embed(TEXTS)
     cos = [float(np.dot(a.embedding, b.embedding)) for a, b in zip(fp32, int8)]
     assert min(cos) > 0.99
+
+
+NER_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+
+
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "max", "average"])
+def test_ner_equals_transformers_pipeline(tmp_path_factory, strategy):
+    """A DeBERTa-v3 NER folder (SentencePiece-style Unigram tokenizer, '▁' word starts):
+    entities, offsets and scores as the token-classification pipeline gives them."""
+    from transformers import pipeline
+    from transformers.pipelines.token_classification import AggregationStrategy
+
+    folder = tmp_path_factory.getbasetemp() / "deberta_ner"
+    if not (folder / "config.json").is_file():
+        build_deberta(folder, "DebertaV2ForTokenClassification", seed=14, id2label=NER_LABELS,
+                      label2id={v: k for k, v in NER_LABELS.items()}, initializer_range=0.2)
+    ner = pipeline("token-classification", model=str(folder), device="cpu")
+    expected = ner(TEXTS, aggregation_strategy=AggregationStrategy[strategy.upper()])
+    got = Engine(str(folder), device="cpu").ner(TEXTS, aggregation_strategy=strategy)
+    assert sum(len(e) for e in expected) > 5  # the random head does tag entities
+    key = "entity" if strategy == "none" else "entity_group"
+    for text, ours, want in zip(TEXTS, got, expected):
+        assert [(e.label, e.start, e.end, e.word) for e in ours] == \
+            [(w[key], w["start"], w["end"], w["word"]) for w in want], text
+        np.testing.assert_allclose([e.score for e in ours], [float(w["score"]) for w in want],
+                                   atol=ATOL)
