@@ -137,7 +137,8 @@ class Engine:
     # ---- classify / token_classify / NER (issue 3) ---------------------------------------
     def classify(self, inputs: str | Sequence, *, text_pair: str | list[str] | None = None,
                  use_activation: bool | None = None, truncate: bool = True,
-                 truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
+                 truncate_prompt_tokens: int | None = None,
+                 truncation_direction: str = "right", use_tqdm: bool | None = None,
                  priority: int = 0) -> list[ClassificationOutput]:
         """Score each input (or each (input, text_pair) pair) against the model's labels.
 
@@ -147,7 +148,8 @@ class Engine:
         pairs = self._check_pairs(items, text_pair)
         params = PoolingParams(task="classify", use_activation=use_activation)
         processed, results = self._run_texts(
-            items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
+            items, self.verify_params(params),
+            TruncationOptions(truncate, truncate_prompt_tokens, truncation_direction),
             use_tqdm, priority, pairs=pairs)
         labels = labels_of(self.model_config.hf_config)
         outputs = []
@@ -259,8 +261,8 @@ class Engine:
     # ---- score / rerank (issue 4) ---------------------------------------------------------
     def score(self, queries: str | Sequence, documents: str | Sequence, *,
               truncate: bool = True, truncate_prompt_tokens: int | None = None,
-              use_tqdm: bool | None = None, priority: int = 0,
-              cancel: threading.Event | None = None,
+              truncation_direction: str = "right", use_tqdm: bool | None = None,
+              priority: int = 0, cancel: threading.Event | None = None,
               use_activation: bool | None = None) -> list[ScoreOutput]:
         """Score (query, document) pairs: 1 query x N documents, or N x N pairwise.
 
@@ -268,7 +270,8 @@ class Engine:
         classifier's relevance; embedding model: cosine similarity. With the background loop
         running, setting `cancel` aborts the call and releases everything it cached."""
         return scoring.score(self, queries, documents, truncate=truncate,
-                             truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
+                             truncate_prompt_tokens=truncate_prompt_tokens,
+                             truncation_direction=truncation_direction, use_tqdm=use_tqdm,
                              priority=priority, cancel=cancel,
                              use_activation=use_activation)
 

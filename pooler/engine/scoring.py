@@ -80,23 +80,26 @@ def scoring_kind(engine: ScoringEngine) -> str:
 
 
 def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool = True,
-          truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
-          priority: int = 0, cancel: threading.Event | None = None,
+          truncate_prompt_tokens: int | None = None, truncation_direction: str = "right",
+          use_tqdm: bool | None = None, priority: int = 0,
+          cancel: threading.Event | None = None,
           use_activation: bool | None = None) -> list[ScoreOutput]:
-    """use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores)."""
+    """use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores).
+    truncation_direction applies where inputs are truncated (bi- and cross-encoders); ColBERT
+    inputs are cut by the model's own query/document lengths."""
     request = pair_inputs(queries, documents)
     kind = scoring_kind(engine)
     if use_activation is False and kind != "cross_encoder":
         raise ValueError("Raw scores (use_activation=False / raw_scores=true) apply to "
                          f"cross-encoders only; this model scores by {kind.replace('_', ' ')}.")
-    truncation = TruncationOptions(truncate, truncate_prompt_tokens)
+    truncation = TruncationOptions(truncate, truncate_prompt_tokens, truncation_direction)
     if kind == "late_interaction":
         scores = _late_interaction_scores(engine, request, use_tqdm, priority, cancel)
     elif kind == "bi_encoder":
         scores = _bi_encoder_scores(engine, request, truncation, use_tqdm, priority, cancel)
     else:
-        scores = _cross_encoder_scores(engine, request, truncate, truncate_prompt_tokens,
-                                       use_tqdm, priority, use_activation)
+        scores = _cross_encoder_scores(engine, request, truncation, use_tqdm, priority,
+                                       use_activation)
     return [ScoreOutput(float(s), qi, di) for s, (qi, di) in zip(scores, request.pairs)]
 
 
@@ -199,16 +202,17 @@ def _bi_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncation,
 
 
 # ---- cross-encoder ---------------------------------------------------------------------------
-def _cross_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncate,
-                          truncate_prompt_tokens, use_tqdm, priority,
+def _cross_encoder_scores(engine: ScoringEngine, request: ScoreRequest,
+                          truncation: TruncationOptions, use_tqdm, priority,
                           use_activation) -> list[float]:
     if not all(isinstance(x, str) for x in request.queries + request.documents):
         raise ValueError("A cross-encoder scores text pairs: pass queries and documents as "
                          "strings, not token ids.")
     outputs = engine.classify([request.queries[qi] for qi, _ in request.pairs],
                               text_pair=[request.documents[di] for _, di in request.pairs],
-                              truncate=truncate, truncate_prompt_tokens=truncate_prompt_tokens,
-                              use_tqdm=use_tqdm, priority=priority,
+                              truncate=truncation.truncate,
+                              truncate_prompt_tokens=truncation.truncate_prompt_tokens,
+                              truncation_direction=truncation.direction, use_tqdm=use_tqdm, priority=priority,
                               use_activation=use_activation)
     # One relevance label (the usual reranker): its sigmoid; else the top class probability.
     return [float(o.probs[0]) if np.asarray(o.probs).shape[0] == 1 else float(o.score)

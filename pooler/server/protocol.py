@@ -327,7 +327,7 @@ class NERResponse(BaseModel):
 
 class InfoResponse(BaseModel):
     model_id: str
-    model_path: str
+    model_path: Optional[str] = None  # the folder, with --show-model-path only
     model_dtype: str
     architecture: str
     tasks: list[str]

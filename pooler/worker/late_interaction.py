@@ -42,6 +42,7 @@ class LateInteractionRunner:
         self.chunk_tokens = chunk_tokens
         self._queries: dict[str, _CachedQuery] = {}
         self._doc_keys: dict[str, str] = {}  # registered, not yet scored doc req_id -> key
+        self._cached_bytes = 0  # bytes of the cached query tensors
 
     # ---- inspection (tests, metrics) ----------------------------------------------------
     @property
@@ -51,6 +52,10 @@ class LateInteractionRunner:
     @property
     def num_pending_docs(self) -> int:
         return len(self._doc_keys)
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached_bytes
 
     def query_uses(self, key: str) -> int | None:
         entry = self._queries.get(key)
@@ -85,11 +90,17 @@ class LateInteractionRunner:
         """Forget cached queries whose documents will never run (a scoring request that was
         cancelled or failed before its document stage)."""
         for key in keys:
-            self._queries.pop(key, None)
+            self._forget(key)
 
     def clear(self) -> None:
         self._queries.clear()
         self._doc_keys.clear()
+        self._cached_bytes = 0
+
+    def _forget(self, key: str) -> None:
+        entry = self._queries.pop(key, None)
+        if entry is not None:
+            self._cached_bytes -= _nbytes(entry.embeddings)
 
     def _release(self, key: str) -> None:
         entry = self._queries.get(key)
@@ -97,7 +108,7 @@ class LateInteractionRunner:
             return  # dropped or cleared already
         entry.uses -= 1
         if entry.uses <= 0:
-            del self._queries[key]
+            self._forget(key)
 
     # ---- after the pooler ---------------------------------------------------------------
     def postprocess_pooler_output(
@@ -148,7 +159,10 @@ class LateInteractionRunner:
                 scored.append((req_ids[i], key))
 
         # Commit.
-        self._queries.update(new_queries)
+        for key, entry in new_queries.items():
+            self._forget(key)  # never double-count a key (the step rejects duplicates anyway)
+            self._queries[key] = entry
+            self._cached_bytes += _nbytes(entry.embeddings)
         for req_id, key in scored:
             self._doc_keys.pop(req_id, None)
             self._release(key)
@@ -180,6 +194,10 @@ def maxsim(query: torch.Tensor, docs: list[torch.Tensor],
         best.scatter_reduce_(0, index, sim, reduce="amax", include_self=True)
     best = torch.where(torch.isinf(best), torch.zeros_like(best), best)  # empty docs score 0
     return list(best.sum(dim=-1).unbind(0))  # float32 whatever the model dtype
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def _late_interaction_of(params: PoolingParams | None) -> LateInteractionParams | None:
