@@ -8,8 +8,8 @@ did. We reject rather than clean: replacing the character would embed a text oth
 one sent, silently. Valid surrogate pairs (how `json.dumps` escapes emoji) are decoded into
 one character by json and pass.
 
-Only bodies containing a `\\uD8xx`-`\\uDFxx` escape are parsed a second time, so ordinary
-requests pay one byte scan.
+Only bodies containing a `\\uD8xx`-`\\uDFxx` escape (or a surrogate's raw UTF-8 bytes) are
+parsed a second time, so ordinary requests pay one byte scan.
 """
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ from typing import Any
 from pooler.server.auth import send_json
 from pooler.server.errors import error_body
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# A surrogate as a JSON escape, or as raw (invalid) UTF-8 bytes, which json.loads also lets
+# through (it decodes bytes with "surrogatepass").
+_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf][\x80-\xbf]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -47,7 +49,7 @@ def find_lone_surrogate(value: Any, path: tuple = ()) -> tuple[tuple, str, int] 
 def lone_surrogate_error(body: bytes) -> dict | None:
     """The 400 body for a JSON request body with a lone surrogate in some string, else None
     (also None for bodies that are not JSON: the route's validation reports those)."""
-    if not _SURROGATE_ESCAPE.search(body):
+    if not _SURROGATE_BYTES.search(body):
         return None
     try:
         parsed = json.loads(body)
