@@ -155,9 +155,26 @@ class MetricsMiddleware:
                 # No answer was sent: the client left (e.g. mid-body) is 499, not a server
                 # error; no answer for any other reason is the web server's 500.
                 status["code"] = CLIENT_CLOSED_REQUEST if client_left else 500
-            route = scope.get("route")
-            # Route templates only: raw paths of 404s would let clients grow the label set.
-            label = getattr(route, "path", None) or "unmatched"
+            label = _route_label(scope)
             labels = (scope["method"], label, str(status["code"]))
             self.metrics.requests.labels(*labels).inc()
             self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)
+
+
+def _route_label(scope) -> str:
+    """The route template of a request. Route templates only: raw paths of 404s would let
+    clients grow the label set. A request that ended before routing (e.g. the client left
+    mid-body) still counts under its route when its path is one of the app's (static)
+    route paths."""
+    path = getattr(scope.get("route"), "path", None)
+    if path:
+        return path
+    app = scope.get("app")
+    known = getattr(app, "_pooler_route_paths", None)
+    if known is None and app is not None:
+        try:
+            known = frozenset(app.openapi().get("paths", {}))
+        except Exception:  # never let metrics break a response
+            known = frozenset()
+        app._pooler_route_paths = known
+    return scope["path"] if known and scope.get("path") in known else "unmatched"
