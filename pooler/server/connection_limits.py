@@ -1,11 +1,15 @@
 """Slow and vanished clients cost nothing: a connection cap, a header read timeout, a body read
 timeout, keep-alive limits, and error logs that cannot flood the disk.
 
-- `guarded_h11_protocol(...)`: uvicorn's h11 protocol with two additions. Above
-  --max-connections open connections, a new one is answered 503 and closed at once (its file
-  descriptor is freed, so accept() keeps working for everybody else). A connection must send
-  a complete request head within --header-timeout seconds of connecting (or of its first byte
-  after a keep-alive pause), else it gets 408 and is closed.
+- `guarded_h11_protocol(...)`: uvicorn's h11 protocol with two additions. At
+  --max-connections open connections, a new one makes room by evicting the connection that
+  has been sending its request (head or body) or idling the longest, if that has lasted at
+  least EVICT_AFTER s: dribblers cannot starve normal clients, who send a request in
+  milliseconds. When no such connection exists (every connection is being answered), the
+  new one is answered 503 and closed at once; either way its file descriptor is freed, so
+  accept() keeps working. A connection must send a complete request head within
+  --header-timeout seconds of connecting (or of its first byte after a keep-alive pause), else
+  it gets 408 and is closed.
 - `BodyTimeoutMiddleware`: the whole body must arrive within --body-timeout seconds of the
   request head, else 408 and the connection closes. It also answers 503 to a client still
   uploading when the graceful shutdown time is over.
@@ -31,6 +35,9 @@ logger = logging.getLogger(__name__)
 
 # File descriptors kept free of client connections: model files, logs, worker pipes.
 FD_RESERVE = 128
+# A connection sending its request (or idle) for this long may be evicted for a newcomer at
+# the connection cap; a normal client sends its whole request far quicker.
+EVICT_AFTER = 1.0
 
 
 def raise_fd_limit() -> int:
@@ -88,7 +95,8 @@ class _GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
-        if len(self.connections) > self.max_connections:
+        self._reading_since = self.loop.time()  # start of the current head/body/idle phase
+        if len(self.connections) > self.max_connections and not self._evict_one():
             if self.metrics is not None:
                 self.metrics.connections_rejected.inc()
             logger.warning("refused a connection: %d open, the cap is %d (--max-connections)",
@@ -98,6 +106,37 @@ class _GuardedH11Protocol(H11Protocol):
             return
         self._track_open()
         self._arm_header_timer()
+
+    def _evict_one(self) -> bool:
+        """Close the connection that has been sending its request (or idling) the longest,
+        if for at least EVICT_AFTER s; False when there is none (all are being answered)."""
+        now = self.loop.time()
+        victim = None
+        for conn in list(self.connections):
+            if conn is self or not isinstance(conn, _GuardedH11Protocol) or \
+                    conn.transport.is_closing() or not conn._receiving():
+                continue
+            if now - conn._reading_since >= EVICT_AFTER and \
+                    (victim is None or conn._reading_since < victim._reading_since):
+                victim = conn
+        if victim is None:
+            return False
+        if self.metrics is not None:
+            self.metrics.client_timeouts.labels("evicted").inc()
+        logger.warning("closed a connection slow to send its request (%.1f s) to make room "
+                       "at the cap of %d (--max-connections)", now - victim._reading_since,
+                       self.max_connections)
+        if victim._waiting_for_head():
+            victim.transport.write(_HEADER_TIMEOUT)
+        victim.transport.close()  # mid-body: the handler sees a disconnect (499)
+        victim.connections.discard(victim)
+        return True
+
+    def _receiving(self) -> bool:
+        """Idle, or still receiving its request's head or body (nothing being computed)."""
+        cycle = self.cycle
+        return cycle is None or cycle.response_complete or \
+            (cycle.more_body and not cycle.response_started)
 
     def connection_lost(self, exc) -> None:
         self._cancel_header_timer()
@@ -109,13 +148,16 @@ class _GuardedH11Protocol(H11Protocol):
         if self._waiting_for_head():
             if self._header_timer is None and not self.transport.is_closing():
                 self._arm_header_timer()  # the first byte of a request after a keep-alive pause
-        else:
-            self._cancel_header_timer()
+                self._reading_since = self.loop.time()
+        elif self._header_timer is not None:
+            self._cancel_header_timer()  # the head is complete: the body phase begins
+            self._reading_since = self.loop.time()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         # Idle now: uvicorn's keep-alive timer takes over until the next byte arrives.
         self._cancel_header_timer()
+        self._reading_since = self.loop.time()
 
     # ---- helpers ------------------------------------------------------------------------
     def _waiting_for_head(self) -> bool:

@@ -164,6 +164,45 @@ def test_connections_above_the_cap_are_refused_at_once(engine):
         assert "pooler_http_connections_rejected_total 1.0" in metrics
 
 
+def test_a_newcomer_at_the_cap_evicts_the_oldest_dribbler(engine):
+    """20 dribblers hold all 20 slots for more than EVICT_AFTER s: normal requests still get
+    in (each evicts the oldest dribbler) and answer at once."""
+    settings = ServerSettings(header_timeout=30, body_timeout=30)
+    with guarded_server(engine, settings, max_connections=20) as (url, port, app):
+        async def main():
+            conns = []
+            for i in range(20):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\n" if i % 2 else
+                             b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\n"
+                             b"content-length: 100\r\n\r\n{")
+                conns.append((reader, writer))
+            await asyncio.sleep(1.5)
+            latencies = []
+            for _ in range(3):  # a new client (connection) each time
+                async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+                    sent = time.monotonic()
+                    r = await c.post("/v1/embeddings", json={"input": "normal"})
+                    assert r.status_code == 200, r.text
+                    latencies.append(time.monotonic() - sent)
+            closed = 0
+            for reader, writer in conns:
+                try:
+                    data = await asyncio.wait_for(reader.read(), 0.2)
+                    closed += 1 if data is not None else 0
+                except asyncio.TimeoutError:
+                    pass
+                writer.close()
+            return latencies, closed
+
+        latencies, closed = asyncio.run(main())
+        assert max(latencies) < NORMAL_BOUND, latencies
+        assert closed >= 1  # the first newcomer evicted the oldest; the slot then frees
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'pooler_http_client_timeouts_total{phase="evicted"}' in metrics
+        assert "pooler_http_connections_rejected_total 0.0" in metrics
+
+
 def test_idle_connection_without_a_request_is_closed(engine):
     settings = ServerSettings(header_timeout=0.5)
     with guarded_server(engine, settings, max_connections=100) as (url, port, app):
