@@ -93,8 +93,9 @@ def build_app(args):
 def run(args) -> int:
     import uvicorn
 
-    from pooler.server.connection_limits import (fit_connection_cap, guarded_h11_protocol,
-                                                 install_log_rate_limit, raise_fd_limit)
+    from pooler.server.connection_limits import (accept_backlog, fit_connection_cap,
+                                                 guarded_h11_protocol, install_log_rate_limit,
+                                                 raise_fd_limit)
     from pooler.server.shutdown import GracefulServer, uvicorn_backstop
 
     logging.basicConfig(level=args.log_level.upper(),
@@ -103,9 +104,11 @@ def run(args) -> int:
     app = build_app(args)
     state = app.state.pooler
     settings = state.settings
-    cap = fit_connection_cap(settings.max_connections, raise_fd_limit())
+    fd_limit = raise_fd_limit()
+    cap = fit_connection_cap(settings.max_connections, fd_limit)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level,
+        backlog=accept_backlog(fd_limit),
         http=guarded_h11_protocol(cap, settings.header_timeout, state.metrics),
         timeout_keep_alive=settings.keep_alive_timeout,
         timeout_graceful_shutdown=uvicorn_backstop(settings.graceful_timeout))

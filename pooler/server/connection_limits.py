@@ -53,9 +53,17 @@ def raise_fd_limit() -> int:
     return soft
 
 
+def accept_backlog(fd_limit: int) -> int:
+    """uvicorn's backlog for an fd limit. asyncio accepts up to `backlog` sockets in one go
+    before any of their connection_made runs (where the cap is enforced), so a burst can hold
+    that many fds above the cap: keep it a small part of the limit."""
+    return max(64, min(2048, fd_limit // 8))
+
+
 def fit_connection_cap(max_connections: int, fd_limit: int) -> int:
-    """The connection cap actually used: at most the fd limit minus a reserve."""
-    cap = max(1, min(max_connections, fd_limit - FD_RESERVE))
+    """The connection cap actually used: below the fd limit by a reserve and room for two
+    accept bursts (one being accepted while the previous one's refusals close)."""
+    cap = max(1, min(max_connections, fd_limit - FD_RESERVE - 2 * accept_backlog(fd_limit)))
     if cap < max_connections:
         logger.warning("--max-connections %d lowered to %d: the open-files limit is %d "
                        "(raise it with `ulimit -n`)", max_connections, cap, fd_limit)

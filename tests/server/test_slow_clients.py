@@ -232,8 +232,19 @@ def test_log_rate_limit_drops_a_flood():
     assert limiter.filter(info)
 
 
-@pytest.mark.parametrize("limit, wanted, expected", [(1024, 2048, 896), (20000, 2048, 2048)])
+@pytest.mark.parametrize("limit, wanted, expected", [(1024, 2048, 640), (20000, 2048, 2048)])
 def test_connection_cap_stays_below_the_fd_limit(limit, wanted, expected):
     from pooler.server.connection_limits import fit_connection_cap
 
     assert fit_connection_cap(wanted, limit) == expected
+
+
+def test_serve_help_documents_the_edge_flags(capsys):
+    from pooler.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--graceful-timeout", "--header-timeout", "--body-timeout",
+                 "--keep-alive-timeout", "--max-connections", "--show-model-path"):
+        assert flag in text, flag
