@@ -39,7 +39,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(model: str, extra: list[str], fd_limit: int | None, log) -> tuple:
+def _serve(model: str, extra: list[str], fd_limit: int | None, log,
+           hard_fd_limit: int | None = None) -> tuple:
     port = _free_port()
     cmd = [sys.executable, "-m", "pooler.cli.main", "serve", model, "--port", str(port),
            "--log-level", "warning", *extra]
@@ -47,8 +48,10 @@ def _serve(model: str, extra: list[str], fd_limit: int | None, log) -> tuple:
     if fd_limit:
         import resource
 
-        def preexec():  # the default: a soft and hard limit of fd_limit
-            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+        hard = hard_fd_limit or fd_limit
+
+        def preexec():  # the default: a soft limit of fd_limit (hard as asked)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, hard))
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec,
                             cwd=REPO)
     url = f"http://127.0.0.1:{port}"
@@ -151,7 +154,7 @@ def dribblers(args) -> None:
         proc, url, port = _serve(args.model or "sentence-transformers/all-MiniLM-L6-v2",
                                  ["--header-timeout", str(args.header_timeout),
                                   "--body-timeout", str(args.body_timeout)],
-                                 args.fd_limit, log)
+                                 args.fd_limit, log, args.hard_fd_limit)
         lasted: list[float] = []
         latencies: list[float] = []
         peak = [0]
@@ -187,7 +190,8 @@ def dribblers(args) -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     latencies.sort()
-    print(f"{args.body} body + {args.head} head dribblers, server ulimit -n {args.fd_limit}: "
+    print(f"{args.body} body + {args.head} head dribblers, server ulimit -n {args.fd_limit} "
+          f"(hard {args.hard_fd_limit or args.fd_limit}): "
           f"normal requests n={len(latencies)} max {latencies[-1]:.3f} s median "
           f"{latencies[len(latencies) // 2]:.3f} s; dribblers lasted at most "
           f"{max(lasted):.1f} s; server fds at peak {peak[0]}; server log "
@@ -204,7 +208,10 @@ def main() -> None:
     d = sub.add_parser("dribblers")
     d.add_argument("--body", type=int, default=1100)
     d.add_argument("--head", type=int, default=110)
-    d.add_argument("--fd-limit", type=int, default=1024)
+    d.add_argument("--fd-limit", type=int, default=1024, help="the server's soft limit")
+    d.add_argument("--hard-fd-limit", type=int, default=None,
+                   help="the server's hard limit (default: the soft one; pooler serve raises "
+                        "the soft limit to the hard one)")
     d.add_argument("--header-timeout", type=float, default=10.0)
     d.add_argument("--body-timeout", type=float, default=60.0)
     d.add_argument("--duration", type=float, default=75.0)
