@@ -263,9 +263,18 @@ class BodyTimeoutMiddleware:
                     "(--body-timeout).", None, "body_timeout"), {"connection": "close"})
         except _ShutdownExpired:
             if not started:
-                refusal = self.gate.refusal()
-                await send_json(send, 503, error_body(503, refusal.message, None,
-                                                      refusal.code), refusal.headers)
+                await self._refuse(send)
+        except asyncio.CancelledError:
+            # uvicorn's backstop cancelled a handler still running well past the graceful
+            # timeout: answer 503 (not uvicorn's bare 500); the server is going down anyway.
+            if self.gate is None or not self.gate.draining or started:
+                raise
+            await self._refuse(send)
+
+    async def _refuse(self, send) -> None:
+        refusal = self.gate.refusal()
+        await send_json(send, 503, error_body(503, refusal.message, None, refusal.code),
+                        refusal.headers)
 
 
 class RateLimitFilter(logging.Filter):

@@ -196,3 +196,37 @@ def test_display_name_keeps_hub_names():
         "sentence-transformers/all-MiniLM-L6-v2"
     assert display_name("/srv/models/bge-small/") == "bge-small"
     assert display_name("./models/e5") == "e5"
+
+
+def test_a_handler_cancelled_at_shutdown_answers_503_not_500():
+    """uvicorn's backstop (graceful timeout + 5 s) cancels handlers that are still running:
+    the client gets 503 with Retry-After, not uvicorn's bare 500."""
+    from pooler.server.connection_limits import BodyTimeoutMiddleware
+    from pooler.server.shutdown import ShutdownGate
+
+    async def stuck_app(scope, receive, send):
+        await asyncio.sleep(3600)
+
+    async def main():
+        gate = ShutdownGate()
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        guard = BodyTimeoutMiddleware(stuck_app, timeout=60, gate=gate)
+        task = asyncio.ensure_future(guard({"type": "http", "method": "GET", "path": "/x"},
+                                           receive, send))
+        await asyncio.sleep(0.05)
+        gate.begin()
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+        return sent
+
+    sent = asyncio.run(main())
+    start = sent[0]
+    assert start["status"] == 503
+    assert (b"retry-after", b"1") in start["headers"]
