@@ -290,7 +290,10 @@ class RateLimitFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        key = (record.name, record.msg if isinstance(record.msg, str) else type(record.msg))
+        # The template's first line: asyncio's messages carry a per-socket repr after it.
+        msg = record.msg.split("\n", 1)[0][:120] if isinstance(record.msg, str) \
+            else type(record.msg)
+        key = (record.name, msg)
         now = time.monotonic()
         window = self._windows.get(key)
         if window is None or now - window[0] >= self.interval:

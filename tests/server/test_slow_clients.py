@@ -224,9 +224,10 @@ def test_log_rate_limit_drops_a_flood():
     from pooler.server.connection_limits import RateLimitFilter
 
     limiter = RateLimitFilter(burst=5, interval=60)
-    passed = sum(limiter.filter(logging.LogRecord("asyncio", logging.ERROR, __file__, 1,
-                                                  "socket.accept() out of system resource",
-                                                  None, None)) for _ in range(10_000))
+    passed = sum(limiter.filter(logging.LogRecord(
+        "asyncio", logging.ERROR, __file__, 1,
+        f"socket.accept() out of system resource\nsocket: <socket fd={i}>", None, None))
+        for i in range(10_000))
     assert passed == 5
     info = logging.LogRecord("asyncio", logging.INFO, __file__, 1, "fine", None, None)
     assert limiter.filter(info)
