@@ -74,15 +74,37 @@ class EngineLoop:
         self._thread.start()
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
-        """Finish in-flight requests, then stop the thread."""
+        """Finish in-flight requests (up to `timeout` s), then stop the thread. Whatever is
+        still unfinished then is cancelled, so no caller waits forever on a stopped loop."""
         if not self.is_running:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._futures and (deadline is None or time.monotonic() < deadline):
+        while (self._futures or not self._inbox.empty()) and \
+                (deadline is None or time.monotonic() < deadline):
             time.sleep(0.01)
         self._stopping = True
         self._wakeup.set()
-        self._thread.join(timeout)
+        # A step in progress finishes first (encoder steps are short and bounded in tokens).
+        self._thread.join(None if deadline is None else max(1.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            logger.warning("engine loop still inside a step at shutdown; cancelling its "
+                           "requests anyway")
+        self._cancel_unfinished()
+
+    def _cancel_unfinished(self) -> None:
+        """Cancel the futures of requests that will never run (the loop has stopped): their
+        waiters raise RequestCancelled instead of blocking an executor shutdown forever."""
+        while True:  # submitted but never drained
+            try:
+                kind, _, future = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                future.cancel()
+        for future in list(self._futures.values()):
+            future.cancel()
+        self._futures.clear()
+        self._submitted_at.clear()
 
     # ---- called from any thread ---------------------------------------------------------
     def submit(self, requests: list[Request]) -> list[Future]:

@@ -223,7 +223,8 @@ class Engine:
     def classify(self, inputs: str | Sequence, *, text_pair: str | list[str] | None = None,
                  use_activation: bool | None = None, truncate: bool = True,
                  truncate_prompt_tokens: int | None = None, add_special_tokens: bool = True,
-                 max_pair_tokens: int | None = None, use_tqdm: bool | None = None,
+                 max_pair_tokens: int | None = None, truncation_direction: str = "right",
+                 use_tqdm: bool | None = None,
                  priority: int = 0) -> list[ClassificationOutput]:
         """Score each input (or each (input, text_pair) pair) against the model's labels.
 
@@ -236,7 +237,8 @@ class Engine:
             raise ValueError("max_pair_tokens applies to sentence pairs; pass text_pair.")
         params = PoolingParams(task="classify", use_activation=use_activation)
         processed, results = self._run_texts(
-            items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
+            items, self.verify_params(params),
+            TruncationOptions(truncate, truncate_prompt_tokens, truncation_direction),
             use_tqdm, priority, pairs=pairs, add_special_tokens=add_special_tokens,
             max_pair_tokens=max_pair_tokens)
         labels = labels_of(self.model_config.hf_config)
@@ -357,8 +359,8 @@ class Engine:
     # ---- score / rerank (issue 4) ---------------------------------------------------------
     def score(self, queries: str | Sequence, documents: str | Sequence, *,
               truncate: bool = True, truncate_prompt_tokens: int | None = None,
-              use_tqdm: bool | None = None, priority: int = 0,
-              cancel: threading.Event | None = None,
+              truncation_direction: str = "right", use_tqdm: bool | None = None,
+              priority: int = 0, cancel: threading.Event | None = None,
               use_activation: bool | None = None, bge_m3_mode: str | None = None,
               bge_m3_weights: Sequence[float] | None = None,
               max_tokens_per_doc: int | None = None) -> list[ScoreOutput]:
@@ -371,7 +373,8 @@ class Engine:
         background loop running, setting `cancel` aborts the call and releases everything it
         cached."""
         return scoring.score(self, queries, documents, truncate=truncate,
-                             truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
+                             truncate_prompt_tokens=truncate_prompt_tokens,
+                             truncation_direction=truncation_direction, use_tqdm=use_tqdm,
                              priority=priority, cancel=cancel,
                              use_activation=use_activation, bge_m3_mode=bge_m3_mode,
                              bge_m3_weights=bge_m3_weights,

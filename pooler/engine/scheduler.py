@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 
 from pooler.config import SchedulerConfig
 from pooler.engine.request import Request, RequestOutput, RequestStatus
 from pooler.params import PoolingParams
 from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    waiting: int
+    waiting_tokens: int
+    running: int
+    running_tokens: int
 
 
 class Scheduler:
@@ -58,6 +67,15 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return sum(1 for _, r in self._waiting if r.status == RequestStatus.WAITING)
+
+    def queue_stats(self) -> QueueStats:
+        """Waiting and running requests and their tokens, for metrics. Callable from any
+        thread: it reads copies of the lists (a copy is atomic under the GIL), so a reading
+        taken while the loop thread steps is a consistent-enough snapshot, never an error."""
+        waiting = [r for _, r in list(self._waiting) if r.status == RequestStatus.WAITING]
+        running = list(self.running)
+        return QueueStats(len(waiting), sum(r.num_tokens for r in waiting),
+                          len(running), sum(r.num_tokens for r in running))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

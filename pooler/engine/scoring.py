@@ -86,12 +86,15 @@ def scoring_kind(engine: ScoringEngine) -> str:
 
 
 def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool = True,
-          truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
-          priority: int = 0, cancel: threading.Event | None = None,
+          truncate_prompt_tokens: int | None = None, truncation_direction: str = "right",
+          use_tqdm: bool | None = None, priority: int = 0,
+          cancel: threading.Event | None = None,
           use_activation: bool | None = None, bge_m3_mode: str | None = None,
           bge_m3_weights: Sequence[float] | None = None,
           max_tokens_per_doc: int | None = None) -> list[ScoreOutput]:
     """use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores).
+    truncation_direction applies where inputs are truncated (bi- and cross-encoders); ColBERT
+    inputs are cut by the model's own query/document lengths.
     BGE-M3: `bge_m3_mode` picks one of SCORE_MODES (default "colbert+sparse+dense") and
     `bge_m3_weights` the (dense, sparse, colbert) weights of the combinations.
     max_tokens_per_doc: each document is cut to that many tokens before scoring."""
@@ -111,7 +114,7 @@ def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool
         if kind in ("late_interaction", "bge_m3"):
             raise ValueError("max_tokens_per_doc does not apply to ColBERT models: their "
                              "documents are cut to the model's own document length.")
-    truncation = TruncationOptions(truncate, truncate_prompt_tokens)
+    truncation = TruncationOptions(truncate, truncate_prompt_tokens, truncation_direction)
     if kind == "bge_m3":
         mode = bge_m3_mode or "colbert+sparse+dense"
         if mode not in SCORE_MODES:
@@ -126,9 +129,8 @@ def score(engine: ScoringEngine, queries: Any, documents: Any, *, truncate: bool
         scores, tokens = _bi_encoder_scores(engine, request, truncation, use_tqdm, priority,
                                             cancel, max_tokens_per_doc)
     else:
-        scores, tokens = _cross_encoder_scores(engine, request, truncate,
-                                               truncate_prompt_tokens, use_tqdm, priority,
-                                               use_activation, max_tokens_per_doc)
+        scores, tokens = _cross_encoder_scores(engine, request, truncation, use_tqdm,
+                                               priority, use_activation, max_tokens_per_doc)
     return [ScoreOutput(float(s), qi, di, n)
             for s, n, (qi, di) in zip(scores, tokens, request.pairs)]
 
@@ -285,17 +287,20 @@ def bge_m3_scores(engine: ScoringEngine, request: ScoreRequest, truncation: Trun
 
 
 # ---- cross-encoder ---------------------------------------------------------------------------
-def _cross_encoder_scores(engine: ScoringEngine, request: ScoreRequest, truncate,
-                          truncate_prompt_tokens, use_tqdm, priority, use_activation,
-                          max_tokens_per_doc: int | None = None):
+def _cross_encoder_scores(engine: ScoringEngine, request: ScoreRequest,
+                          truncation: TruncationOptions, use_tqdm, priority, use_activation,
+                          max_tokens_per_doc: int | None = None
+                          ) -> tuple[list[float], list[int]]:
     if not all(isinstance(x, str) for x in request.queries + request.documents):
         raise ValueError("A cross-encoder scores text pairs: pass queries and documents as "
                          "strings, not token ids.")
     outputs = engine.classify([request.queries[qi] for qi, _ in request.pairs],
                               text_pair=[request.documents[di] for _, di in request.pairs],
-                              truncate=truncate, truncate_prompt_tokens=truncate_prompt_tokens,
-                              use_tqdm=use_tqdm, priority=priority,
-                              use_activation=use_activation, max_pair_tokens=max_tokens_per_doc)
+                              truncate=truncation.truncate,
+                              truncate_prompt_tokens=truncation.truncate_prompt_tokens,
+                              truncation_direction=truncation.direction, use_tqdm=use_tqdm,
+                              priority=priority, use_activation=use_activation,
+                              max_pair_tokens=max_tokens_per_doc)
     # One relevance label (the usual reranker): its sigmoid; else the top class probability.
     return ([float(o.probs[0]) if np.asarray(o.probs).shape[0] == 1 else float(o.score)
              for o in outputs], [int(o.num_tokens) for o in outputs])

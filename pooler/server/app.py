@@ -1,8 +1,9 @@
 """The app factory: `create_app(engine, settings)` -> a FastAPI app serving that engine.
 
 The lifespan starts the engine's background loop (one thread owns the model; handlers'
-requests from every client join its batches), then marks the server ready. On shutdown (uvicorn finishes in-flight requests first on SIGTERM) it drains the
-engine and stops the loop.
+requests from every client join its batches), then marks the server ready. On shutdown
+(uvicorn finishes in-flight requests first on SIGTERM, bounded as shutdown.py says) it stops
+the loop, cancelling whatever is left, so the process always exits.
 """
 from __future__ import annotations
 
@@ -17,14 +18,20 @@ from pydantic import ValidationError
 
 from pooler.server import bge_m3, cohere, ner, openai, rerank, tei, vllm
 from pooler.server.auth import APIKeyMiddleware
+from pooler.server.connection_limits import BodyTimeoutMiddleware
 from pooler.server.errors import (ERROR_RESPONSES, error_response, install_error_handlers,
                                   validation_message)
+from pooler.server.invalid_text import InvalidTextMiddleware
 from pooler.server.limits import PayloadLimitMiddleware
 from pooler.server.metrics import MetricsMiddleware, ServerMetrics
 from pooler.server.protocol import InfoResponse
 from pooler.server.state import ServerSettings, ServerState
 
 logger = logging.getLogger(__name__)
+
+# Seconds the engine may take at shutdown to finish the step it is in (the work itself was
+# already aborted or answered when the graceful timeout ran out).
+_ENGINE_STOP_SECONDS = 5.0
 
 
 def _version() -> str:
@@ -58,8 +65,11 @@ def create_app(engine, settings: ServerSettings | None = None, *,
             loop.step_listeners.remove(metrics.on_step)
             loop.queue_listeners.remove(metrics.on_queued)
             if owns_engine:
-                await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
-            state.executor.shutdown(wait=True)
+                await asyncio.get_running_loop().run_in_executor(
+                    None, engine.shutdown, _ENGINE_STOP_SECONDS)
+            # Handlers have all returned; a worker thread still running is finishing a
+            # cancelled engine call and ends within one poll.
+            state.executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="pooler", version=_version(), lifespan=lifespan,
                   description="Embeddings, reranking, classification, NER and sparse vectors "
@@ -79,6 +89,8 @@ def create_app(engine, settings: ServerSettings | None = None, *,
     async def health():
         """200 once the model is loaded and the engine loop runs; 503 before and while
         shutting down. Needs no API key."""
+        if state.shutdown.draining:
+            return error_response(503, "The server is shutting down.", None, "shutting_down")
         if not state.ready:
             return error_response(503, "The model is not loaded yet.", None, "not_ready")
         return JSONResponse({"status": "ok"})
@@ -86,7 +98,8 @@ def create_app(engine, settings: ServerSettings | None = None, *,
     @app.get("/info", response_model=InfoResponse, tags=["common"], responses=ERROR_RESPONSES)
     async def info():
         mc, sc = engine.model_config, engine.config.scheduler_config
-        return {**tei.info_fields(state, _version()), "model_id": state.model_name, "model_path": str(mc.path),
+        return {**tei.info_fields(state, _version()), "model_id": state.model_name,
+                "model_path": str(mc.path) if settings.show_model_path else None,
                 "model_dtype": mc.dtype, "architecture": mc.architecture,
                 "tasks": sorted(engine.supported_tasks), "default_task": engine.default_task,
                 "embedding_dimensions": engine.embedding_size,
@@ -99,14 +112,18 @@ def create_app(engine, settings: ServerSettings | None = None, *,
 
     @app.get("/metrics", tags=["common"])
     async def prometheus_metrics():
-        metrics.queue_size.set(engine.core.scheduler.num_waiting)
+        metrics.observe_engine(engine)
+        metrics.draining.set(1 if state.shutdown.draining else 0)
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    # The last added runs first: count everything (401s too), check the key before reading a
-    # body, then bound the body's size.
+    # The last added runs first: count everything (401s too), bound the time to send a body,
+    # check the key before reading a body, bound the body's size, then reject invalid text.
+    app.add_middleware(InvalidTextMiddleware)
     app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(BodyTimeoutMiddleware, timeout=settings.body_timeout,
+                       gate=state.shutdown, metrics=metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -1,7 +1,17 @@
 """Prometheus metrics (prometheus-client), one registry per app so tests can run several.
 
-Per route: request counts and latency by status. Per engine step: requests and tokens in the
-batch, and its inference time. Per request: tokenization time and time queued in the engine.
+Per route: request counts and latency by status (a client that went away before its answer is
+status 499, never a 5xx). Per engine step: requests and tokens in the batch, and its
+inference time. Per request: tokenization time and time queued in the engine.
+
+Gauges read at each scrape (`observe_engine`), for operators and for admission control:
+- pooler_engine_requests_waiting / _running, pooler_engine_tokens_waiting / _running: the
+  engine scheduler's queue;
+- pooler_late_interaction_cached_queries, _pending_docs, _cached_bytes: the ColBERT query
+  cache (queries cached for documents still to score, documents registered and not yet
+  scored, bytes of cached query vectors). Zero when idle: anything else is a leak.
+Connections (see connection_limits.py): open connections, connections refused at the cap,
+clients cut for sending headers or body too slowly.
 """
 from __future__ import annotations
 
@@ -9,6 +19,8 @@ import time
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
                                Histogram, generate_latest)
+
+from pooler.server.errors import CLIENT_CLOSED_REQUEST
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -43,6 +55,43 @@ class ServerMetrics:
         self.tokenize_time = Histogram("pooler_tokenize_seconds",
                                        "tokenization time of one HTTP request",
                                        buckets=_LATENCY_BUCKETS, registry=r)
+        # The engine's queue (scheduler), read at scrape time.
+        self.engine_requests_waiting = Gauge(
+            "pooler_engine_requests_waiting", "requests queued in the engine scheduler",
+            registry=r)
+        self.engine_requests_running = Gauge(
+            "pooler_engine_requests_running", "requests in the engine step being computed",
+            registry=r)
+        self.engine_tokens_waiting = Gauge(
+            "pooler_engine_tokens_waiting", "tokens of the requests queued in the engine",
+            registry=r)
+        self.engine_tokens_running = Gauge(
+            "pooler_engine_tokens_running", "tokens of the engine step being computed",
+            registry=r)
+        # The late-interaction (ColBERT) query cache, read at scrape time.
+        self.li_cached_queries = Gauge(
+            "pooler_late_interaction_cached_queries",
+            "ColBERT queries cached for documents still to score", registry=r)
+        self.li_pending_docs = Gauge(
+            "pooler_late_interaction_pending_docs",
+            "ColBERT documents registered with the model runner and not yet scored",
+            registry=r)
+        self.li_cached_bytes = Gauge(
+            "pooler_late_interaction_cached_bytes",
+            "bytes of cached ColBERT query vectors", registry=r)
+        # Connections (pooler/server/connection_limits.py).
+        self.connections_open = Gauge("pooler_http_connections_open",
+                                      "open client connections", registry=r)
+        self.connections_rejected = Counter(
+            "pooler_http_connections_rejected",
+            "connections closed at once because --max-connections were open", registry=r)
+        self.client_timeouts = Counter(
+            "pooler_http_client_timeouts",
+            "connections cut because the client sent its request too slowly "
+            "(phase: headers or body)", ["phase"], registry=r)
+        self.draining = Gauge("pooler_server_draining",
+                              "1 while the server shuts down (stopped accepting work)",
+                              registry=r)
 
     # ---- engine loop listeners (called from the loop thread) ----------------------------
     def on_step(self, num_requests: int, num_tokens: int, seconds: float) -> None:
@@ -52,6 +101,22 @@ class ServerMetrics:
 
     def on_queued(self, seconds: float) -> None:
         self.queue_time.observe(seconds)
+
+    def observe_engine(self, engine) -> None:
+        """Set the engine-queue and late-interaction gauges from the engine (any thread:
+        the readings are copies or plain counters)."""
+        stats = engine.core.scheduler.queue_stats()
+        self.queue_size.set(stats.waiting)
+        self.engine_requests_waiting.set(stats.waiting)
+        self.engine_requests_running.set(stats.running)
+        self.engine_tokens_waiting.set(stats.waiting_tokens)
+        self.engine_tokens_running.set(stats.running_tokens)
+        pooling_runner = getattr(engine.core.model_runner, "pooling_runner", None)
+        cache = getattr(pooling_runner, "late_interaction", None)
+        if cache is not None:  # the transformers fallback runner has no ColBERT cache
+            self.li_cached_queries.set(cache.num_cached_queries)
+            self.li_pending_docs.set(cache.num_pending_docs)
+            self.li_cached_bytes.set(cache.cached_bytes)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -68,7 +133,15 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
-        status = {"code": 500}
+        status = {"code": None}
+        client_left = False
+
+        async def receive_wrapper():
+            nonlocal client_left
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                client_left = True
+            return message
 
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
@@ -76,11 +149,32 @@ class MetricsMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
         finally:
-            route = scope.get("route")
-            # Route templates only: raw paths of 404s would let clients grow the label set.
-            label = getattr(route, "path", None) or "unmatched"
+            if status["code"] is None:
+                # No answer was sent: the client left (e.g. mid-body) is 499, not a server
+                # error; no answer for any other reason is the web server's 500.
+                status["code"] = CLIENT_CLOSED_REQUEST if client_left else 500
+            label = _route_label(scope)
             labels = (scope["method"], label, str(status["code"]))
             self.metrics.requests.labels(*labels).inc()
             self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)
+
+
+def _route_label(scope) -> str:
+    """The route template of a request. Route templates only: raw paths of 404s would let
+    clients grow the label set. A request that ended before routing (e.g. the client left
+    mid-body) still counts under its route when its path is one of the app's (static)
+    route paths."""
+    path = getattr(scope.get("route"), "path", None)
+    if path:
+        return path
+    app = scope.get("app")
+    known = getattr(app, "_pooler_route_paths", None)
+    if known is None and app is not None:
+        try:
+            known = frozenset(app.openapi().get("paths", {}))
+        except Exception:  # never let metrics break a response
+            known = frozenset()
+        app._pooler_route_paths = known
+    return scope["path"] if known and scope.get("path") in known else "unmatched"

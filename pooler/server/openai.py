@@ -21,5 +21,5 @@ async def list_models(request: Request):
     state = get_state(request)
     return {"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": int(state.started_at),
-        "owned_by": "pooler", "root": str(state.engine.model_config.path),
+        "owned_by": "pooler", "root": state.model_root,
         "max_model_len": state.engine.model_config.max_model_len}]}

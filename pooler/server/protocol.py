@@ -203,7 +203,7 @@ class InfoResponse(BaseModel):
     tokenization_workers: int
     sha: Optional[str] = None
     docker_label: Optional[str] = None
-    model_path: str
+    model_path: Optional[str] = None  # the folder, with --show-model-path only
     model_dtype: str
     architecture: str
     tasks: list[str]

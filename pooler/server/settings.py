@@ -13,8 +13,19 @@ class ServerSettings:
     max_payload_bytes: int = 32 * 2**20  # request body size (413 above)
     max_queue: int = 16384               # inputs admitted and unanswered (503 above)
     max_workers: int = 64                # threads running blocking Engine calls
+    # The server's edges (pooler/server/connection_limits.py, shutdown.py).
+    graceful_timeout: float = 30.0       # s in-flight requests may finish on SIGTERM
+    header_timeout: float = 10.0         # s to send a request head (408 after)
+    body_timeout: float = 60.0           # s to send a whole body after its head (408 after)
+    keep_alive_timeout: float = 5.0      # s an idle keep-alive connection stays open
+    max_connections: int = 2048          # open connections (more are refused with 503)
+    show_model_path: bool = False        # /info and /v1/models show the model's folder
 
     def __post_init__(self):
-        for name in ("max_input_items", "max_payload_bytes", "max_queue", "max_workers"):
+        for name in ("max_input_items", "max_payload_bytes", "max_queue", "max_workers",
+                     "header_timeout", "body_timeout", "keep_alive_timeout",
+                     "max_connections"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+        if self.graceful_timeout < 0:
+            raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}.")

@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -27,6 +28,7 @@ from pooler.server.errors import APIError, bad_request, unsupported
 from pooler.server.limits import Admission
 from pooler.server.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
+from pooler.server.shutdown import ShutdownGate
 
 
 class ServerState:
@@ -34,7 +36,12 @@ class ServerState:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
-        self.model_name = settings.served_model_name or str(engine.model_config.model)
+        # What clients see: the served name, else the model's name, never a local path
+        # unless the operator asks (--show-model-path).
+        self.model_name = settings.served_model_name or \
+            display_name(str(engine.model_config.model))
+        self.model_root = (str(engine.model_config.path) if settings.show_model_path
+                           else self.model_name)
         # Clients may name the model by its served name or by what it was loaded from.
         self.model_names = {self.model_name, str(engine.model_config.model),
                             str(engine.model_config.path)}
@@ -43,6 +50,7 @@ class ServerState:
                                            thread_name_prefix="pooler-http")
         self.ready = False
         self.started_at = time.time()
+        self.shutdown = ShutdownGate()
 
     # ---- checks (event loop; cheap) -----------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -122,12 +130,18 @@ class ServerState:
                       compute: Callable[[], Any]) -> Response:
         """Admit `num_items` inputs, run `compute` (blocking: Engine calls + building the
         body) in a worker thread, and answer with its JSON. A client that disconnects first
-        has its queued engine requests aborted and gets nothing (logged as 499)."""
+        has its queued engine requests aborted and gets nothing (logged as 499); when the
+        graceful shutdown time runs out first, the same abort happens and the client gets
+        503 with Retry-After (see shutdown.py)."""
+        if self.shutdown.expired:
+            raise self.shutdown.refusal()
         self.admission.admit(num_items, field)
         self.metrics.inputs_in_flight.set(self.admission.in_flight)
         call = CallContext(cancel=threading.Event())
 
         def work() -> bytes | Response:
+            if call.cancel.is_set():  # cancelled while queued for a worker thread
+                raise RequestCancelled("cancelled before it started")
             token = current_call.set(call)
             try:
                 result = compute()
@@ -137,21 +151,34 @@ class ServerState:
                 current_call.reset(token)
 
         loop = asyncio.get_running_loop()
+        watcher = expiry = None
         try:
             future = loop.run_in_executor(self.executor, work)
             watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-            done, _ = await asyncio.wait({future, watcher},
+            expiry = asyncio.ensure_future(self.shutdown.wait_expired())
+            done, _ = await asyncio.wait({future, watcher, expiry},
                                          return_when=asyncio.FIRST_COMPLETED)
             if future not in done:
+                client_left = watcher in done
                 call.cancel.set()  # the engine aborts what has not started computing
                 try:
-                    await future
+                    body = await future
                 except RequestCancelled:
-                    pass
-                raise RequestCancelled("client disconnected; its queued inputs were aborted")
-            watcher.cancel()
-            body = future.result()
+                    body = None
+                if client_left:
+                    raise RequestCancelled("client disconnected; its queued inputs were "
+                                           "aborted")
+                if body is None:
+                    raise self.shutdown.refusal()
+            else:
+                body = future.result()
+        except asyncio.CancelledError:
+            call.cancel.set()  # cancelled by the web server: stop the engine work too
+            raise
         finally:
+            for task in (watcher, expiry):
+                if task is not None:
+                    task.cancel()
             self.admission.release(num_items)
             self.metrics.inputs_in_flight.set(self.admission.in_flight)
             if call.tokenize_seconds:
@@ -159,6 +186,15 @@ class ServerState:
         if isinstance(body, Response):
             return body
         return Response(body, media_type="application/json")
+
+
+def display_name(model: str) -> str:
+    """A model argument as clients should see it: a hub or package name as given, a local
+    folder (absolute, relative or ~) by its folder's name only."""
+    path = Path(model).expanduser()
+    if path.is_absolute() or model.startswith(("./", "../", "~")) or path.exists():
+        return path.resolve().name or model
+    return model
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -43,6 +43,7 @@ class LateInteractionRunner:
         self.chunk_tokens = chunk_tokens
         self._queries: dict[str, _CachedQuery] = {}
         self._doc_keys: dict[str, str] = {}  # registered, not yet scored doc req_id -> key
+        self._cached_bytes = 0  # bytes of the cached query tensors
 
     # ---- inspection (tests, metrics) ----------------------------------------------------
     @property
@@ -52,6 +53,10 @@ class LateInteractionRunner:
     @property
     def num_pending_docs(self) -> int:
         return len(self._doc_keys)
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached_bytes
 
     def query_uses(self, key: str) -> int | None:
         entry = self._queries.get(key)
@@ -86,11 +91,17 @@ class LateInteractionRunner:
         """Forget cached queries whose documents will never run (a scoring request that was
         cancelled or failed before its document stage)."""
         for key in keys:
-            self._queries.pop(key, None)
+            self._forget(key)
 
     def clear(self) -> None:
         self._queries.clear()
         self._doc_keys.clear()
+        self._cached_bytes = 0
+
+    def _forget(self, key: str) -> None:
+        entry = self._queries.pop(key, None)
+        if entry is not None:
+            self._cached_bytes -= _nbytes(entry.embeddings)
 
     def _release(self, key: str) -> None:
         entry = self._queries.get(key)
@@ -98,7 +109,7 @@ class LateInteractionRunner:
             return  # dropped or cleared already
         entry.uses -= 1
         if entry.uses <= 0:
-            del self._queries[key]
+            self._forget(key)
 
     # ---- after the pooler ---------------------------------------------------------------
     def postprocess_pooler_output(
@@ -155,7 +166,10 @@ class LateInteractionRunner:
                 scored.append((req_ids[i], key))
 
         # Commit.
-        self._queries.update(new_queries)
+        for key, entry in new_queries.items():
+            self._forget(key)  # never double-count a key (the step rejects duplicates anyway)
+            self._queries[key] = entry
+            self._cached_bytes += _nbytes(entry.embeddings)
         for req_id, key in scored:
             self._doc_keys.pop(req_id, None)
             self._release(key)
@@ -199,6 +213,12 @@ def bge_m3_scores(query: dict[str, torch.Tensor], docs: list[dict[str, torch.Ten
     dense = torch.stack([d["dense"] for d in docs]).float() @ query["dense"].float()     # [D]
     sparse = torch.stack([d["sparse"] for d in docs]).float() @ query["sparse"].float()  # [D]
     return list(torch.stack([dense, sparse, colbert.float()], dim=1).unbind(0))
+
+
+def _nbytes(cached: torch.Tensor | dict[str, torch.Tensor]) -> int:
+    """Bytes of a cached query: one tensor (ColBERT), or BGE-M3's dense/sparse/colbert."""
+    tensors = cached.values() if isinstance(cached, dict) else (cached,)
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _late_interaction_of(params: PoolingParams | None) -> LateInteractionParams | None:
