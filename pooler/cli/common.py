@@ -9,12 +9,20 @@ from typing import Iterable
 from pooler.model_folder import DEFAULT_MODEL
 
 
-def add_engine_args(parser: argparse.ArgumentParser, task: bool = True) -> None:
-    """task=False: the command defines its own --task (pooler batch)."""
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help="model folder, installed model package name, or Hugging Face hub "
-                             "id ORG/NAME (cached, else downloaded) "
-                             f"(default: {DEFAULT_MODEL})")
+def add_engine_args(parser: argparse.ArgumentParser, task: bool = True,
+                    several_models: bool = False) -> None:
+    """task=False: the command defines its own --task (pooler batch). several_models: --model
+    may repeat (pooler serve), giving a list (None when not given)."""
+    if several_models:
+        parser.add_argument("--model", action="append", default=None,
+                            help="model folder, installed model package name, or Hugging Face "
+                                 "hub id ORG/NAME; repeat it to serve several models from one "
+                                 f"server (default: {DEFAULT_MODEL})")
+    else:
+        parser.add_argument("--model", default=DEFAULT_MODEL,
+                            help="model folder, installed model package name, or Hugging Face "
+                                 "hub id ORG/NAME (cached, else downloaded) "
+                                 f"(default: {DEFAULT_MODEL})")
     parser.add_argument("--revision", default=None,
                         help="hub branch, tag or commit hash of a hub model (default: main)")
     if task:

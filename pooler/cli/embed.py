@@ -34,6 +34,11 @@ def add_parser(sub) -> None:
                    help="int8/uint8: a .npy of calibration embeddings [n, dim] (or ranges "
                         "[2, dim]) to take each dimension's range from; without it the range "
                         "comes from the texts being embedded")
+    p.add_argument("--long-input", default="truncate", choices=["truncate", "chunk"],
+                   help="texts longer than the model: truncate, or embed them window by "
+                        "window and average (default: %(default)s)")
+    p.add_argument("--chunk-overlap", type=int, default=0,
+                   help="with --long-input chunk: tokens consecutive windows share")
     p.add_argument("--preview", action="store_true",
                    help="print a readable summary (first values, norm, cosine similarities) "
                         "instead of JSONL")
@@ -64,7 +69,8 @@ def run(args) -> int:
     outputs = engine.embed(texts, dimensions=args.dimensions,
                            normalize=False if args.no_normalize else None,
                            truncate=not args.no_truncate, prompt=args.prompt,
-                           prompt_name=args.prompt_name, **_quantization_kwargs(args))
+                           prompt_name=args.prompt_name, long_input=args.long_input,
+                           chunk_overlap=args.chunk_overlap, **_quantization_kwargs(args))
     if args.preview:
         _print_preview(texts, outputs)
         return 0

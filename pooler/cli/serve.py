@@ -17,6 +17,7 @@ from pooler.cli.common import add_engine_args, engine_from_args, engine_kwargs
 
 logger = logging.getLogger("pooler.serve")
 
+
 def add_parser(sub) -> None:
     from pooler.server.settings import ServerSettings
 
@@ -31,7 +32,16 @@ def add_parser(sub) -> None:
     p.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
                    help="model folder, installed model package name, or Hugging Face hub id "
                         "ORG/NAME (same as --model)")
-    add_engine_args(p)
+    add_engine_args(p, several_models=True)
+    p.add_argument("--models-config", default=None, metavar="FILE.toml",
+                   help="serve several models: a TOML file with one [[models]] table per model "
+                        "(model = ..., optional name = ..., and any Engine option: task, "
+                        "runner, dtype, max_num_batched_tokens, ...); requests pick one by "
+                        "their `model` field")
+    p.add_argument("--long-input", default="truncate", choices=["truncate", "chunk"],
+                   help="/v1/embeddings default for inputs longer than the model: truncate, or "
+                        "embed them window by window (a request's long_input overrides it) "
+                        "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind; the default accepts local connections only, "
                         "use 0.0.0.0 to expose the server (then set --api-key) (default: %(default)s)")
@@ -101,15 +111,74 @@ def _settings(args):
         max_queue=args.max_queue, max_workers=args.max_workers,
         graceful_timeout=args.graceful_timeout, header_timeout=args.header_timeout,
         body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
-        max_connections=args.max_connections, show_model_path=args.show_model_path)
+        max_connections=args.max_connections, show_model_path=args.show_model_path,
+        long_input=args.long_input)
 
 
 def build_app(args):
+    """One model: its app. Several (--model repeated, or --models-config): a ModelRouter in
+    front of one app per model, each with its own engine and queue."""
     from pooler.server.app import create_app
 
-    if args.model_arg:
-        args.model = args.model_arg
-    return create_app(engine_from_args(args), _settings(args))
+    specs = model_specs(args)
+    if len(specs) == 1:
+        args.model = specs[0]["model"]
+        return create_app(engine_from_args(args), _settings(args))
+    from dataclasses import replace
+
+    from pooler.engine.llm import Engine
+    from pooler.server.multi_model import ModelRouter, ServedModel, resident_mb
+
+    settings = _settings(args)
+    served = []
+    for spec in specs:
+        options = {**engine_kwargs(args), **spec}
+        name = options.pop("name", None)
+        before = resident_mb()
+        engine = Engine(options.pop("model"), **options)
+        app = create_app(engine, replace(settings, served_model_name=name))
+        memory = resident_mb() - before
+        logger.info("loaded %s: %.0f MB resident", app.state.pooler.model_name, memory)
+        served.append(ServedModel(app.state.pooler.model_name, app, memory))
+    return ModelRouter(served, api_key=settings.api_key,
+                       max_body_bytes=settings.max_payload_bytes)
+
+
+def model_specs(args) -> list[dict]:
+    """The models to serve: --models-config's tables, else each --model (or MODEL)."""
+    from pooler.model_folder import DEFAULT_MODEL
+
+    models = ([args.model_arg] if args.model_arg else []) + list(args.model or [])
+    if args.models_config:
+        if models:
+            raise ValueError("give the models either with --model/MODEL or in --models-config, "
+                             "not both.")
+        return read_models_config(args.models_config)
+    if len(models) > 1 and args.served_model_name:
+        raise ValueError("--served-model-name names one model; with several, give each a name "
+                         "in --models-config (name = ...).")
+    return [{"model": m} for m in models] or [{"model": DEFAULT_MODEL}]
+
+
+def read_models_config(path: str) -> list[dict]:
+    import tomllib
+
+    with open(path, "rb") as f:
+        config = tomllib.load(f)
+    tables = config.get("models")
+    if not isinstance(tables, list) or not tables:
+        raise ValueError(f"{path}: expected one [[models]] table per model, with model = ...")
+    allowed = {"model", "name", "task", "runner", "dtype", "device", "max_model_len",
+               "max_num_batched_tokens", "max_num_seqs", "num_threads", "quantization",
+               "revision", "hf_overrides"}
+    for i, table in enumerate(tables):
+        if "model" not in table:
+            raise ValueError(f"{path}: [[models]] number {i + 1} has no model = ...")
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise ValueError(f"{path}: [[models]] number {i + 1} has unknown keys {unknown}; "
+                             f"allowed: {sorted(allowed)}.")
+    return [dict(t) for t in tables]
 
 
 def run_ray(args) -> int:
@@ -117,8 +186,10 @@ def run_ray(args) -> int:
         from pooler.ray.serve import parse_autoscale, run_serve, serve_app
     except ImportError as exc:
         raise ValueError(f"--ray needs Ray Serve: pip install 'pooler[ray]' ({exc}).") from None
-    if args.model_arg:
-        args.model = args.model_arg
+    specs = model_specs(args)
+    if len(specs) > 1:
+        raise ValueError("--ray serves one model; run one deployment per model.")
+    args.model = specs[0]["model"]
     kwargs = engine_kwargs(args)
     app = serve_app(kwargs.pop("model"), replicas=args.replicas,
                     autoscale=parse_autoscale(args.autoscale),
@@ -166,7 +237,10 @@ def run(args) -> int:
         return run_ray(args)
     install_log_rate_limit()
     app = build_app(args)
-    state = app.state.pooler
+    # A ModelRouter (several models) has each model's state; the first one's limits and
+    # metrics count connections, and a shutdown reaches every model.
+    state = app.state.pooler if hasattr(app, "state") else app.models[0].app.state.pooler
+    gate = app.shutdown_gate if hasattr(app, "shutdown_gate") else state.shutdown
     settings = state.settings
     fd_limit = raise_fd_limit()
     cap = fit_connection_cap(settings.max_connections, fd_limit)
@@ -176,7 +250,7 @@ def run(args) -> int:
         http=guarded_h11_protocol(cap, settings.header_timeout, state.metrics),
         timeout_keep_alive=settings.keep_alive_timeout,
         timeout_graceful_shutdown=uvicorn_backstop(settings.graceful_timeout))
-    server = GracefulServer(config, state.shutdown, settings.graceful_timeout)
+    server = GracefulServer(config, gate, settings.graceful_timeout)
     server.run()
     if server.signalled:
         # Everything is answered and the engine stopped. Skip the interpreter's teardown

@@ -122,6 +122,11 @@ class ModelRouter:
             return await receive()
         await target.app(scope, replay, send)
 
+    @property
+    def shutdown_gate(self) -> "_AllGates":
+        """Every model's shutdown gate as one (GracefulServer begins and expires it)."""
+        return _AllGates([m.app.state.pooler.shutdown for m in self.models])
+
     def _pick(self, path: str, body: bytes) -> ServedModel | None:
         name = _model_field(body)
         if name is not None:
@@ -181,6 +186,30 @@ class ModelRouter:
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
         await send({"type": "http.response.body", "body": body})
+
+
+class _AllGates:
+    def __init__(self, gates):
+        self.gates = gates
+
+    def begin(self) -> None:
+        for gate in self.gates:
+            gate.begin()
+
+    def expire(self) -> None:
+        for gate in self.gates:
+            gate.expire()
+
+
+def resident_mb() -> float:
+    """This process's resident memory in MB (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    import os
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 class _Families:

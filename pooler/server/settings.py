@@ -20,6 +20,7 @@ class ServerSettings:
     keep_alive_timeout: float = 5.0      # s an idle keep-alive connection stays open
     max_connections: int = 2048          # open connections (more are refused with 503)
     show_model_path: bool = False        # /info and /v1/models show the model's folder
+    long_input: str = "truncate"         # /v1/embeddings default: "truncate" | "chunk"
 
     def __post_init__(self):
         for name in ("max_input_items", "max_payload_bytes", "max_queue", "max_workers",
@@ -27,5 +28,7 @@ class ServerSettings:
                      "max_connections"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+        if self.long_input not in ("truncate", "chunk"):
+            raise ValueError(f"long_input must be 'truncate' or 'chunk', got {self.long_input!r}.")
         if self.graceful_timeout < 0:
             raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}.")

@@ -69,12 +69,16 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     if body.precision in ("int8", "uint8"):
         quantized.server_ranges(body.ranges, body.dimensions or state.engine.embedding_size)
 
+    long_input = body.long_input or state.settings.long_input
+    chunking = {"long_input": "chunk", "chunk_overlap": body.chunk_overlap} \
+        if long_input == "chunk" else {}
+
     def compute():
         outputs = state.engine.embed(items, dimensions=body.dimensions, normalize=body.normalize,
                                      use_activation=body.use_activation,
                                      prompt_name=body.prompt_name,
                                      add_special_tokens=add_special, use_tqdm=False,
-                                     **truncation)
+                                     **truncation, **chunking)
         tokens = sum(o.num_tokens for o in outputs)
         if body.precision != "float32":  # pooler's quantized vectors (issue 16)
             codes = quantized.quantize(np.stack([o.embedding for o in outputs]),

@@ -104,6 +104,10 @@ class EmbeddingRequest(_InputOrChat, _Encoding):
     # pooler's addition (issue 16): quantized vectors, see pooler/server/quantized.py
     precision: Precision = "float32"
     ranges: Optional[list[list[float]]] = None
+    # pooler's addition (issue 16): "chunk" embeds an over-long input window by window
+    # (Engine.embed long_input); unset follows the server's --long-input.
+    long_input: Optional[Literal["truncate", "chunk"]] = None
+    chunk_overlap: StrictInt = 0
 
 
 class PoolingRequest(_InputOrChat, _Encoding):

@@ -1,0 +1,72 @@
+"""pooler's late-chunking route: POST /embed_chunks -> one vector per chunk of a document,
+pooled from the token states of the whole document (Engine.embed_chunks)."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal, Optional
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+
+from pooler.server.errors import ERROR_RESPONSES
+from pooler.server.state import ServerState
+
+router = APIRouter(tags=["pooler"])
+
+
+class EmbedChunksRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    document: StrictStr
+    model: Optional[StrictStr] = None
+    # (start, end) character spans; without them the document is cut into sentences.
+    chunks: Optional[list[tuple[StrictInt, StrictInt]]] = None
+    chunker: Literal["sentences"] = "sentences"
+    normalize: Optional[StrictBool] = None
+    dimensions: Optional[StrictInt] = None
+    window_overlap: Optional[StrictInt] = None
+
+
+class ChunkEmbedding(BaseModel):
+    index: int
+    object: Literal["chunk_embedding"] = "chunk_embedding"
+    start: int
+    end: int
+    text: str
+    embedding: list[float]
+
+
+class EmbedChunksResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ChunkEmbedding]
+    usage: dict[str, int]
+
+
+@router.post("/embed_chunks", response_model=EmbedChunksResponse, responses=ERROR_RESPONSES)
+async def embed_chunks(body: EmbedChunksRequest, request: Request):
+    """Late chunking: the document is encoded once (in overlapping windows past the model's
+    max length) and each chunk's vector is the mean of its tokens' vectors, so every chunk
+    carries the context of the whole document."""
+    state: ServerState = request.app.state.pooler
+    state.check_model(body.model)
+    state.require("embed_chunks", "token_embed", "late chunking")
+    state.check_dimensions(body.dimensions)
+
+    def compute():
+        chunks = state.call("embed_chunks", body.document,
+                            [tuple(c) for c in body.chunks] if body.chunks is not None else None,
+                            chunker=body.chunker, normalize=body.normalize,
+                            dimensions=body.dimensions, window_overlap=body.window_overlap,
+                            use_tqdm=False)
+        data = [{"index": i, "object": "chunk_embedding", "start": c.start, "end": c.end,
+                 "text": c.text, "embedding": c.embedding.tolist()}
+                for i, c in enumerate(chunks)]
+        tokens = len(state.engine.tokenizer.encode_batch([body.document])[0].input_ids)
+        return {"id": f"chunks-{uuid.uuid4().hex}", "object": "list",
+                "created": int(time.time()), "model": state.model_name, "data": data,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    return await state.respond(request, 1, "document", compute)
