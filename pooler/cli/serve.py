@@ -42,6 +42,13 @@ def add_parser(sub) -> None:
     p.add_argument("--max-queue", type=int, default=d.max_queue,
                    help="most inputs admitted and not yet answered, across all clients "
                         "(more gives 503 with Retry-After) (default: %(default)s)")
+    p.add_argument("--max-queue-tokens", type=int, default=d.max_queue_tokens,
+                   help="most tokens admitted and not yet answered (more gives 503 with "
+                        "Retry-After); default: derived, the engine's measured tokens/s x "
+                        "--max-queue-seconds")
+    p.add_argument("--max-queue-seconds", type=float, default=d.max_queue_seconds,
+                   help="with the derived token limit: admit about this many seconds of work "
+                        "(default: %(default)s)")
     p.add_argument("--max-workers", type=int, default=d.max_workers,
                    help="threads that tokenize and wait on the engine for HTTP requests (default: %(default)s)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
@@ -61,7 +68,8 @@ def build_app(args):
     settings = ServerSettings(
         served_model_name=args.served_model_name, api_key=args.api_key,
         max_input_items=args.max_input_items, max_payload_bytes=args.max_payload_bytes,
-        max_queue=args.max_queue, max_workers=args.max_workers)
+        max_queue=args.max_queue, max_workers=args.max_workers,
+        max_queue_tokens=args.max_queue_tokens, max_queue_seconds=args.max_queue_seconds)
     return create_app(engine_from_args(args), settings)
 
 

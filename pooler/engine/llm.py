@@ -70,8 +70,18 @@ class Engine:
         feeds the same batches (continuous batching). The server uses this."""
         if self._loop is None:
             self._loop = EngineLoop(self.core)
+            self._loop.idle_listeners.append(self.core.release_memory)
         self._loop.start()
         return self._loop
+
+    @property
+    def num_queued_tokens(self) -> int:
+        """Tokens submitted to the background loop and not finished yet (0 without a loop)."""
+        return self._loop.queued_tokens if self._loop is not None else 0
+
+    def tokens_per_second(self) -> float | None:
+        """The background loop's measured rate over its last steps (None before any step)."""
+        return self._loop.tokens_per_second() if self._loop is not None else None
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Finish in-flight requests and stop the background loop, if any."""
@@ -423,8 +433,13 @@ class Engine:
         and raises RequestCancelled. With raise_on_error=False, failed requests come back with
         `.error` set instead of raising. Without `cancel`, the caller's CallContext (see
         engine_loop.current_call) supplies one, so every Engine method is cancellable."""
-        if cancel is None and current_call.get() is not None:
-            cancel = current_call.get().cancel
+        call = current_call.get()
+        if cancel is None and call is not None:
+            cancel = call.cancel
+        if cancel is not None and cancel.is_set():  # the caller left before its turn
+            raise RequestCancelled("cancelled before its inputs were submitted")
+        if call is not None and call.admit is not None and self._loop is not None:
+            call.admit(sum(len(p.prompt_token_ids) for p in processed))
         batch_id = next(self._ids)
         request_ids = [f"{self._id_prefix}-{batch_id}-{i}" for i in range(len(processed))]
         # Submit shortest first: with FCFS scheduling, each step then packs sequences of

@@ -1,8 +1,13 @@
-"""Request limits: body size (413), inputs per request (413), inputs in flight (503).
+"""Request limits: body size (413), inputs per request (413), inputs in flight (503), and the
+queue measured in tokens (503 with Retry-After; see TokenAdmission for the rule).
 
 The payload limit is checked on Content-Length and again while the body streams in, so a
 chunked upload cannot slip past it."""
 from __future__ import annotations
+
+import math
+import threading
+from typing import Callable
 
 from pooler.server.auth import send_json
 from pooler.server.errors import APIError, error_body
@@ -73,3 +78,72 @@ class Admission:
 
     def release(self, num_items: int) -> None:
         self.in_flight -= num_items
+
+
+class TokenAdmission:
+    """Tokens admitted and not yet answered, across all clients; callable from any thread.
+
+    The rule: a request's tokens are admitted while `in_flight + its tokens <= limit()`, with
+        limit = --max-queue-tokens when given, else
+                max(one step's token budget, measured tokens/s x --max-queue-seconds)
+    where tokens/s is the engine's rate over its last steps (EngineLoop.tokens_per_second),
+    so the limit follows the machine: a busy or throttled CPU admits less. Before the first
+    step is measured the limit is FALLBACK_STEPS step budgets. A request arriving when nothing
+    is in flight is always admitted (one large request must not be refused forever).
+    An admitted request is thus answered within about max_queue_seconds plus its own compute
+    time; everything beyond gets an immediate 503 whose Retry-After is the time the queue
+    takes to drain at the measured rate.
+    """
+
+    FALLBACK_STEPS = 4
+
+    def __init__(self, step_budget: int, rate: Callable[[], float | None],
+                 max_queue_seconds: float, max_queue_tokens: int | None = None):
+        self.step_budget = step_budget
+        self.rate = rate
+        self.max_queue_seconds = max_queue_seconds
+        self.max_queue_tokens = max_queue_tokens
+        self.in_flight = 0
+        self._lock = threading.Lock()
+
+    def limit(self) -> int:
+        if self.max_queue_tokens is not None:
+            return self.max_queue_tokens
+        rate = self.rate()
+        if rate is None:
+            return self.FALLBACK_STEPS * self.step_budget
+        return max(self.step_budget, int(rate * self.max_queue_seconds))
+
+    def check_room(self) -> None:
+        """The event loop's cheap early refusal, before a request is even tokenized."""
+        if self.in_flight and self.in_flight >= self.limit():
+            raise self._busy(0)
+
+    def reserve(self, num_tokens: int) -> int:
+        """Admit num_tokens or raise a 503; returns what to release() when answered."""
+        with self._lock:
+            limit = self.limit()
+            if self.in_flight and self.in_flight + num_tokens > limit:
+                raise self._busy(num_tokens, limit)
+            self.in_flight += num_tokens
+        return num_tokens
+
+    def release(self, num_tokens: int) -> None:
+        with self._lock:
+            self.in_flight -= num_tokens
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has drained at the measured rate (1 to 60)."""
+        rate = self.rate()
+        if not rate:
+            return 1
+        return min(60, max(1, math.ceil(self.in_flight / rate)))
+
+    def _busy(self, num_tokens: int, limit: int | None = None) -> APIError:
+        limit = self.limit() if limit is None else limit
+        wanted = f" plus this request's {num_tokens}" if num_tokens else ""
+        return APIError(503, f"The server is busy: {self.in_flight} tokens are queued{wanted}, "
+                        f"over the limit of {limit} (about {self.max_queue_seconds:g} s of work "
+                        "at the measured rate; --max-queue-seconds / --max-queue-tokens). "
+                        "Retry after the Retry-After header's seconds.", code="queue_full",
+                        headers={"retry-after": str(self.retry_after())})

@@ -24,7 +24,7 @@ from pooler.engine.engine_loop import CallContext, RequestCancelled, current_cal
 from pooler.engine.input_processor import normalize_inputs
 from pooler.params import PoolingParams
 from pooler.server.errors import APIError, bad_request, unsupported
-from pooler.server.limits import Admission
+from pooler.server.limits import Admission, TokenAdmission
 from pooler.server.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
 
@@ -39,6 +39,10 @@ class ServerState:
         self.model_names = {self.model_name, str(engine.model_config.model),
                             str(engine.model_config.path)}
         self.admission = Admission(settings.max_input_items, settings.max_queue)
+        self.token_admission = TokenAdmission(
+            engine.config.scheduler_config.max_num_batched_tokens,
+            getattr(engine, "tokens_per_second", lambda: None),
+            settings.max_queue_seconds, settings.max_queue_tokens)
         self.executor = ThreadPoolExecutor(settings.max_workers,
                                            thread_name_prefix="pooler-http")
         self.ready = False
@@ -124,11 +128,19 @@ class ServerState:
         """Admit `num_items` inputs, run `compute` (blocking: Engine calls + building the
         body) in a worker thread, and answer with its JSON. A client that disconnects first
         has its queued engine requests aborted and gets nothing (logged as 499)."""
+        self.token_admission.check_room()
         self.admission.admit(num_items, field)
         self.metrics.inputs_in_flight.set(self.admission.in_flight)
-        call = CallContext(cancel=threading.Event())
+        reserved = []  # tokens this call was admitted with, released when it ends
+
+        def admit(num_tokens: int) -> None:
+            reserved.append(self.token_admission.reserve(num_tokens))
+
+        call = CallContext(cancel=threading.Event(), admit=admit)
 
         def work() -> bytes:
+            if call.cancel.is_set():  # the client left while waiting for a worker thread
+                raise RequestCancelled("client disconnected before its request started")
             token = current_call.set(call)
             try:
                 return _to_json(compute())
@@ -151,6 +163,7 @@ class ServerState:
             watcher.cancel()
             body = future.result()
         finally:
+            self.token_admission.release(sum(reserved))
             self.admission.release(num_items)
             self.metrics.inputs_in_flight.set(self.admission.in_flight)
             if call.tokenize_seconds:

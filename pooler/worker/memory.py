@@ -75,6 +75,12 @@ class HeapTrimmer:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * _PAGE_MB
 
+    def trim_now(self) -> None:
+        """Hand every free heap page back (all arenas); for idle moments after a burst."""
+        if self._trim is not None:
+            self._trim(0)
+            self._baseline_mb = self.rss_mb()
+
     def maybe_trim(self, num_tokens: int) -> None:
         """Call after a step of num_tokens tokens: trims when RSS grew past the threshold
         since the last trim."""
