@@ -19,7 +19,7 @@ from pooler.server import ner, openai, rerank, tei, vllm
 from pooler.server.auth import APIKeyMiddleware
 from pooler.server.errors import (ERROR_RESPONSES, error_response, install_error_handlers,
                                   validation_message)
-from pooler.server.limits import PayloadLimitMiddleware
+from pooler.server.limits import PayloadLimitMiddleware, QueueGateMiddleware
 from pooler.server.metrics import MetricsMiddleware, ServerMetrics
 from pooler.server.protocol import InfoResponse
 from pooler.server.state import ServerSettings, ServerState
@@ -104,8 +104,9 @@ def create_app(engine, settings: ServerSettings | None = None, *,
         return Response(body, media_type=content_type)
 
     # The last added runs first: count everything (401s too), check the key before reading a
-    # body, then bound the body's size.
+    # body, refuse what the token queue has no room for, then bound the body's size.
     app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
+    app.add_middleware(QueueGateMiddleware, admission=state.token_admission)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

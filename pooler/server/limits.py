@@ -56,6 +56,29 @@ class PayloadLimitMiddleware:
         await send_json(send, 413, error_body(413, message, None, "payload_too_large"))
 
 
+class QueueGateMiddleware:
+    """Refuse a POST at once, from its Content-Length, when the token queue has no room for
+    it (TokenAdmission.would_refuse): under a burst, reading and parsing hundreds of large
+    bodies would itself keep the event loop (and /health) busy for seconds. Handlers still
+    reserve and check the exact count; this only turns the obvious refusals away early."""
+
+    def __init__(self, app, admission: "TokenAdmission"):
+        self.app = app
+        self.admission = admission
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            for name, value in scope.get("headers", ()):
+                if name == b"content-length" and value.isdigit():
+                    error = self.admission.would_refuse(int(value))
+                    if error is not None:
+                        return await send_json(send, error.status, error_body(
+                            error.status, error.message, None, error.code),
+                            headers=error.headers)
+                    break
+        return await self.app(scope, receive, send)
+
+
 class Admission:
     """Counts inputs admitted and not yet answered. Runs on the event loop thread only."""
 
@@ -96,6 +119,10 @@ class TokenAdmission:
     """
 
     FALLBACK_STEPS = 4
+    # JSON bytes per token for the early estimate: English WordPiece runs ~4-5 characters per
+    # token, so this overestimates plain text a little; token-id bodies (~6 bytes per id)
+    # are underestimated and settled by the exact count.
+    BYTES_PER_TOKEN = 4
 
     def __init__(self, step_budget: int, rate: Callable[[], float | None],
                  max_queue_seconds: float, max_queue_tokens: int | None = None):
@@ -114,18 +141,29 @@ class TokenAdmission:
             return self.FALLBACK_STEPS * self.step_budget
         return max(self.step_budget, int(rate * self.max_queue_seconds))
 
-    def check_room(self) -> None:
-        """The event loop's cheap early refusal, before a request is even tokenized."""
-        if self.in_flight and self.in_flight >= self.limit():
-            raise self._busy(0)
+    def reserve_estimate(self, body_bytes: int) -> int:
+        """The event loop's early refusal, before a request is tokenized (which takes a worker
+        thread and, under a burst, seconds): reserve body_bytes / BYTES_PER_TOKEN tokens, a
+        rough guess corrected by reserve() once the real count is known."""
+        return self.reserve(body_bytes // self.BYTES_PER_TOKEN)
 
-    def reserve(self, num_tokens: int) -> int:
-        """Admit num_tokens or raise a 503; returns what to release() when answered."""
+    def would_refuse(self, body_bytes: int) -> APIError | None:
+        """The 503 reserve_estimate would raise now, without reserving anything."""
+        estimate = body_bytes // self.BYTES_PER_TOKEN
+        if self.in_flight > 0 and self.in_flight + estimate > self.limit():
+            return self._busy(estimate)
+        return None
+
+    def reserve(self, num_tokens: int, replacing: int = 0) -> int:
+        """Admit num_tokens (in place of an earlier estimate of `replacing` tokens) or raise a
+        503; returns what to release() when answered."""
         with self._lock:
             limit = self.limit()
-            if self.in_flight and self.in_flight + num_tokens > limit:
+            others = self.in_flight - replacing
+            if others > 0 and others + num_tokens > limit:
+                self.in_flight -= replacing  # the estimate leaves with the refused request
                 raise self._busy(num_tokens, limit)
-            self.in_flight += num_tokens
+            self.in_flight = others + num_tokens
         return num_tokens
 
     def release(self, num_tokens: int) -> None:

@@ -128,13 +128,26 @@ class ServerState:
         """Admit `num_items` inputs, run `compute` (blocking: Engine calls + building the
         body) in a worker thread, and answer with its JSON. A client that disconnects first
         has its queued engine requests aborted and gets nothing (logged as 499)."""
-        self.token_admission.check_room()
-        self.admission.admit(num_items, field)
+        body_bytes = request.headers.get("content-length", "0")
+        estimate = self.token_admission.reserve_estimate(
+            int(body_bytes) if body_bytes.isdigit() else 0)
+        # Tokens this call holds in the token queue: the estimate until the engine knows the
+        # real count (admit, called before it submits), then the real counts; released at end.
+        reserved = [estimate]
+        try:
+            self.admission.admit(num_items, field)
+        except APIError:
+            self.token_admission.release(estimate)
+            raise
         self.metrics.inputs_in_flight.set(self.admission.in_flight)
-        reserved = []  # tokens this call was admitted with, released when it ends
 
         def admit(num_tokens: int) -> None:
-            reserved.append(self.token_admission.reserve(num_tokens))
+            replacing, reserved[0] = reserved[0], 0  # the estimate is replaced once
+            try:
+                reserved.append(self.token_admission.reserve(num_tokens, replacing))
+            except APIError:
+                reserved[0] = 0
+                raise
 
         call = CallContext(cancel=threading.Event(), admit=admit)
 
