@@ -84,26 +84,36 @@ def test_cli_sets_passive_before_torch_loads(entry):
     assert rc.returncode == 0 and "serve" in rc.stdout
 
 
-def test_engine_threads_default_and_tiny_steps_run_single_threaded(minilm_path, monkeypatch):
+def test_engine_threads_default_and_the_single_thread_threshold(minilm_path, monkeypatch):
     import torch
 
     from pooler import Engine
-    from pooler.worker.step_threads import SINGLE_THREAD_BELOW_TOKENS
 
     monkeypatch.delenv("POOLER_NUM_THREADS", raising=False)
+    monkeypatch.setenv("POOLER_SINGLE_THREAD_BELOW_TOKENS", "32")
     before = torch.get_num_threads()
     try:
         engine = Engine(str(minilm_path))
         assert engine.config.num_threads == available_cpus()
-        seen = []
         runner = engine.core.model_runner
+        assert runner.step_threads.single_thread_below == 32
+        seen = []
         real_apply = runner.step_threads.apply
         runner.step_threads.apply = lambda n: seen.append((n, real_apply(n))) or seen[-1][1]
         runner.step_threads.num_threads = 2
         engine.embed("hi")
-        engine.embed(["word " * (SINGLE_THREAD_BELOW_TOKENS + 10)])
-        assert seen[0][0] < SINGLE_THREAD_BELOW_TOKENS and seen[0][1] == 1
-        assert seen[1][0] >= SINGLE_THREAD_BELOW_TOKENS and seen[1][1] == 2
-        assert torch.get_num_threads() == 2
+        engine.embed(["word " * 40])
+        assert seen[0][0] < 32 and seen[0][1] == 1
+        assert seen[1][0] >= 32 and seen[1][1] == 2 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_single_thread_threshold_defaults_off_and_is_checked(monkeypatch):
+    from pooler.worker.step_threads import StepThreads
+
+    monkeypatch.delenv("POOLER_SINGLE_THREAD_BELOW_TOKENS", raising=False)
+    assert StepThreads(2).threads_for(1) == 2
+    monkeypatch.setenv("POOLER_SINGLE_THREAD_BELOW_TOKENS", "-3")
+    with pytest.raises(ValueError, match="POOLER_SINGLE_THREAD_BELOW_TOKENS"):
+        StepThreads(2)
