@@ -284,11 +284,17 @@ class Engine:
 
     def rerank(self, query: str | Sequence[int], documents: Sequence, *,
                top_n: int | None = None, return_documents: bool = False,
-               **kwargs) -> list[RerankResult]:
+               truncate: bool = True, truncate_prompt_tokens: int | None = None,
+               use_tqdm: bool | None = None, priority: int = 0,
+               cancel: threading.Event | None = None,
+               use_activation: bool | None = None) -> list[RerankResult]:
         """Documents sorted by score, best first (ties keep input order); `top_n` keeps the
-        best n. Takes score()'s keyword options."""
+        best n. The other options are score()'s (named here, so callers can see which)."""
         return scoring.rerank(self, query, documents, top_n=top_n,
-                              return_documents=return_documents, **kwargs)
+                              return_documents=return_documents, truncate=truncate,
+                              truncate_prompt_tokens=truncate_prompt_tokens,
+                              use_tqdm=use_tqdm, priority=priority, cancel=cancel,
+                              use_activation=use_activation)
 
     def encode_queries(self, inputs: str | Sequence, *, use_tqdm: bool | None = None,
                        priority: int = 0) -> list[TokenEmbeddingOutput]:

@@ -21,6 +21,7 @@ from pooler.server.errors import (ERROR_RESPONSES, error_response, install_error
                                   validation_message)
 from pooler.server.limits import PayloadLimitMiddleware, QueueGateMiddleware
 from pooler.server.metrics import MetricsMiddleware, ServerMetrics
+from pooler.server.openapi_spec import narrow_openapi
 from pooler.server.protocol import InfoResponse
 from pooler.server.state import ServerSettings, ServerState
 
@@ -75,7 +76,19 @@ def create_app(engine, settings: ServerSettings | None = None, *,
     for module in (openai, vllm, rerank, tei, ner):
         app.include_router(module.router)
 
-    @app.get("/health", tags=["common"])
+    default_openapi = app.openapi
+
+    def model_openapi():
+        # FastAPI caches the spec on app.openapi_schema: narrow it once, on first use.
+        if app.openapi_schema is None:
+            app.openapi_schema = narrow_openapi(default_openapi(), engine)
+        return app.openapi_schema
+
+    app.openapi = model_openapi
+
+    @app.get("/health", tags=["common"], responses={
+        200: {"description": "ready", "content": {"application/json": {"example": {
+            "status": "ok"}}}}, 503: ERROR_RESPONSES[503]})
     async def health():
         """200 once the model is loaded and the engine loop runs; 503 before and while
         shutting down. Needs no API key."""
@@ -97,7 +110,9 @@ def create_app(engine, settings: ServerSettings | None = None, *,
                 "max_payload_bytes": settings.max_payload_bytes,
                 "max_queue": settings.max_queue, "version": _version()}
 
-    @app.get("/metrics", tags=["common"])
+    @app.get("/metrics", tags=["common"], response_class=Response, responses={200: {
+        "description": "Prometheus text exposition format",
+        "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def prometheus_metrics():
         metrics.queue_size.set(engine.core.scheduler.num_waiting)
         body, content_type = metrics.render()

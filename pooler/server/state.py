@@ -116,8 +116,9 @@ class ServerState:
         for key, value in kwargs.items():
             if takes_any or key in params:
                 final[key] = value
-            elif key == "use_tqdm" or value is None:
-                continue
+            elif key == "use_tqdm" or value is None or (key == "truncation_direction"
+                                                         and value == "right"):
+                continue  # an option left at its default needs no support
             else:
                 raise unsupported(f"the option '{key}' on {method}", param=key)
         return fn(*args, **final)
