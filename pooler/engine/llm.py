@@ -147,8 +147,8 @@ class Engine:
     # ---- classify / token_classify / NER (issue 3) ---------------------------------------
     def classify(self, inputs: str | Sequence, *, text_pair: str | list[str] | None = None,
                  use_activation: bool | None = None, truncate: bool = True,
-                 truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
-                 priority: int = 0) -> list[ClassificationOutput]:
+                 truncate_prompt_tokens: int | None = None, truncation_direction: str = "right",
+                 use_tqdm: bool | None = None, priority: int = 0) -> list[ClassificationOutput]:
         """Score each input (or each (input, text_pair) pair) against the model's labels.
 
         Activation as the model declares it (see pooler/pooling/activation.py);
@@ -157,7 +157,8 @@ class Engine:
         pairs = self._check_pairs(items, text_pair)
         params = PoolingParams(task="classify", use_activation=use_activation)
         processed, results = self._run_texts(
-            items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
+            items, self.verify_params(params), TruncationOptions(
+                truncate, truncate_prompt_tokens, truncation_direction),
             use_tqdm, priority, pairs=pairs)
         labels = labels_of(self.model_config.hf_config)
         outputs = []
@@ -171,14 +172,16 @@ class Engine:
 
     def token_classify(self, inputs: str | Sequence, *, use_activation: bool | None = None,
                        skip_special_tokens: bool = False, truncate: bool = True,
-                       truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
+                       truncate_prompt_tokens: int | None = None,
+                       truncation_direction: str = "right", use_tqdm: bool | None = None,
                        priority: int = 0) -> list[TokenClassificationOutput]:
         """Label scores for every token ([num_tokens, num_labels] per input)."""
         items = normalize_inputs(inputs)
         params = PoolingParams(task="token_classify", use_activation=use_activation,
                                skip_special_tokens=skip_special_tokens)
         processed, results = self._run_texts(
-            items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
+            items, self.verify_params(params), TruncationOptions(
+                truncate, truncate_prompt_tokens, truncation_direction),
             use_tqdm, priority)
         labels = labels_of(self.model_config.hf_config)
         outputs = []
@@ -195,7 +198,8 @@ class Engine:
     def ner(self, inputs: str | list[str], *, aggregation_strategy: str = "simple",
             ignore_labels: Sequence[str] = ("O",), ignore_subwords: bool = False,
             truncate: bool = True, truncate_prompt_tokens: int | None = None,
-            use_tqdm: bool | None = None, priority: int = 0) -> list[list[Entity]]:
+            truncation_direction: str = "right", use_tqdm: bool | None = None,
+            priority: int = 0) -> list[list[Entity]]:
         """Entities of each text with character offsets, as the transformers
         token-classification pipeline reports them (see pooler/ner.py)."""
         check_strategy(aggregation_strategy, ignore_subwords)
@@ -205,7 +209,8 @@ class Engine:
                              "ids; pass strings.")
         params = PoolingParams(task="token_classify", use_activation=True)
         processed, results = self._run_texts(
-            items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
+            items, self.verify_params(params), TruncationOptions(
+                truncate, truncate_prompt_tokens, truncation_direction),
             use_tqdm, priority)
         labels = labels_of(self.model_config.hf_config)
         rules = SubwordRules(self.tokenizer.backend)

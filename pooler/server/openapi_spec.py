@@ -107,10 +107,17 @@ def _model_facts(engine) -> dict:
 
 
 def _safe_size(engine) -> int | None:
-    try:
-        return engine.embedding_size
-    except Exception:
-        return None
+    """The largest `dimensions` any task takes: the embed vector's size, or the token
+    vectors' (ColBERT) when there is no embed task."""
+    sizes = []
+    for task in ("embed", "token_embed"):
+        try:
+            if task in engine.supported_tasks:
+                sizes.append(engine.core.model_runner.output_size(task))
+        except Exception:
+            pass
+    sizes = [s for s in sizes if s]
+    return min(sizes) if sizes else None
 
 
 def _narrow_properties(schema: dict, facts: dict) -> None:
@@ -128,6 +135,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             _set_enum(prop, facts["tasks"])
         elif name == "prompt_name":
             _set_enum(prop, facts["prompts"])
+        elif name == "dimensions" and not {"embed", "token_embed"} & set(facts["tasks"]):
+            _set_enum(prop, [])  # only for embedding tasks: null here
         elif name == "dimensions":
             for node in _integer_nodes(prop):
                 node["minimum"] = 1

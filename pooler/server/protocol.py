@@ -266,7 +266,8 @@ class TEIRank(BaseModel):
 
 class TEIPredictRequest(_Request):
     """A text, a [text, text_pair] pair, or a list of either."""
-    inputs: Union[StrictStr, list[StrictStr], list[list[StrictStr]]]
+    inputs: Union[StrictStr, list[StrictStr],
+                  list[Annotated[list[StrictStr], Field(min_length=2, max_length=2)]]]
     raw_scores: StrictBool = False
     truncate: Optional[StrictBool] = False
     truncation_direction: TEIDirection = "right"
