@@ -9,6 +9,7 @@ import math
 import threading
 from typing import Callable
 
+from pooler.engine.engine_loop import RequestCancelled
 from pooler.server.auth import send_json
 from pooler.server.errors import APIError, error_body
 
@@ -185,3 +186,34 @@ class TokenAdmission:
                         "at the measured rate; --max-queue-seconds / --max-queue-tokens). "
                         "Retry after the Retry-After header's seconds.", code="queue_full",
                         headers={"retry-after": str(self.retry_after())})
+
+
+class Reservation:
+    """The tokens one call holds in a TokenAdmission: a guess from its body size at first,
+    the exact counts once the engine has tokenized (admit, called before each submit), all
+    released once, when the call ends or as soon as its client leaves (the worker thread may
+    still be tokenizing then; it is refused at its next admit)."""
+
+    def __init__(self, admission: TokenAdmission, body_bytes: int):
+        self.admission = admission
+        self._lock = threading.Lock()
+        self._estimate = admission.reserve_estimate(body_bytes)
+        self._held = self._estimate
+        self._released = False
+
+    def admit(self, num_tokens: int) -> None:
+        with self._lock:
+            if self._released:
+                raise RequestCancelled("the client left; its tokens were released")
+            replacing, self._estimate = self._estimate, 0
+            try:
+                self._held += self.admission.reserve(num_tokens, replacing) - replacing
+            except APIError:
+                self._held -= replacing
+                raise
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._released:
+                self._released = True
+                self.admission.release(self._held)

@@ -24,7 +24,7 @@ from pooler.engine.engine_loop import CallContext, RequestCancelled, current_cal
 from pooler.engine.input_processor import normalize_inputs
 from pooler.params import PoolingParams
 from pooler.server.errors import APIError, bad_request, unsupported
-from pooler.server.limits import Admission, TokenAdmission
+from pooler.server.limits import Admission, Reservation, TokenAdmission
 from pooler.server.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
 
@@ -130,27 +130,15 @@ class ServerState:
         body) in a worker thread, and answer with its JSON. A client that disconnects first
         has its queued engine requests aborted and gets nothing (logged as 499)."""
         body_bytes = request.headers.get("content-length", "0")
-        estimate = self.token_admission.reserve_estimate(
-            int(body_bytes) if body_bytes.isdigit() else 0)
-        # Tokens this call holds in the token queue: the estimate until the engine knows the
-        # real count (admit, called before it submits), then the real counts; released at end.
-        reserved = [estimate]
+        tokens = Reservation(self.token_admission,
+                             int(body_bytes) if body_bytes.isdigit() else 0)
         try:
             self.admission.admit(num_items, field)
         except APIError:
-            self.token_admission.release(estimate)
+            tokens.release()
             raise
         self.metrics.inputs_in_flight.set(self.admission.in_flight)
-
-        def admit(num_tokens: int) -> None:
-            replacing, reserved[0] = reserved[0], 0  # the estimate is replaced once
-            try:
-                reserved.append(self.token_admission.reserve(num_tokens, replacing))
-            except APIError:
-                reserved[0] = 0
-                raise
-
-        call = CallContext(cancel=threading.Event(), admit=admit)
+        call = CallContext(cancel=threading.Event(), admit=tokens.admit)
 
         def work() -> bytes:
             if call.cancel.is_set():  # the client left while waiting for a worker thread
@@ -169,6 +157,7 @@ class ServerState:
                                          return_when=asyncio.FIRST_COMPLETED)
             if future not in done:
                 call.cancel.set()  # the engine aborts what has not started computing
+                tokens.release()   # room for other clients now, not when the thread ends
                 try:
                     await future
                 except RequestCancelled:
@@ -177,7 +166,7 @@ class ServerState:
             watcher.cancel()
             body = future.result()
         finally:
-            self.token_admission.release(sum(reserved))
+            tokens.release()
             self.admission.release(num_items)
             self.metrics.inputs_in_flight.set(self.admission.in_flight)
             if call.tokenize_seconds:
