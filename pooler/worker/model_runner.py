@@ -119,8 +119,8 @@ class ModelRunner(RunnerRequestState):
         load_weights_into(self.model, self.model_config)
 
     def release_memory(self) -> None:
-        """The engine went idle: return the steps' freed heap to the OS (memory.py)."""
-        self.heap_trimmer.trim_now()
+        """The engine went idle: return a burst's freed heap to the OS (memory.py)."""
+        self.heap_trimmer.trim_if_grown()
 
     def reset_caches(self) -> None:
         """Free derived caches (the device allocator's blocks). Cached ColBERT queries are
