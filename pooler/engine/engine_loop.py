@@ -26,6 +26,11 @@ class RequestCancelled(Exception):
     """The caller went away (or cancelled); its outstanding requests were aborted."""
 
 
+class CancelledBeforeSubmit(RequestCancelled):
+    """Cancelled before anything of this call was submitted: no request of it exists in the
+    engine, so nothing of it will release state it depends on (e.g. a cached ColBERT query)."""
+
+
 # Called after each step with (number of requests computed, tokens computed, seconds).
 StepListener = Callable[[int, int, float], None]
 # Called once per finished request with the seconds from its creation (Request.arrival_time,

@@ -16,7 +16,8 @@ from tqdm.auto import tqdm
 from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
 from pooler.engine import scoring
 from pooler.engine.core import EngineCore
-from pooler.engine.engine_loop import EngineLoop, RequestCancelled, current_call
+from pooler.engine.engine_loop import (CancelledBeforeSubmit, EngineLoop, RequestCancelled,
+                                       current_call)
 from pooler.engine.input_processor import (InputProcessor, ProcessedInput, TruncationOptions,
                                            normalize_inputs)
 from pooler.engine.request import Request, RequestOutput
@@ -448,7 +449,7 @@ class Engine:
         if cancel is None and call is not None:
             cancel = call.cancel
         if cancel is not None and cancel.is_set():  # the caller left before its turn
-            raise RequestCancelled("cancelled before its inputs were submitted")
+            raise CancelledBeforeSubmit("cancelled before its inputs were submitted")
         if call is not None and call.admit is not None and self._loop is not None:
             call.admit(sum(len(p.prompt_token_ids) for p in processed))
         batch_id = next(self._ids)

@@ -20,7 +20,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from pooler.colbert import ROLE_KEY, UNATTENDED_KEY
-from pooler.engine.engine_loop import RequestCancelled
+from pooler.engine.engine_loop import CancelledBeforeSubmit, RequestCancelled
 from pooler.engine.input_processor import TruncationOptions, normalize_inputs
 from pooler.outputs import RerankResult, ScoreOutput, as_numpy
 from pooler.params import LateInteractionParams, PoolingParams
@@ -161,10 +161,12 @@ def _late_interaction_scores(engine: ScoringEngine, request: ScoreRequest, use_t
     try:
         results = engine.run_processed(doc_inputs, doc_params, priority, use_tqdm,
                                        cancel=cancel, raise_on_error=False)
-    except RequestCancelled:
+    except RequestCancelled as exc:
+        if isinstance(exc, CancelledBeforeSubmit):  # no document exists to release its use
+            engine.drop_cached_queries(keys)
         raise
     except BaseException:
-        # Not a per-request failure: a submission went wrong; make sure nothing stays.
+        # Not a per-request failure (e.g. a refused admission): nothing stays cached.
         engine.drop_cached_queries(keys)
         raise
     failed = [(i, r.error) for i, r in enumerate(results) if r.error]

@@ -9,7 +9,7 @@ import math
 import threading
 from typing import Callable
 
-from pooler.engine.engine_loop import RequestCancelled
+from pooler.engine.engine_loop import CancelledBeforeSubmit
 from pooler.server.auth import send_json
 from pooler.server.errors import APIError, error_body
 
@@ -204,7 +204,7 @@ class Reservation:
     def admit(self, num_tokens: int) -> None:
         with self._lock:
             if self._released:
-                raise RequestCancelled("the client left; its tokens were released")
+                raise CancelledBeforeSubmit("the client left; its tokens were released")
             replacing, self._estimate = self._estimate, 0
             try:
                 self._held += self.admission.reserve(num_tokens, replacing) - replacing
