@@ -1,7 +1,6 @@
 """Engine configuration: what the model folder declares plus the user's choices."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
