@@ -1,10 +1,30 @@
-"""pooler: one engine for embedding, reranking, ColBERT, token-classification and SPLADE models."""
-from pooler.engine.llm import Engine
-from pooler.outputs import (ClassificationOutput, EmbeddingOutput, Entity, PoolingOutput,
-                            TokenClassificationOutput, TokenEmbeddingOutput)
-from pooler.params import LateInteractionParams, PoolingParams
+"""pooler: one engine for embedding, reranking, ColBERT, token-classification and SPLADE models.
 
-__all__ = ["Engine", "EmbeddingOutput", "PoolingOutput", "TokenEmbeddingOutput",
-           "ClassificationOutput", "TokenClassificationOutput", "Entity",
-           "PoolingParams", "LateInteractionParams"]
+The public names load on first use (PEP 562), so `pooler` / `python -m pooler` can set the
+OpenMP environment (pooler/cpu_threads.py) before anything imports torch."""
+from __future__ import annotations
+
+import importlib
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "Engine": "pooler.engine.llm",
+    "EmbeddingOutput": "pooler.outputs", "PoolingOutput": "pooler.outputs",
+    "TokenEmbeddingOutput": "pooler.outputs", "ClassificationOutput": "pooler.outputs",
+    "TokenClassificationOutput": "pooler.outputs", "Entity": "pooler.outputs",
+    "PoolingParams": "pooler.params", "LateInteractionParams": "pooler.params",
+}
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pooler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,7 +1,6 @@
 """Engine configuration: what the model folder declares plus the user's choices."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from pooler.hub import refuse_remote_code
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler import architectures
+from pooler.cpu_threads import default_num_threads
 from pooler.rerank_prompt import (RerankPrompt, apply_reranker_overrides,
                                   classifier_from_token_labels, rerank_prompt_of)
 from pooler.sparse_layout import router_transformer_path
@@ -281,5 +281,8 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.scheduler_config.max_num_batched_tokens}) must be "
                 f">= max_model_len ({self.model_config.max_model_len}) so that the longest "
                 "input fits in one step.")
-        if self.num_threads is None and os.environ.get("POOLER_NUM_THREADS"):
-            self.num_threads = int(os.environ["POOLER_NUM_THREADS"])
+        # Threads the process may really use (affinity, cgroup quota), not the host's cores.
+        if self.num_threads is None:
+            self.num_threads = default_num_threads()
+        elif self.num_threads <= 0:
+            raise ValueError(f"num_threads must be positive, got {self.num_threads}.")

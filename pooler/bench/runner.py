@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pooler.bench.background_load import background_load
 from pooler.bench.machine import machine_info, measure_gemm_gflops
 from pooler.bench.registry import BenchOptions, SideResult, Workload, get_workload
 
@@ -40,6 +41,12 @@ class Row:
 class BenchRun:
     rows: list[Row] = field(default_factory=list)
     ceilings: dict[str, float] = field(default_factory=dict)  # workload -> tokens/s ceiling
+    background_load: int = 0     # busy processes competing for the cores during this run
+
+    @property
+    def label(self) -> str:
+        return (f"{self.background_load} busy background processes"
+                if self.background_load else "no background load")
 
 
 @dataclass
@@ -126,7 +133,10 @@ def _rows(workload: Workload, results: list[SideResult], errors: dict[str, str],
 
 
 def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
-                   log=lambda msg: print(msg, file=sys.stderr)) -> BenchReport:
+                   log=lambda msg: print(msg, file=sys.stderr),
+                   loads: tuple[int, ...] = (0,)) -> BenchReport:
+    """Each repeat runs every workload once per entry of `loads` (busy background processes,
+    0 = none), so quiet and loaded figures come from one invocation, interleaved."""
     workloads = [get_workload(n) for n in names]
     machine = machine_info()
     gemm = [measure_gemm_gflops(opts.threads)]
@@ -135,50 +145,93 @@ def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
     flops = {w.name: w.flops_per_token(opts) for w in workloads
              if w.flops_per_token and not (w.skip and w.skip(opts)) and opts.device == "cpu"}
     runs = []
-    with tempfile.TemporaryDirectory(prefix="pooler-bench-") as out_dir:
-        for index in range(repeat):
-            run = BenchRun()
-            for workload in workloads:
-                run_opts = BenchOptions(**{**opts.to_dict(), "out_dir": out_dir})
-                reason = workload.skip(run_opts) if workload.skip else None
-                if reason:
-                    log(f"[run {index + 1}/{repeat}] {workload.name}: skipped: {reason}")
-                    run.rows.append(Row(workload.name, "-", "?", 0, 0, None, None, 0, 0, None,
-                                        None, None, None, error=reason, skipped=True))
-                    continue
-                results, errors, skipped = [], {}, {}
-                sides = workload.sides(run_opts)
-                for side in sides:
-                    if side.skip:
-                        log(f"[run {index + 1}/{repeat}] {workload.name}: {side.name}: "
-                            f"skipped: {side.skip}")
-                        skipped[side.name] = side.skip
-                        continue
-                    log(f"[run {index + 1}/{repeat}] {workload.name}: {side.name} ...")
-                    try:
-                        result = run_side(workload, side.name, run_opts)
-                        results.append(result)
-                        # Logged as each side ends, so an interrupted run still leaves numbers.
-                        p50 = f", p50 {np.percentile(result.latencies_ms, 50):.2f} ms" \
-                            if result.latencies_ms else ""
-                        log(f"  {result.texts / result.seconds:.1f} texts/s, "
-                            f"{result.tokens / result.seconds:.0f} tokens/s{p50}, "
-                            f"peak RSS {result.peak_rss_mb:.0f} MB")
-                    except RuntimeError as exc:
-                        errors[side.name] = str(exc)
-                        log(f"  failed: {exc}")
-                ceiling = gemm[0] * 1e9 / flops[workload.name] if workload.name in flops \
-                    else None
-                if ceiling:
-                    run.ceilings[workload.name] = ceiling
-                rows = _rows(workload, results, errors, ceiling) + [
-                    Row(workload.name, side, "?", 0, 0, None, None, 0, 0, None, None, None, None,
-                        error=reason, skipped=True) for side, reason in skipped.items()]
-                order = {side.name: i for i, side in enumerate(sides)}
-                run.rows.extend(sorted(rows, key=lambda r: order.get(r.side, len(order))))
-            runs.append(run)
+    for index in range(repeat):
+        for load in loads:
+            tag = f"run {index + 1}/{repeat}" + (f", background load {load}" if load else "")
+            with background_load(load):
+                runs.append(_run_workloads(workloads, opts, flops, gemm[0], tag, log, load))
     gemm.append(measure_gemm_gflops(opts.threads))
     return BenchReport(opts, machine, gemm, flops, runs, [round(x, 2) for x in os.getloadavg()])
+
+
+def _run_workloads(workloads: list[Workload], opts: BenchOptions, flops: dict[str, float],
+                   gemm_gflops: float, tag: str, log, load: int) -> BenchRun:
+    run = BenchRun(background_load=load)
+    with tempfile.TemporaryDirectory(prefix="pooler-bench-") as out_dir:
+        for workload in workloads:
+            run_opts = BenchOptions(**{**opts.to_dict(), "out_dir": out_dir})
+            reason = workload.skip(run_opts) if workload.skip else None
+            if reason:
+                log(f"[{tag}] {workload.name}: skipped: {reason}")
+                run.rows.append(Row(workload.name, "-", "?", 0, 0, None, None, 0, 0, None,
+                                    None, None, None, error=reason, skipped=True))
+                continue
+            results, errors, skipped = [], {}, {}
+            sides = workload.sides(run_opts)
+            for side in sides:
+                if side.skip:
+                    log(f"[{tag}] {workload.name}: {side.name}: skipped: {side.skip}")
+                    skipped[side.name] = side.skip
+                    continue
+                log(f"[{tag}] {workload.name}: {side.name} ...")
+                try:
+                    result = run_side(workload, side.name, run_opts)
+                    results.append(result)
+                    # Logged as each side ends, so an interrupted run still leaves numbers.
+                    p50 = f", p50 {np.percentile(result.latencies_ms, 50):.2f} ms" \
+                        if result.latencies_ms else ""
+                    log(f"  {result.texts / result.seconds:.1f} texts/s, "
+                        f"{result.tokens / result.seconds:.0f} tokens/s{p50}, "
+                        f"peak RSS {result.peak_rss_mb:.0f} MB")
+                except RuntimeError as exc:
+                    errors[side.name] = str(exc)
+                    log(f"  failed: {exc}")
+            ceiling = gemm_gflops * 1e9 / flops[workload.name] if workload.name in flops \
+                else None
+            if ceiling:
+                run.ceilings[workload.name] = ceiling
+            rows = _rows(workload, results, errors, ceiling) + [
+                Row(workload.name, side, "?", 0, 0, None, None, 0, 0, None, None, None, None,
+                    error=reason, skipped=True) for side, reason in skipped.items()]
+            order = {side.name: i for i, side in enumerate(sides)}
+            run.rows.extend(sorted(rows, key=lambda r: order.get(r.side, len(order))))
+    return run
+
+
+def contention_lines(report: BenchReport) -> list[str]:
+    """Loaded vs quiet, per side, from runs of the same invocation: the side's own slowdown
+    (p50 for latency workloads, texts/s for throughput) and its ratio to the peer in each."""
+    quiet = [r for r in report.runs if not r.background_load]
+    loaded = [r for r in report.runs if r.background_load]
+    if not quiet or not loaded:
+        return []
+
+    def by_key(runs):
+        table: dict[tuple[str, str], list[Row]] = {}
+        for run in runs:
+            for row in run.rows:
+                if not row.error:
+                    table.setdefault((row.workload, row.side), []).append(row)
+        return table
+
+    q, l = by_key(quiet), by_key(loaded)
+    lines = [f"contention ({loaded[0].background_load} busy processes vs none; medians over "
+             "runs):"]
+    for key in q:
+        if key not in l:
+            continue
+        latency = q[key][0].p50_ms is not None
+        value = (lambda r: r.p50_ms) if latency else (lambda r: r.texts_per_s)
+        qv = float(np.median([value(r) for r in q[key]]))
+        lv = float(np.median([value(r) for r in l[key]]))
+        ratios = [float(np.median([r.ratio for r in rows if r.ratio is not None] or [np.nan]))
+                  for rows in (q[key], l[key])]
+        what = (f"p50 {qv:.2f} -> {lv:.2f} ms ({lv / qv:.2f}x)" if latency else
+                f"{qv:.1f} -> {lv:.1f} texts/s ({lv / qv:.2f}x)")
+        vs = "" if any(np.isnan(ratios)) else \
+            f"; vs baseline {ratios[0]:.2f}x quiet, {ratios[1]:.2f}x loaded"
+        lines.append(f"  {key[0]} / {key[1]}: {what}{vs}")
+    return lines
 
 
 # ---- rendering ----------------------------------------------------------------------------

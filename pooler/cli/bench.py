@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from pooler.cli.common import add_engine_args
@@ -28,6 +27,10 @@ def add_parser(sub) -> None:
     p.add_argument("--archs", default=None,
                    help="arch workload: comma-separated architectures (mpnet, deberta-v3, "
                    "gemma3, bert; default mpnet,deberta-v3,gemma3)")
+    p.add_argument("--background-load", type=int, default=0, metavar="N",
+                   help="also run every workload while N busy processes compete for the cores "
+                        "(quiet and loaded runs interleaved in this one invocation, pooler and "
+                        "its peer under the same load)")
     p.add_argument("--json", default=None, help="also write the raw results to this file")
     p.add_argument("--markdown", default=None, help="also write the tables to this file")
     p.add_argument("--chart", default=None, help="also draw a PNG chart (needs matplotlib)")
@@ -36,8 +39,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from pooler.bench.registry import BenchOptions, load_workloads
-    from pooler.bench.runner import (format_table, report_to_dict, run_benchmarks,
-                                     summary_lines, write_chart)
+    from pooler.bench.runner import (contention_lines, format_table, report_to_dict,
+                                     run_benchmarks, summary_lines, write_chart)
+    from pooler.cpu_threads import available_cpus
 
     workloads = load_workloads()
     if args.list:
@@ -52,11 +56,13 @@ def run(args) -> int:
                          "or 'all'.")
     if args.repeat < 1:
         raise ValueError("--repeat must be at least 1.")
+    if args.background_load < 0:
+        raise ValueError("--background-load must be 0 or more.")
     if args.runner not in ("auto", "native") or args.task is not None:
         raise ValueError("pooler bench runs the native runner with each workload's own task; "
                          "drop --runner/--task.")
     device = "cuda" if args.device == "cuda" else "cpu"
-    opts = BenchOptions(model=args.model, threads=args.threads or os.cpu_count() or 1,
+    opts = BenchOptions(model=args.model, threads=args.threads or available_cpus(),
                         quick=args.quick, device=device, dtype=args.dtype,
                         quantization=args.quantization,
                         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -64,19 +70,22 @@ def run(args) -> int:
                         extra={"corpus_size": args.corpus_size,
                                "archs": [a.strip() for a in args.archs.split(",") if a.strip()]
                                if args.archs else None})
-    report = run_benchmarks(names, opts, repeat=args.repeat)
+    loads = (0, args.background_load) if args.background_load else (0,)
+    report = run_benchmarks(names, opts, repeat=args.repeat, loads=loads)
     out = []
     out.extend(summary_lines(report))
+    out.extend(contention_lines(report))
     for i, bench_run in enumerate(report.runs, 1):
         out.append("")
-        out.append(f"run {i} of {len(report.runs)}:")
+        out.append(f"run {i} of {len(report.runs)} ({bench_run.label}):")
         out.append(format_table(bench_run.rows))
     print("\n".join(out))
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write("\n".join(f"- {line}" for line in summary_lines(report)) + "\n")
+            f.write("\n".join(f"- {line}" for line in summary_lines(report)
+                               + contention_lines(report)) + "\n")
             for i, bench_run in enumerate(report.runs, 1):
-                f.write(f"\nRun {i} of {len(report.runs)}:\n\n"
+                f.write(f"\nRun {i} of {len(report.runs)} ({bench_run.label}):\n\n"
                         f"{format_table(bench_run.rows, markdown=True)}\n")
     if args.json:
         with open(args.json, "w") as f:

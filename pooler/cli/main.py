@@ -6,7 +6,12 @@ import importlib
 import pkgutil
 import sys
 
-import pooler.cli as cli_package
+# Before any subcommand imports torch: OpenMP reads its wait policy once, when torch loads it.
+from pooler.cpu_threads import prefer_passive_openmp
+
+prefer_passive_openmp()
+
+import pooler.cli as cli_package  # noqa: E402
 
 
 def _command_modules():

@@ -62,6 +62,13 @@ def add_parser(sub) -> None:
     p.add_argument("--max-queue", type=int, default=d.max_queue,
                    help="most inputs admitted and not yet answered, across all clients "
                         "(more gives 503 with Retry-After) (default: %(default)s)")
+    p.add_argument("--max-queue-tokens", type=int, default=d.max_queue_tokens,
+                   help="most tokens admitted and not yet answered (more gives 503 with "
+                        "Retry-After); default: derived, the engine's measured tokens/s x "
+                        "--max-queue-seconds")
+    p.add_argument("--max-queue-seconds", type=float, default=d.max_queue_seconds,
+                   help="with the derived token limit: admit about this many seconds of work "
+                        "(default: %(default)s)")
     p.add_argument("--max-workers", type=int, default=d.max_workers,
                    help="threads that tokenize and wait on the engine for HTTP requests (default: %(default)s)")
     p.add_argument("--graceful-timeout", type=float, default=d.graceful_timeout,
@@ -112,7 +119,8 @@ def _settings(args):
         graceful_timeout=args.graceful_timeout, header_timeout=args.header_timeout,
         body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
         max_connections=args.max_connections, show_model_path=args.show_model_path,
-        long_input=args.long_input)
+        long_input=args.long_input, max_queue_tokens=args.max_queue_tokens,
+        max_queue_seconds=args.max_queue_seconds)
 
 
 def build_app(args):

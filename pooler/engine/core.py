@@ -12,14 +12,14 @@ from pooler.worker.model_runner import ModelRunner
 class EngineCore:
     def __init__(self, config: EngineConfig):
         self.config = config
-        if config.num_threads:
+        if config.model_config.torch_device.type == "cpu":
             torch.set_num_threads(config.num_threads)
         if config.model_config.runner == "transformers":
             from pooler.worker.transformers_runner import TransformersRunner
 
             self.model_runner = TransformersRunner(config.model_config)
         else:
-            self.model_runner = ModelRunner(config.model_config)
+            self.model_runner = ModelRunner(config.model_config, config.num_threads)
         self.scheduler = Scheduler(config.scheduler_config)
 
     def add_request(self, request: Request) -> None:
@@ -41,6 +41,12 @@ class EngineCore:
             return []
         runner_output = self.model_runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def release_memory(self) -> None:
+        """Between bursts: give freed heap back to the OS (the runner knows how)."""
+        release = getattr(self.model_runner, "release_memory", None)
+        if release is not None:
+            release()
 
     def reload_weights(self) -> None:
         self.model_runner.reload_weights()

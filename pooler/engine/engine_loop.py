@@ -10,6 +10,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -25,6 +26,11 @@ class RequestCancelled(Exception):
     """The caller went away (or cancelled); its outstanding requests were aborted."""
 
 
+class CancelledBeforeSubmit(RequestCancelled):
+    """Cancelled before anything of this call was submitted: no request of it exists in the
+    engine, so nothing of it will release state it depends on (e.g. a cached ColBERT query)."""
+
+
 # Called after each step with (number of requests computed, tokens computed, seconds).
 StepListener = Callable[[int, int, float], None]
 # Called once per finished request with the seconds from its creation (Request.arrival_time,
@@ -35,11 +41,16 @@ QueueListener = Callable[[float], None]
 @dataclass
 class CallContext:
     """Per-call facts a caller (the HTTP server) hands to Engine methods without new
-    parameters: every Engine method that reaches run_processed honours `cancel`, and
-    _run_texts adds its tokenization time to `tokenize_seconds`."""
+    parameters: every Engine method that reaches run_processed honours `cancel`, calls
+    `admit(num_tokens)` before it submits (the server's token admission: it raises to refuse),
+    and _run_texts adds its tokenization time to `tokenize_seconds`."""
     cancel: threading.Event | None = None
     tokenize_seconds: float = 0.0
+    admit: Callable[[int], None] | None = None
 
+
+# Steps the throughput estimate averages over (a few seconds of work on a CPU).
+_RATE_WINDOW_STEPS = 32
 
 # Set by the caller in the thread that runs the Engine method (contextvars are per thread).
 current_call: ContextVar[CallContext | None] = ContextVar("pooler_current_call", default=None)
@@ -56,6 +67,23 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self.step_listeners: list[StepListener] = []
         self.queue_listeners: list[QueueListener] = []
+        # Tokens submitted and not yet finished (inbox + waiting + running), any thread.
+        self._queued_tokens = 0
+        self._queued_lock = threading.Lock()
+        # (tokens, seconds) of recent steps: the measured rate admission limits derive from.
+        self._recent_steps: deque[tuple[int, float]] = deque(maxlen=_RATE_WINDOW_STEPS)
+        self.idle_listeners: list[Callable[[], None]] = []
+
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens of requests submitted and not finished yet (a queue measured in tokens)."""
+        return self._queued_tokens
+
+    def tokens_per_second(self) -> float | None:
+        """Tokens computed per second of step time over the last steps; None before any."""
+        steps = list(self._recent_steps)
+        seconds = sum(s for _, s in steps)
+        return sum(t for t, _ in steps) / seconds if seconds > 0 else None
 
     @property
     def is_running(self) -> bool:
@@ -111,10 +139,18 @@ class EngineLoop:
         futures = []
         for request in requests:
             future: Future = Future()
+            self._count_queued(request.num_tokens)
+            # Done in every way (result, failure, abort): its tokens leave the queue.
+            future.add_done_callback(
+                lambda _, n=request.num_tokens: self._count_queued(-n))
             self._inbox.put(("add", request, future))
             futures.append(future)
         self._wakeup.set()
         return futures
+
+    def _count_queued(self, delta: int) -> None:
+        with self._queued_lock:
+            self._queued_tokens += delta
 
     def abort(self, request_ids: list[str]) -> None:
         self._inbox.put(("abort", list(request_ids), None))
@@ -157,12 +193,17 @@ class EngineLoop:
                         future.cancel()
 
     def _run(self) -> None:
+        busy = False
         while not self._stopping:
             self._drain_inbox()
             if not self.core.has_work():
+                if busy:  # just went idle: e.g. hand the burst's freed heap back to the OS
+                    busy = False
+                    self._notify_idle()
                 self._wakeup.wait(timeout=0.5)
                 self._wakeup.clear()
                 continue
+            busy = True
             start = time.perf_counter()
             started_at = time.monotonic()  # the clock of Request.arrival_time
             try:
@@ -174,6 +215,7 @@ class EngineLoop:
             elapsed = time.perf_counter() - start
             if outputs:
                 tokens = sum(o.num_tokens for o in outputs)
+                self._recent_steps.append((tokens, elapsed))
                 for listener in self.step_listeners:
                     listener(len(outputs), tokens, elapsed)
             for output in outputs:
@@ -182,6 +224,13 @@ class EngineLoop:
                     for listener in self.queue_listeners:
                         listener(max(0.0, started_at - submitted))
                 self._resolve(output)
+
+    def _notify_idle(self) -> None:
+        for listener in self.idle_listeners:
+            try:
+                listener()
+            except Exception:
+                logger.exception("engine idle listener failed")
 
     def _resolve(self, output: RequestOutput) -> None:
         future = self._futures.pop(output.request_id, None)

@@ -16,7 +16,8 @@ from tqdm.auto import tqdm
 from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
 from pooler.engine import long_inputs, scoring
 from pooler.engine.core import EngineCore
-from pooler.engine.engine_loop import EngineLoop, RequestCancelled, current_call
+from pooler.engine.engine_loop import (CancelledBeforeSubmit, EngineLoop, RequestCancelled,
+                                       current_call)
 from pooler.engine.input_processor import (InputProcessor, ProcessedInput, TruncationOptions,
                                            normalize_inputs)
 from pooler.engine.request import Request, RequestOutput
@@ -75,8 +76,18 @@ class Engine:
         feeds the same batches (continuous batching). The server uses this."""
         if self._loop is None:
             self._loop = EngineLoop(self.core)
+            self._loop.idle_listeners.append(self.core.release_memory)
         self._loop.start()
         return self._loop
+
+    @property
+    def num_queued_tokens(self) -> int:
+        """Tokens submitted to the background loop and not finished yet (0 without a loop)."""
+        return self._loop.queued_tokens if self._loop is not None else 0
+
+    def tokens_per_second(self) -> float | None:
+        """The background loop's measured rate over its last steps (None before any step)."""
+        return self._loop.tokens_per_second() if self._loop is not None else None
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Finish in-flight requests and stop the background loop, if any."""
@@ -253,14 +264,16 @@ class Engine:
 
     def token_classify(self, inputs: str | Sequence, *, use_activation: bool | None = None,
                        skip_special_tokens: bool = False, truncate: bool = True,
-                       truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
+                       truncate_prompt_tokens: int | None = None,
+                       truncation_direction: str = "right", use_tqdm: bool | None = None,
                        priority: int = 0) -> list[TokenClassificationOutput]:
         """Label scores for every token ([num_tokens, num_labels] per input)."""
         items = normalize_inputs(inputs)
         params = PoolingParams(task="token_classify", use_activation=use_activation,
                                skip_special_tokens=skip_special_tokens)
         processed, results = self._run_texts(
-            items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
+            items, self.verify_params(params), TruncationOptions(
+                truncate, truncate_prompt_tokens, truncation_direction),
             use_tqdm, priority)
         labels = labels_of(self.model_config.hf_config)
         outputs = []
@@ -277,7 +290,8 @@ class Engine:
     def ner(self, inputs: str | list[str], *, aggregation_strategy: str = "simple",
             ignore_labels: Sequence[str] = ("O",), ignore_subwords: bool = False,
             truncate: bool = True, truncate_prompt_tokens: int | None = None,
-            use_tqdm: bool | None = None, priority: int = 0) -> list[list[Entity]]:
+            truncation_direction: str = "right", use_tqdm: bool | None = None,
+            priority: int = 0) -> list[list[Entity]]:
         """Entities of each text with character offsets, as the transformers
         token-classification pipeline reports them (see pooler/ner.py)."""
         check_strategy(aggregation_strategy, ignore_subwords)
@@ -287,7 +301,8 @@ class Engine:
                              "ids; pass strings.")
         params = PoolingParams(task="token_classify", use_activation=True)
         processed, results = self._run_texts(
-            items, self.verify_params(params), TruncationOptions(truncate, truncate_prompt_tokens),
+            items, self.verify_params(params), TruncationOptions(
+                truncate, truncate_prompt_tokens, truncation_direction),
             use_tqdm, priority)
         labels = labels_of(self.model_config.hf_config)
         rules = self._subword_rules = getattr(self, "_subword_rules", None) or \
@@ -427,11 +442,17 @@ class Engine:
 
     def rerank(self, query: str | Sequence[int], documents: Sequence, *,
                top_n: int | None = None, return_documents: bool = False,
-               **kwargs) -> list[RerankResult]:
+               truncate: bool = True, truncate_prompt_tokens: int | None = None,
+               use_tqdm: bool | None = None, priority: int = 0,
+               cancel: threading.Event | None = None,
+               use_activation: bool | None = None) -> list[RerankResult]:
         """Documents sorted by score, best first (ties keep input order); `top_n` keeps the
-        best n. Takes score()'s keyword options."""
+        best n. The other options are score()'s (named here, so callers can see which)."""
         return scoring.rerank(self, query, documents, top_n=top_n,
-                              return_documents=return_documents, **kwargs)
+                              return_documents=return_documents, truncate=truncate,
+                              truncate_prompt_tokens=truncate_prompt_tokens,
+                              use_tqdm=use_tqdm, priority=priority, cancel=cancel,
+                              use_activation=use_activation)
 
     def encode_queries(self, inputs: str | Sequence, *, use_tqdm: bool | None = None,
                        priority: int = 0) -> list[TokenEmbeddingOutput]:
@@ -625,8 +646,13 @@ class Engine:
         and raises RequestCancelled. With raise_on_error=False, failed requests come back with
         `.error` set instead of raising. Without `cancel`, the caller's CallContext (see
         engine_loop.current_call) supplies one, so every Engine method is cancellable."""
-        if cancel is None and current_call.get() is not None:
-            cancel = current_call.get().cancel
+        call = current_call.get()
+        if cancel is None and call is not None:
+            cancel = call.cancel
+        if cancel is not None and cancel.is_set():  # the caller left before its turn
+            raise CancelledBeforeSubmit("cancelled before its inputs were submitted")
+        if call is not None and call.admit is not None and self._loop is not None:
+            call.admit(sum(len(p.prompt_token_ids) for p in processed))
         batch_id = next(self._ids)
         request_ids = [f"{self._id_prefix}-{batch_id}-{i}" for i in range(len(processed))]
         # Submit shortest first: with FCFS scheduling, each step then packs sequences of

@@ -24,7 +24,7 @@ import numpy as np
 
 from pooler.bge_m3_layout import BGE_M3_OUTPUTS, SCORE_MODES, check_weights
 from pooler.colbert import ROLE_KEY, UNATTENDED_KEY
-from pooler.engine.engine_loop import RequestCancelled
+from pooler.engine.engine_loop import CancelledBeforeSubmit, RequestCancelled
 from pooler.engine.input_processor import TruncationOptions, normalize_inputs
 from pooler.outputs import BGEM3Score, RerankResult, ScoreOutput, as_numpy
 from pooler.params import LateInteractionParams, PoolingParams
@@ -209,10 +209,12 @@ def _two_stage(engine: ScoringEngine, request: ScoreRequest, build, make_params,
     try:
         results = engine.run_processed(doc_inputs, doc_params, priority, use_tqdm,
                                        cancel=cancel, raise_on_error=False)
-    except RequestCancelled:
+    except RequestCancelled as exc:
+        if isinstance(exc, CancelledBeforeSubmit):  # no document exists to release its use
+            engine.drop_cached_queries(keys)
         raise
     except BaseException:
-        # Not a per-request failure: a submission went wrong; make sure nothing stays.
+        # Not a per-request failure (e.g. a refused admission): nothing stays cached.
         engine.drop_cached_queries(keys)
         raise
     failed = [(i, r.error) for i, r in enumerate(results) if r.error]

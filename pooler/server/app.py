@@ -22,8 +22,9 @@ from pooler.server.connection_limits import BodyTimeoutMiddleware
 from pooler.server.errors import (ERROR_RESPONSES, error_response, install_error_handlers,
                                   validation_message)
 from pooler.server.invalid_text import InvalidTextMiddleware
-from pooler.server.limits import PayloadLimitMiddleware
+from pooler.server.limits import PayloadLimitMiddleware, QueueGateMiddleware
 from pooler.server.metrics import MetricsMiddleware, ServerMetrics
+from pooler.server.openapi_spec import narrow_openapi
 from pooler.server.protocol import InfoResponse
 from pooler.server.state import ServerSettings, ServerState
 
@@ -85,7 +86,19 @@ def create_app(engine, settings: ServerSettings | None = None, *,
     for module in (openai, vllm, rerank, tei, cohere, ner, bge_m3, long_inputs):
         app.include_router(module.router)
 
-    @app.get("/health", tags=["common"])
+    default_openapi = app.openapi
+
+    def model_openapi():
+        # FastAPI caches the spec on app.openapi_schema: narrow it once, on first use.
+        if app.openapi_schema is None:
+            app.openapi_schema = narrow_openapi(default_openapi(), engine)
+        return app.openapi_schema
+
+    app.openapi = model_openapi
+
+    @app.get("/health", tags=["common"], responses={
+        200: {"description": "ready", "content": {"application/json": {"example": {
+            "status": "ok"}}}}, 503: ERROR_RESPONSES[503]})
     async def health():
         """200 once the model is loaded and the engine loop runs; 503 before and while
         shutting down. Needs no API key."""
@@ -110,7 +123,9 @@ def create_app(engine, settings: ServerSettings | None = None, *,
                 "max_payload_bytes": settings.max_payload_bytes,
                 "max_queue": settings.max_queue, "version": _version()}
 
-    @app.get("/metrics", tags=["common"])
+    @app.get("/metrics", tags=["common"], response_class=Response, responses={200: {
+        "description": "Prometheus text exposition format",
+        "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def prometheus_metrics():
         metrics.observe_engine(engine)
         metrics.draining.set(1 if state.shutdown.draining else 0)
@@ -118,9 +133,11 @@ def create_app(engine, settings: ServerSettings | None = None, *,
         return Response(body, media_type=content_type)
 
     # The last added runs first: count everything (401s too), bound the time to send a body,
-    # check the key before reading a body, bound the body's size, then reject invalid text.
+    # check the key before reading a body, refuse what the token queue has no room for, bound
+    # the body's size, then reject invalid text.
     app.add_middleware(InvalidTextMiddleware)
     app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
+    app.add_middleware(QueueGateMiddleware, admission=state.token_admission)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(BodyTimeoutMiddleware, timeout=settings.body_timeout,

@@ -1,9 +1,15 @@
-"""Request limits: body size (413), inputs per request (413), inputs in flight (503).
+"""Request limits: body size (413), inputs per request (413), inputs in flight (503), and the
+queue measured in tokens (503 with Retry-After; see TokenAdmission for the rule).
 
 The payload limit is checked on Content-Length and again while the body streams in, so a
 chunked upload cannot slip past it."""
 from __future__ import annotations
 
+import math
+import threading
+from typing import Callable
+
+from pooler.engine.engine_loop import CancelledBeforeSubmit
 from pooler.server.auth import send_json
 from pooler.server.errors import APIError, error_body
 
@@ -51,6 +57,29 @@ class PayloadLimitMiddleware:
         await send_json(send, 413, error_body(413, message, None, "payload_too_large"))
 
 
+class QueueGateMiddleware:
+    """Refuse a POST at once, from its Content-Length, when the token queue has no room for
+    it (TokenAdmission.would_refuse): under a burst, reading and parsing hundreds of large
+    bodies would itself keep the event loop (and /health) busy for seconds. Handlers still
+    reserve and check the exact count; this only turns the obvious refusals away early."""
+
+    def __init__(self, app, admission: "TokenAdmission"):
+        self.app = app
+        self.admission = admission
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            for name, value in scope.get("headers", ()):
+                if name == b"content-length" and value.isdigit():
+                    error = self.admission.would_refuse(int(value))
+                    if error is not None:
+                        return await send_json(send, error.status, error_body(
+                            error.status, error.message, None, error.code),
+                            headers=error.headers)
+                    break
+        return await self.app(scope, receive, send)
+
+
 class Admission:
     """Counts inputs admitted and not yet answered. Runs on the event loop thread only."""
 
@@ -73,3 +102,118 @@ class Admission:
 
     def release(self, num_items: int) -> None:
         self.in_flight -= num_items
+
+
+class TokenAdmission:
+    """Tokens admitted and not yet answered, across all clients; callable from any thread.
+
+    The rule: a request's tokens are admitted while `in_flight + its tokens <= limit()`, with
+        limit = --max-queue-tokens when given, else
+                max(one step's token budget, measured tokens/s x --max-queue-seconds)
+    where tokens/s is the engine's rate over its last steps (EngineLoop.tokens_per_second),
+    so the limit follows the machine: a busy or throttled CPU admits less. Before the first
+    step is measured the limit is FALLBACK_STEPS step budgets. A request arriving when nothing
+    is in flight is always admitted (one large request must not be refused forever).
+    An admitted request is thus answered within about max_queue_seconds plus its own compute
+    time; everything beyond gets an immediate 503 whose Retry-After is the time the queue
+    takes to drain at the measured rate.
+    """
+
+    FALLBACK_STEPS = 4
+    # JSON bytes per token for the early estimate: English WordPiece runs ~4-5 characters per
+    # token, so this overestimates plain text a little; token-id bodies (~6 bytes per id)
+    # are underestimated and settled by the exact count.
+    BYTES_PER_TOKEN = 4
+
+    def __init__(self, step_budget: int, rate: Callable[[], float | None],
+                 max_queue_seconds: float, max_queue_tokens: int | None = None):
+        self.step_budget = step_budget
+        self.rate = rate
+        self.max_queue_seconds = max_queue_seconds
+        self.max_queue_tokens = max_queue_tokens
+        self.in_flight = 0
+        self._lock = threading.Lock()
+
+    def limit(self) -> int:
+        if self.max_queue_tokens is not None:
+            return self.max_queue_tokens
+        rate = self.rate()
+        if rate is None:
+            return self.FALLBACK_STEPS * self.step_budget
+        return max(self.step_budget, int(rate * self.max_queue_seconds))
+
+    def reserve_estimate(self, body_bytes: int) -> int:
+        """The event loop's early refusal, before a request is tokenized (which takes a worker
+        thread and, under a burst, seconds): reserve body_bytes / BYTES_PER_TOKEN tokens, a
+        rough guess corrected by reserve() once the real count is known."""
+        return self.reserve(body_bytes // self.BYTES_PER_TOKEN)
+
+    def would_refuse(self, body_bytes: int) -> APIError | None:
+        """The 503 reserve_estimate would raise now, without reserving anything."""
+        estimate = body_bytes // self.BYTES_PER_TOKEN
+        if self.in_flight > 0 and self.in_flight + estimate > self.limit():
+            return self._busy(estimate)
+        return None
+
+    def reserve(self, num_tokens: int, replacing: int = 0) -> int:
+        """Admit num_tokens (in place of an earlier estimate of `replacing` tokens) or raise a
+        503; returns what to release() when answered."""
+        with self._lock:
+            limit = self.limit()
+            others = self.in_flight - replacing
+            if others > 0 and others + num_tokens > limit:
+                self.in_flight -= replacing  # the estimate leaves with the refused request
+                raise self._busy(num_tokens, limit)
+            self.in_flight = others + num_tokens
+        return num_tokens
+
+    def release(self, num_tokens: int) -> None:
+        with self._lock:
+            self.in_flight -= num_tokens
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has drained at the measured rate (1 to 60)."""
+        rate = self.rate()
+        if not rate:
+            return 1
+        return min(60, max(1, math.ceil(self.in_flight / rate)))
+
+    def _busy(self, num_tokens: int, limit: int | None = None) -> APIError:
+        limit = self.limit() if limit is None else limit
+        wanted = f" plus this request's {num_tokens}" if num_tokens else ""
+        return APIError(503, f"The server is busy: {self.in_flight} tokens are queued{wanted}, "
+                        f"over the limit of {limit} (about {self.max_queue_seconds:g} s of work "
+                        "at the measured rate; --max-queue-seconds / --max-queue-tokens). "
+                        "Retry after the Retry-After header's seconds.", code="queue_full",
+                        headers={"retry-after": str(self.retry_after())})
+
+
+class Reservation:
+    """The tokens one call holds in a TokenAdmission: a guess from its body size at first,
+    the exact counts once the engine has tokenized (admit, called before each submit), all
+    released once, when the call ends or as soon as its client leaves (the worker thread may
+    still be tokenizing then; it is refused at its next admit)."""
+
+    def __init__(self, admission: TokenAdmission, body_bytes: int):
+        self.admission = admission
+        self._lock = threading.Lock()
+        self._estimate = admission.reserve_estimate(body_bytes)
+        self._held = self._estimate
+        self._released = False
+
+    def admit(self, num_tokens: int) -> None:
+        with self._lock:
+            if self._released:
+                raise CancelledBeforeSubmit("the client left; its tokens were released")
+            replacing, self._estimate = self._estimate, 0
+            try:
+                self._held += self.admission.reserve(num_tokens, replacing) - replacing
+            except APIError:
+                self._held -= replacing
+                raise
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._released:
+                self._released = True
+                self.admission.release(self._held)

@@ -6,9 +6,23 @@ Responses are declared for the OpenAPI spec; handlers serialize them in a worker
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
+
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer, as clients and fuzzers send it: 5 and 5.0, never "5" or true."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("Input should be a valid integer")
+    return value
+
+
+# Strict but for integral floats (JSON Schema counts 108.0 as an integer; pydantic's StrictInt
+# refused it, a schema-valid request rejected).
+StrictInt = Annotated[int, BeforeValidator(_json_integer)]
 
 # One or many texts, or one or many token-id lists (OpenAI's `input`).
 Inputs = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
@@ -109,7 +123,9 @@ class TEIRank(BaseModel):
 
 class TEIPredictRequest(_TEITruncation):
     """A text, [text], [text, text_pair], or a batch [[text], [text, text_pair], ...]."""
-    inputs: Union[StrictStr, list[Union[StrictStr, list[StrictStr]]]]
+    inputs: Union[StrictStr,
+                  list[Union[StrictStr,
+                             Annotated[list[StrictStr], Field(min_length=1, max_length=2)]]]]
     raw_scores: StrictBool = False
 
 

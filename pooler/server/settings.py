@@ -21,13 +21,19 @@ class ServerSettings:
     max_connections: int = 2048          # open connections (more are refused with 503)
     show_model_path: bool = False        # /info and /v1/models show the model's folder
     long_input: str = "truncate"         # /v1/embeddings default: "truncate" | "chunk"
+    # The queue in tokens (503 above): a fixed number, or None to derive it from the measured
+    # rate: tokens/s x max_queue_seconds (pooler/server/limits.py, TokenAdmission).
+    max_queue_tokens: int | None = None
+    max_queue_seconds: float = 5.0
 
     def __post_init__(self):
         for name in ("max_input_items", "max_payload_bytes", "max_queue", "max_workers",
                      "header_timeout", "body_timeout", "keep_alive_timeout",
-                     "max_connections"):
+                     "max_connections", "max_queue_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+        if self.max_queue_tokens is not None and self.max_queue_tokens <= 0:
+            raise ValueError(f"max_queue_tokens must be positive, got {self.max_queue_tokens}.")
         if self.long_input not in ("truncate", "chunk"):
             raise ValueError(f"long_input must be 'truncate' or 'chunk', got {self.long_input!r}.")
         if self.graceful_timeout < 0:

@@ -25,7 +25,7 @@ from pooler.engine.engine_loop import CallContext, RequestCancelled, current_cal
 from pooler.engine.input_processor import normalize_inputs
 from pooler.params import PoolingParams
 from pooler.server.errors import APIError, bad_request, unsupported
-from pooler.server.limits import Admission
+from pooler.server.limits import Admission, Reservation, TokenAdmission
 from pooler.server.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
 from pooler.server.shutdown import ShutdownGate
@@ -46,6 +46,10 @@ class ServerState:
         self.model_names = {self.model_name, str(engine.model_config.model),
                             str(engine.model_config.path)}
         self.admission = Admission(settings.max_input_items, settings.max_queue)
+        self.token_admission = TokenAdmission(
+            engine.config.scheduler_config.max_num_batched_tokens,
+            getattr(engine, "tokens_per_second", lambda: None),
+            settings.max_queue_seconds, settings.max_queue_tokens)
         self.executor = ThreadPoolExecutor(settings.max_workers,
                                            thread_name_prefix="pooler-http")
         self.ready = False
@@ -119,8 +123,9 @@ class ServerState:
         for key, value in kwargs.items():
             if takes_any or key in params:
                 final[key] = value
-            elif key == "use_tqdm" or value is None:
-                continue
+            elif key == "use_tqdm" or value is None or (key == "truncation_direction"
+                                                         and value == "right"):
+                continue  # an option left at its default needs no support
             else:
                 raise unsupported(f"the option '{key}' on {method}", param=key)
         return fn(*args, **final)
@@ -135,9 +140,16 @@ class ServerState:
         503 with Retry-After (see shutdown.py)."""
         if self.shutdown.expired:
             raise self.shutdown.refusal()
-        self.admission.admit(num_items, field)
+        body_bytes = request.headers.get("content-length", "0")
+        tokens = Reservation(self.token_admission,
+                             int(body_bytes) if body_bytes.isdigit() else 0)
+        try:
+            self.admission.admit(num_items, field)
+        except APIError:
+            tokens.release()
+            raise
         self.metrics.inputs_in_flight.set(self.admission.in_flight)
-        call = CallContext(cancel=threading.Event())
+        call = CallContext(cancel=threading.Event(), admit=tokens.admit)
 
         def work() -> bytes | Response:
             if call.cancel.is_set():  # cancelled while queued for a worker thread
@@ -161,6 +173,7 @@ class ServerState:
             if future not in done:
                 client_left = watcher in done
                 call.cancel.set()  # the engine aborts what has not started computing
+                tokens.release()   # room for other clients now, not when the thread ends
                 try:
                     body = await future
                 except RequestCancelled:
@@ -176,6 +189,7 @@ class ServerState:
             call.cancel.set()  # cancelled by the web server: stop the engine work too
             raise
         finally:
+            tokens.release()
             for task in (watcher, expiry):
                 if task is not None:
                     task.cancel()

@@ -75,6 +75,20 @@ class HeapTrimmer:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * _PAGE_MB
 
+    def trim_if_grown(self, min_growth_mb: float = 32.0) -> bool:
+        """At an idle moment: hand every free heap page back (all arenas, the HTTP worker
+        threads' too) if RSS grew by min_growth_mb since the last trim, e.g. after a burst.
+        Not on every idle moment: a trim costs a walk of the heap and the next step's page
+        faults, which a server answering one query at a time would pay per query."""
+        if self._trim is None:
+            return False
+        rss = self.rss_mb()
+        if self._baseline_mb is not None and rss - self._baseline_mb < min_growth_mb:
+            return False
+        self._trim(0)
+        self._baseline_mb = self.rss_mb()
+        return True
+
     def maybe_trim(self, num_tokens: int) -> None:
         """Call after a step of num_tokens tokens: trims when RSS grew past the threshold
         since the last trim."""

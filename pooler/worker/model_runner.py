@@ -20,14 +20,18 @@ from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOut
 from pooler.worker.memory import HeapTrimmer, tune_malloc_for_steps
 from pooler.worker.pooling_runner import PoolingRunner
 from pooler.worker.runner_base import ModelRunnerBase
+from pooler.worker.step_threads import StepThreads
 
 logger = logging.getLogger(__name__)
 
 
 class ModelRunner(ModelRunnerBase):
-    def __init__(self, model_config: ModelConfig):
+    def __init__(self, model_config: ModelConfig, num_threads: int | None = None):
         self.model_config = model_config
         self.device = model_config.torch_device
+        # CPU: one thread for tiny steps, the configured count otherwise (step_threads.py).
+        self.step_threads = StepThreads(num_threads or torch.get_num_threads()) \
+            if self.device.type == "cpu" else None
         self.model = build_model(model_config)
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
         self.requests: dict[str, NewRequestData] = {}
@@ -55,6 +59,8 @@ class ModelRunner(ModelRunnerBase):
             return ModelRunnerOutput()
         req_ids = [r.req_id for r in new_reqs]
         num_tokens = sum(len(r.prompt_token_ids) for r in new_reqs)
+        if self.step_threads is not None:
+            self.step_threads.apply(num_tokens)
         try:
             self.add_requests(new_reqs)
             inputs, metadata = self._prepare_inputs(new_reqs)
@@ -110,6 +116,10 @@ class ModelRunner(ModelRunnerBase):
             self.model.load_state_dict(build_model(self.model_config).state_dict())
             return
         load_weights_into(self.model, self.model_config)
+
+    def release_memory(self) -> None:
+        """The engine went idle: return a burst's freed heap to the OS (memory.py)."""
+        self.heap_trimmer.trim_if_grown()
 
     def reset_caches(self) -> None:
         """Free derived caches (the device allocator's blocks). Cached ColBERT queries are

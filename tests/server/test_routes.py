@@ -75,11 +75,15 @@ def test_info_health_models_openapi(client, engine):
     assert info["max_input_length"] == engine.model_config.max_model_len
     assert client.get("/health").json() == {"status": "ok"}
     spec = client.get("/openapi.json").json()
-    for path in ("/v1/embeddings", "/v1/models", "/pooling", "/classify", "/score",
+    for path in ("/v1/embeddings", "/v1/models", "/pooling", "/score",
                  "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
-                 "/embed", "/embed_all", "/predict", "/embed_sparse", "/info", "/health",
-                 "/ner", "/metrics"):
+                 "/embed", "/embed_all", "/info", "/health", "/metrics"):
         assert path in spec["paths"], path
+    # The spec is the served model's (pooler/server/openapi_spec.py): an embedder does not
+    # promise classification, NER or sparse vectors; those routes still answer a clear 400.
+    for path in ("/classify", "/predict", "/ner", "/embed_sparse"):
+        assert path not in spec["paths"], path
+    assert client.post("/classify", json={"input": "a"}).status_code == 400
 
 
 def test_metrics_count_requests_by_route_and_status(client):

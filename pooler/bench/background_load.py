@@ -1,0 +1,33 @@
+"""`pooler bench --background-load N`: N busy processes compete for the cores while the sides
+run, as on a shared machine (other replicas, noisy neighbours, a CPU-quota'd container).
+
+Each process is a pure-Python spin loop (one core's worth of demand, no memory traffic to
+speak of), started before a run and killed after it; pooler and its peer see the same load.
+"""
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+
+_SPIN = "while True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def background_load(num_processes: int):
+    procs = [subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(max(0, num_processes))]
+    try:
+        if procs:
+            time.sleep(0.5)  # let them start spinning before the side loads
+            dead = [p.args for p in procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"background load process exited early: {dead[0]}")
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()

@@ -1,0 +1,225 @@
+"""The served model's own OpenAPI spec: `/openapi.json` promises only what this server accepts.
+
+The request models (protocol.py) are shared by every model kind, so their generic schema
+promises too much: /classify on an embedder, `dimensions: 0`, a `prompt_name` the model does not
+declare, token ids outside the vocabulary. A fuzzer (schemathesis, tests/server/test_fuzz.py)
+then sees schema-valid requests refused. This module narrows the generated spec per model:
+  - routes the model cannot serve are left out of the spec (they still answer a clear 400);
+  - fields whose valid values depend on the model get them: `task` (the model's tasks),
+    `prompt_name` (its declared prompts), `dimensions` (1 .. its vector size), token ids
+    (0 .. vocabulary size - 1);
+  - fields the handlers refuse when empty get minItems 1;
+  - the score request needs `queries` or `text_1`.
+Routes not named in ROUTE_NEEDS are kept as they are (new routes stay visible by default).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+# Path -> what the engine must have for the route to serve anything.
+RouteCheck = Callable[[Any], bool]
+
+
+def _has_task(*tasks: str) -> RouteCheck:
+    return lambda engine: any(t in engine.supported_tasks for t in tasks)
+
+
+def _is_mlm(engine) -> bool:
+    return engine.model_config.head == "mlm"
+
+
+def _scores(engine) -> bool:
+    """Scoring works for ColBERT (MaxSim), cross-encoders (one relevance label) and
+    bi-encoders (cosine)."""
+    tasks = engine.supported_tasks
+    if engine.model_config.colbert is not None or "embed" in tasks:
+        return True
+    return "classify" in tasks and engine.core.model_runner.output_size("classify") == 1
+
+
+ROUTE_NEEDS: dict[str, RouteCheck] = {
+    "/v1/embeddings": _has_task("embed"),
+    "/embed": _has_task("embed"),
+    "/embed_all": _has_task("token_embed"),
+    "/classify": _has_task("classify"),
+    "/predict": _has_task("classify"),
+    "/ner": _has_task("token_classify"),
+    "/embed_sparse": _is_mlm,
+    "/score": _scores, "/v1/score": _scores,
+    "/rerank": _scores, "/v1/rerank": _scores, "/v2/rerank": _scores,
+}
+
+# Fields the handlers refuse when they are empty lists.
+_NON_EMPTY = {"input", "inputs", "documents", "texts", "queries", "text_1", "text_2", "tokens",
+              "ids"}
+# Fields that carry token ids (alone or among texts).
+_TOKEN_ID_FIELDS = {"input", "inputs", "tokens", "ids", "queries", "documents", "text_1",
+                    "text_2", "query"}
+
+
+def narrow_openapi(spec: dict, engine) -> dict:
+    """Narrow a generated spec (FastAPI's app.openapi()) to what `engine` serves; in place."""
+    for path in list(spec.get("paths", {})):
+        check = ROUTE_NEEDS.get(path)
+        if check is not None and not _safe(check, engine):
+            del spec["paths"][path]
+    facts = _model_facts(engine)
+    for schema in spec.get("components", {}).get("schemas", {}).values():
+        _narrow_properties(schema, facts)
+    # Inline request bodies (openapi_extra) too.
+    for item in spec.get("paths", {}).values():
+        for operation in item.values():
+            content = operation.get("requestBody", {}).get("content", {})
+            for media in content.values():
+                _narrow_properties(media.get("schema", {}), facts)
+    return spec
+
+
+def _safe(check: RouteCheck, engine) -> bool:
+    try:
+        return bool(check(engine))
+    except Exception:  # a check that cannot decide keeps the route documented
+        return True
+
+
+def _model_facts(engine) -> dict:
+    st = engine.model_config.st
+    vocab = engine.model_config.hf_config.get("vocab_size")
+    try:
+        vocab = len(engine.tokenizer.backend.get_vocab()) if vocab is None else vocab
+    except Exception:
+        pass
+    try:
+        specials = engine.tokenizer.num_special_tokens_to_add(pair=False)
+    except Exception:
+        specials = 0
+    score_params = inspect.signature(engine.score).parameters \
+        if callable(getattr(engine, "score", None)) else {}
+    return {"tasks": sorted(engine.supported_tasks),
+            "min_truncation": specials + 1,
+            "score_directions": "truncation_direction" in score_params,
+            "cross_encoder": engine.model_config.colbert is None
+            and "classify" in engine.supported_tasks,
+            "prompts": sorted(st.prompts) if st is not None and st.prompts else [],
+            "dimensions": _safe_size(engine),
+            "vocab": int(vocab) if vocab else None}
+
+
+def _safe_size(engine) -> int | None:
+    """The largest `dimensions` any task takes: the embed vector's size, or the token
+    vectors' (ColBERT) when there is no embed task."""
+    sizes = []
+    for task in ("embed", "token_embed"):
+        try:
+            if task in engine.supported_tasks:
+                sizes.append(engine.core.model_runner.output_size(task))
+        except Exception:
+            pass
+    sizes = [s for s in sizes if s]
+    return min(sizes) if sizes else None
+
+
+def _narrow_properties(schema: dict, facts: dict) -> None:
+    """Narrow the fields of `schema` and of every schema inside it (oneOf bodies, $defs)."""
+    for node in list(_walk(schema)):
+        _narrow_node(node, facts)
+    for sub in schema.get("$defs", {}).values() if isinstance(schema, dict) else ():
+        _narrow_properties(sub, facts)
+
+
+def _narrow_node(schema: dict, facts: dict) -> None:
+    properties = schema.get("properties", {})
+    for name, prop in properties.items():
+        if name == "task":
+            _set_enum(prop, facts["tasks"])
+        elif name == "prompt_name":
+            _set_enum(prop, facts["prompts"])
+        elif name == "dimensions" and not {"embed", "token_embed"} & set(facts["tasks"]):
+            _set_enum(prop, [])  # only for embedding tasks: null here
+        elif name == "dimensions":
+            for node in _integer_nodes(prop):
+                node["minimum"] = 1
+                if facts["dimensions"]:
+                    node["maximum"] = facts["dimensions"]
+        elif name in ("top_n", "max_batch_size"):
+            for node in _integer_nodes(prop):
+                node["minimum"] = max(node.get("minimum", 1), 1)
+        elif name == "truncate_prompt_tokens":  # -1 (the model's maximum) or a positive count
+            for node in _integer_nodes(prop):
+                node.clear()
+                node["anyOf"] = [{"type": "integer", "minimum": facts["min_truncation"]},
+                                 {"type": "integer", "enum": [-1]}]
+        elif name == "documents":  # an object document needs its text
+            for node in _walk(prop):
+                if node.get("type") == "object":
+                    node["required"] = sorted(set(node.get("required", [])) | {"text"})
+                    node.setdefault("properties", {})["text"] = {"type": "string"}
+        elif name in ("queries", "text_1"):
+            # 1 query x N documents. N x N pairs are accepted too, but JSON Schema cannot tie
+            # two lists' lengths, so the spec shows the form that always holds.
+            for node in _array_nodes(prop):
+                node["maxItems"] = 1
+        if name in _NON_EMPTY:
+            for node in _array_nodes(prop):
+                node.setdefault("minItems", 1)
+        if name in _TOKEN_ID_FIELDS and facts["vocab"]:
+            for node in _integer_nodes(prop):
+                node["minimum"] = 0
+                node["maximum"] = facts["vocab"] - 1
+    # Raw (pre-activation) scores exist only for cross-encoders.
+    scoring = {"query", "queries", "text_1"} & set(properties)
+    if scoring and not facts["cross_encoder"]:
+        if "raw_scores" in properties:
+            properties["raw_scores"] = {"type": "boolean", "enum": [False], "default": False}
+        if "use_activation" in properties:
+            properties["use_activation"] = {"anyOf": [{"type": "boolean", "enum": [True]},
+                                                      {"type": "null"}], "default": None}
+    # Scoring without left truncation: only the default direction is promised there.
+    if not facts["score_directions"] and "truncation_direction" in properties and (
+            {"query", "queries", "text_1"} & set(properties)):
+        _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
+    # The score request takes queries/documents or text_1/text_2: one of each pair is needed.
+    needs = [pair for pair in (("queries", "text_1"), ("documents", "text_2"))
+             if set(pair) <= set(properties)]
+    if needs and "allOf" not in schema:
+        schema["allOf"] = [{"anyOf": [{"required": [name], "properties": {
+            name: {"not": {"type": "null"}}}} for name in pair]} for pair in needs]
+
+
+def _set_enum(prop: dict, values: list[str], nullable: bool = True) -> None:
+    """A string(-or-null) field that only takes `values` (only null when there are none)."""
+    options = [{"type": "string", "enum": values}] if values else []
+    if not nullable:
+        for key in ("anyOf", "type", "enum", "oneOf", "$ref"):
+            prop.pop(key, None)
+        prop.update(options[0])
+        return
+    has_default = "default" in prop
+    default = prop.get("default")
+    for key in ("anyOf", "type", "enum", "oneOf"):
+        prop.pop(key, None)
+    prop["anyOf"] = options + [{"type": "null"}]
+    if has_default:
+        prop["default"] = default
+
+
+def _walk(node: Any):
+    if isinstance(node, dict):
+        yield node
+        for key in ("anyOf", "oneOf", "allOf"):
+            for child in node.get(key, []):
+                yield from _walk(child)
+        if "items" in node:
+            yield from _walk(node["items"])
+        if isinstance(node.get("prefixItems"), list):
+            for child in node["prefixItems"]:
+                yield from _walk(child)
+
+
+def _integer_nodes(prop: dict):
+    return [n for n in _walk(prop) if n.get("type") == "integer"]
+
+
+def _array_nodes(prop: dict):
+    return [n for n in _walk(prop) if n.get("type") == "array"]
