@@ -443,16 +443,20 @@ class Engine:
     def rerank(self, query: str | Sequence[int], documents: Sequence, *,
                top_n: int | None = None, return_documents: bool = False,
                truncate: bool = True, truncate_prompt_tokens: int | None = None,
-               use_tqdm: bool | None = None, priority: int = 0,
-               cancel: threading.Event | None = None,
-               use_activation: bool | None = None) -> list[RerankResult]:
+               truncation_direction: str = "right", use_tqdm: bool | None = None,
+               priority: int = 0, cancel: threading.Event | None = None,
+               use_activation: bool | None = None, bge_m3_mode: str | None = None,
+               bge_m3_weights: Sequence[float] | None = None,
+               max_tokens_per_doc: int | None = None) -> list[RerankResult]:
         """Documents sorted by score, best first (ties keep input order); `top_n` keeps the
         best n. The other options are score()'s (named here, so callers can see which)."""
         return scoring.rerank(self, query, documents, top_n=top_n,
                               return_documents=return_documents, truncate=truncate,
                               truncate_prompt_tokens=truncate_prompt_tokens,
-                              use_tqdm=use_tqdm, priority=priority, cancel=cancel,
-                              use_activation=use_activation)
+                              truncation_direction=truncation_direction, use_tqdm=use_tqdm,
+                              priority=priority, cancel=cancel, use_activation=use_activation,
+                              bge_m3_mode=bge_m3_mode, bge_m3_weights=bge_m3_weights,
+                              max_tokens_per_doc=max_tokens_per_doc)
 
     def encode_queries(self, inputs: str | Sequence, *, use_tqdm: bool | None = None,
                        priority: int = 0) -> list[TokenEmbeddingOutput]:

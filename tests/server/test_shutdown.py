@@ -59,7 +59,8 @@ def _start(model: Path, *extra: str):
     proc = subprocess.Popen(
         [sys.executable, "-m", "pooler.cli.main", "serve", str(model), "--port", str(port),
          "--graceful-timeout", str(GRACEFUL), "--max-num-batched-tokens", "1024",
-         "--log-level", "warning", *extra],
+         # Every request is meant to be in flight at the signal: no admission refusals.
+         "--max-queue-tokens", "100000000", "--log-level", "warning", *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -32,6 +32,7 @@ class _Req:
     def __init__(self, rid):
         self.request_id = rid
         self.arrival_time = time.monotonic()
+        self.num_tokens = 1
 
 
 def test_shutdown_cancels_what_never_finished():
