@@ -25,6 +25,10 @@ def _has_task(*tasks: str) -> RouteCheck:
     return lambda engine: any(t in engine.supported_tasks for t in tasks)
 
 
+def _is_bge_m3(engine) -> bool:
+    return getattr(engine.model_config, "bge_m3", None) is not None
+
+
 def _is_mlm(engine) -> bool:
     return engine.model_config.head == "mlm"
 
@@ -41,6 +45,11 @@ def _scores(engine) -> bool:
 ROUTE_NEEDS: dict[str, RouteCheck] = {
     "/v1/embeddings": _has_task("embed"),
     "/embed": _has_task("embed"),
+    "/embeddings": _has_task("embed"),
+    "/v1/embed": _has_task("embed"), "/v2/embed": _has_task("embed"),  # Cohere
+    "/similarity": _has_task("embed"),
+    "/embed_chunks": _has_task("token_embed"),
+    "/bge_m3/embed": _is_bge_m3, "/bge_m3/score": _is_bge_m3,
     "/embed_all": _has_task("token_embed"),
     "/classify": _has_task("classify"),
     "/predict": _has_task("classify"),
@@ -52,7 +61,7 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
 
 # Fields the handlers refuse when they are empty lists.
 _NON_EMPTY = {"input", "inputs", "documents", "texts", "queries", "text_1", "text_2", "tokens",
-              "ids"}
+              "ids", "messages", "sentences"}
 # Fields that carry token ids (alone or among texts).
 _TOKEN_ID_FIELDS = {"input", "inputs", "tokens", "ids", "queries", "documents", "text_1",
                     "text_2", "query"}
@@ -73,7 +82,61 @@ def narrow_openapi(spec: dict, engine) -> dict:
             content = operation.get("requestBody", {}).get("content", {})
             for media in content.values():
                 _narrow_properties(media.get("schema", {}), facts)
+                _hoist_defs(media.get("schema", {}), spec)
+    _narrow_catch_alls(spec)
+    if not facts["cross_encoder"]:
+        _drop_tei_rerank(spec)
     return spec
+
+
+def _drop_tei_rerank(spec: dict) -> None:
+    """/rerank's TEI body ({query, texts}) needs a cross-encoder (else 424): keep the vLLM one."""
+    content = spec.get("paths", {}).get("/rerank", {}).get("post", {}).get(
+        "requestBody", {}).get("content", {}).get("application/json", {})
+    options = content.get("schema", {}).get("oneOf")
+    if options:
+        kept = [o for o in options if "texts" not in o.get("properties", {})]
+        content["schema"] = kept[0] if len(kept) == 1 else {"oneOf": kept}
+
+
+def _hoist_defs(schema: dict, spec: dict) -> None:
+    """Inline bodies (model_json_schema()) carry their own `$defs` with `#/$defs/X` refs, which
+    resolve against the document root: move them to components and point the refs there."""
+    components = spec.setdefault("components", {}).setdefault("schemas", {})
+
+    def visit(node):
+        if isinstance(node, dict):
+            for name, sub in node.pop("$defs", {}).items():
+                visit(sub)
+                components.setdefault(name, sub)
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                node["$ref"] = "#/components/schemas/" + ref[len("#/$defs/"):]
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    visit(schema)
+
+
+def _narrow_catch_alls(spec: dict) -> None:
+    """Routes that take any object and dispatch on it: the spec shows a body they always serve.
+    /invocations: a vLLM pooling request (its last handler, always there). TEI's /: `inputs`
+    as text (every model kind answers it: /embed, /predict, entities)."""
+    paths = spec.get("paths", {})
+    bodies = {"/invocations": {"$ref": "#/components/schemas/PoolingRequest"},
+              "/": {"type": "object", "required": ["inputs"], "properties": {"inputs": {
+                  "anyOf": [{"type": "string"},
+                            {"type": "array", "items": {"type": "string"}, "minItems": 1}]}}}}
+    schemas = spec.get("components", {}).get("schemas", {})
+    for path, body in bodies.items():
+        if "$ref" in body and body["$ref"].rsplit("/", 1)[-1] not in schemas:
+            continue
+        content = paths.get(path, {}).get("post", {}).get("requestBody", {}).get("content", {})
+        if "application/json" in content:
+            content["application/json"]["schema"] = body
 
 
 def _safe(check: RouteCheck, engine) -> bool:
@@ -142,9 +205,12 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 node["minimum"] = 1
                 if facts["dimensions"]:
                     node["maximum"] = facts["dimensions"]
-        elif name in ("top_n", "max_batch_size"):
+        elif name in ("top_n", "max_batch_size", "max_tokens_per_doc"):
             for node in _integer_nodes(prop):
                 node["minimum"] = max(node.get("minimum", 1), 1)
+        elif name == "priority":  # only 0 unless priority scheduling is on (vllm_common.py)
+            for node in _integer_nodes(prop):
+                node["minimum"] = node["maximum"] = 0
         elif name == "truncate_prompt_tokens":  # -1 (the model's maximum) or a positive count
             for node in _integer_nodes(prop):
                 node.clear()
@@ -180,7 +246,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             {"query", "queries", "text_1"} & set(properties)):
         _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
     # The score request takes queries/documents or text_1/text_2: one of each pair is needed.
-    needs = [pair for pair in (("queries", "text_1"), ("documents", "text_2"))
+    needs = [pair for pair in (("queries", "text_1"), ("documents", "text_2"),
+                               ("texts", "inputs"))
              if set(pair) <= set(properties)]
     if needs and "allOf" not in schema:
         schema["allOf"] = [{"anyOf": [{"required": [name], "properties": {
