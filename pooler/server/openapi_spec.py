@@ -48,7 +48,10 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
     "/embeddings": _has_task("embed"),
     "/v1/embed": _has_task("embed"), "/v2/embed": _has_task("embed"),  # Cohere
     "/similarity": _has_task("embed"),
-    "/embed_chunks": _has_task("token_embed"),
+    "/embed_chunks": lambda e: {"embed", "token_embed"} <= set(e.supported_tasks),
+    # TEI's catch-all answers embedders, classifiers, token classifiers and SPLADE.
+    "/": lambda e: bool({"embed", "classify", "token_classify"} & set(e.supported_tasks))
+    or _is_mlm(e),
     "/bge_m3/embed": _is_bge_m3, "/bge_m3/score": _is_bge_m3,
     "/embed_all": _has_task("token_embed"),
     "/classify": _has_task("classify"),
@@ -61,7 +64,7 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
 
 # Fields the handlers refuse when they are empty lists.
 _NON_EMPTY = {"input", "inputs", "documents", "texts", "queries", "text_1", "text_2", "tokens",
-              "ids", "messages", "sentences"}
+              "ids", "messages", "sentences", "items", "data_1", "data_2", "chunks"}
 # Fields that carry token ids (alone or among texts).
 _TOKEN_ID_FIELDS = {"input", "inputs", "tokens", "ids", "queries", "documents", "text_1",
                     "text_2", "query"}
@@ -159,7 +162,16 @@ def _model_facts(engine) -> dict:
         specials = 0
     score_params = inspect.signature(engine.score).parameters \
         if callable(getattr(engine, "score", None)) else {}
+    try:
+        from pooler.server.chat import model_chat_template
+        mc = engine.model_config
+        chat = model_chat_template(mc.tokenizer_config, mc.path) is not None
+    except Exception:
+        chat = True
     return {"tasks": sorted(engine.supported_tasks),
+            "chat": chat,
+            "max_len": engine.model_config.max_model_len,
+            "colbert": engine.model_config.colbert is not None,
             "min_truncation": specials + 1,
             "score_directions": "truncation_direction" in score_params,
             "cross_encoder": engine.model_config.colbert is None
@@ -200,12 +212,41 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             _set_enum(prop, facts["prompts"])
         elif name == "dimensions" and not {"embed", "token_embed"} & set(facts["tasks"]):
             _set_enum(prop, [])  # only for embedding tasks: null here
-        elif name == "dimensions":
+        elif name in ("dimensions", "output_dimension"):
             for node in _integer_nodes(prop):
                 node["minimum"] = 1
                 if facts["dimensions"]:
                     node["maximum"] = facts["dimensions"]
-        elif name in ("top_n", "max_batch_size", "max_tokens_per_doc"):
+        elif name == "max_tokens_per_doc" and facts["colbert"]:
+            _set_null(prop)  # ColBERT documents keep the model's own document length
+        elif name == "max_tokens_per_doc":
+            # A cross-encoder cuts the document before the pair is joined; a bi-encoder
+            # encodes it alone, special tokens included.
+            low = 1 if facts["cross_encoder"] else facts["min_truncation"]
+            for node in _integer_nodes(prop):
+                node["minimum"] = max(node.get("minimum", low), low)
+        elif name == "max_tokens":  # Cohere's truncate_prompt_tokens
+            for node in _integer_nodes(prop):
+                node["minimum"] = facts["min_truncation"]
+                if facts["max_len"]:
+                    node["maximum"] = facts["max_len"]
+        elif name == "messages" and not facts["chat"]:
+            _set_null(prop)  # no chat template in the model: chats need one
+        elif name == "document":  # /embed_chunks
+            for node in _walk(prop):
+                if node.get("type") == "string":
+                    node["minLength"] = 1
+        elif name == "ranges" and facts["dimensions"]:
+            # [[min per dimension], [max per dimension]] for the full vector size.
+            # Every maximum above its minimum: the spec shows minimums <= 0 < maximums.
+            def row(bound):
+                return {"type": "array", "items": {"type": "number", **bound},
+                        "minItems": facts["dimensions"], "maxItems": facts["dimensions"]}
+            properties[name] = {"anyOf": [{"type": "array", "minItems": 2, "maxItems": 2,
+                                           "prefixItems": [row({"maximum": 0}),
+                                                           row({"exclusiveMinimum": 0})]},
+                                          {"type": "null"}], "default": None}
+        elif name in ("top_n", "max_batch_size"):
             for node in _integer_nodes(prop):
                 node["minimum"] = max(node.get("minimum", 1), 1)
         elif name == "priority":  # only 0 unless priority scheduling is on (vllm_common.py)
@@ -214,14 +255,15 @@ def _narrow_node(schema: dict, facts: dict) -> None:
         elif name == "truncate_prompt_tokens":  # -1 (the model's maximum) or a positive count
             for node in _integer_nodes(prop):
                 node.clear()
-                node["anyOf"] = [{"type": "integer", "minimum": facts["min_truncation"]},
+                node["anyOf"] = [{"type": "integer", "minimum": facts["min_truncation"],
+                                  "maximum": facts["max_len"]},
                                  {"type": "integer", "enum": [-1]}]
         elif name == "documents":  # an object document needs its text
             for node in _walk(prop):
                 if node.get("type") == "object":
                     node["required"] = sorted(set(node.get("required", [])) | {"text"})
                     node.setdefault("properties", {})["text"] = {"type": "string"}
-        elif name in ("queries", "text_1"):
+        elif name in ("queries", "text_1", "data_1"):
             # 1 query x N documents. N x N pairs are accepted too, but JSON Schema cannot tie
             # two lists' lengths, so the spec shows the form that always holds.
             for node in _array_nodes(prop):
@@ -245,13 +287,40 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     if not facts["score_directions"] and "truncation_direction" in properties and (
             {"query", "queries", "text_1"} & set(properties)):
         _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
+    # ranges are per dimension of the full vector: the spec shows them without `dimensions`.
+    if {"ranges", "dimensions"} <= set(properties):
+        schema.setdefault("allOf", []).append({"anyOf": [
+            {"properties": {"ranges": {"type": "null"}}},
+            {"not": {"required": ["ranges"]}},
+            {"not": {"required": ["dimensions"]}},
+            {"properties": {"dimensions": {"type": "null"}}}]})
+    # vLLM's score body: one of its four spellings, both sides given.
+    spellings = [pair for pair in (("queries", "documents"), ("queries", "items"),
+                                   ("data_1", "data_2"), ("text_1", "text_2"))
+                 if set(pair) <= set(properties)]
+    if "data_1" in properties and spellings:
+        schema.setdefault("allOf", []).append({"anyOf": [{"required": list(pair), "properties": {
+            name: {"not": {"type": "null"}} for name in pair}} for pair in spellings]})
+        return
     # The score request takes queries/documents or text_1/text_2: one of each pair is needed.
     needs = [pair for pair in (("queries", "text_1"), ("documents", "text_2"),
                                ("texts", "inputs"))
              if set(pair) <= set(properties)]
-    if needs and "allOf" not in schema:
-        schema["allOf"] = [{"anyOf": [{"required": [name], "properties": {
-            name: {"not": {"type": "null"}}}} for name in pair]} for pair in needs]
+    # A text or a chat, never both.
+    for pair in (("input", "messages"), ("prompt", "messages")):
+        if set(pair) <= set(properties):
+            schema.setdefault("allOf", []).append({"oneOf": [{"required": [name], "properties": {
+                name: {"not": {"type": "null"}}}} for name in pair]})
+    if needs:
+        schema.setdefault("allOf", []).extend([{"anyOf": [{"required": [name], "properties": {
+            name: {"not": {"type": "null"}}}} for name in pair]} for pair in needs])
+
+
+def _set_null(prop: dict) -> None:
+    """A field this model only takes as null (or absent)."""
+    for key in ("anyOf", "type", "enum", "oneOf", "$ref", "items", "minItems"):
+        prop.pop(key, None)
+    prop["type"] = "null"
 
 
 def _set_enum(prop: dict, values: list[str], nullable: bool = True) -> None:
