@@ -230,6 +230,17 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 node["minimum"] = facts["min_truncation"]
                 if facts["max_len"]:
                     node["maximum"] = facts["max_len"]
+        elif name == "add_special_tokens" and not {"prompt", "inputs"} & set(properties):
+            # false leaves an empty (or blank) text with no tokens at all, a 400 the spec cannot
+            # tie to the text: it promises the default and true (a chat renders without them).
+            properties[name] = {"anyOf": [{"type": "boolean", "enum": [True]},
+                                          {"type": "null"}], "default": None}
+        elif name == "content":  # Cohere inputs: text parts only (others are a 400)
+            for node in _walk(prop):
+                text = [o for o in node.get("anyOf", [])
+                        if str(o.get("$ref", "")).endswith("/CohereTextContent")]
+                if text:
+                    node["anyOf"] = text
         elif name == "messages" and not facts["chat"]:
             _set_null(prop)  # no chat template in the model: chats need one
         elif name == "document":  # /embed_chunks
