@@ -317,6 +317,18 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     needs = [pair for pair in (("queries", "text_1"), ("documents", "text_2"),
                                ("texts", "inputs"))
              if set(pair) <= set(properties)]
+    # Flags the handlers refuse together: add_generation_prompt and continue_final_message
+    # both true; normalize and use_activation both given (one switch for embeddings).
+    for a, b, unset in (("add_generation_prompt", "continue_final_message", {"enum": [False]}),
+                        ("normalize", "use_activation", {"type": "null"})):
+        if {a, b} <= set(properties):
+            schema.setdefault("allOf", []).append({"anyOf": [
+                {"not": {"required": [a]}}, {"not": {"required": [b]}},
+                {"properties": {a: unset}}, {"properties": {b: unset}}]})
+    # /classify truncates from the right only (vLLM's classify has no truncation side).
+    if "truncation_side" in properties and "input" in properties \
+            and "encoding_format" not in properties:
+        _set_enum(properties["truncation_side"], ["right"])
     # A text or a chat, never both.
     for pair in (("input", "messages"), ("prompt", "messages")):
         if set(pair) <= set(properties):
