@@ -328,7 +328,9 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     # /classify truncates from the right only (vLLM's classify has no truncation side).
     if "truncation_side" in properties and "input" in properties \
             and "encoding_format" not in properties:
-        _set_enum(properties["truncation_side"], ["right"])
+        _set_null(properties["truncation_side"])
+        if "truncation_direction" in properties:
+            _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
     # A text or a chat, never both.
     for pair in (("input", "messages"), ("prompt", "messages")):
         if set(pair) <= set(properties):
