@@ -64,7 +64,7 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
 
 # Fields the handlers refuse when they are empty lists.
 _NON_EMPTY = {"input", "inputs", "documents", "texts", "queries", "text_1", "text_2", "tokens",
-              "ids", "messages", "sentences", "items", "data_1", "data_2", "chunks"}
+              "ids", "messages", "sentences", "items", "data_1", "data_2"}
 # Fields that carry token ids (alone or among texts).
 _TOKEN_ID_FIELDS = {"input", "inputs", "tokens", "ids", "queries", "documents", "text_1",
                     "text_2", "query"}
@@ -247,16 +247,11 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             for node in _walk(prop):
                 if node.get("type") == "string":
                     node["minLength"] = 1
-        elif name == "ranges" and facts["dimensions"]:
-            # [[min per dimension], [max per dimension]] for the full vector size.
-            # Every maximum above its minimum: the spec shows minimums <= 0 < maximums.
-            def row(bound):
-                return {"type": "array", "items": {"type": "number", **bound},
-                        "minItems": facts["dimensions"], "maxItems": facts["dimensions"]}
-            properties[name] = {"anyOf": [{"type": "array", "minItems": 2, "maxItems": 2,
-                                           "prefixItems": [row({"maximum": 0}),
-                                                           row({"exclusiveMinimum": 0})]},
-                                          {"type": "null"}], "default": None}
+        elif name in ("ranges", "chunks"):
+            # ranges: every maximum above its minimum, per dimension of the served vector;
+            # chunks: spans inside the document. JSON Schema cannot tie either to the other
+            # values, so the spec shows the form that always holds: unset (server defaults).
+            _set_null(prop)
         elif name in ("top_n", "max_batch_size"):
             for node in _integer_nodes(prop):
                 node["minimum"] = max(node.get("minimum", 1), 1)
@@ -298,13 +293,6 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     if not facts["score_directions"] and "truncation_direction" in properties and (
             {"query", "queries", "text_1"} & set(properties)):
         _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
-    # ranges are per dimension of the full vector: the spec shows them without `dimensions`.
-    if {"ranges", "dimensions"} <= set(properties):
-        schema.setdefault("allOf", []).append({"anyOf": [
-            {"properties": {"ranges": {"type": "null"}}},
-            {"not": {"required": ["ranges"]}},
-            {"not": {"required": ["dimensions"]}},
-            {"properties": {"dimensions": {"type": "null"}}}]})
     # vLLM's score body: one of its four spellings, both sides given.
     spellings = [pair for pair in (("queries", "documents"), ("queries", "items"),
                                    ("data_1", "data_2"), ("text_1", "text_2"))
