@@ -313,6 +313,13 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             schema.setdefault("allOf", []).append({"anyOf": [
                 {"not": {"required": [a]}}, {"not": {"required": [b]}},
                 {"properties": {a: unset}}, {"properties": {b: unset}}]})
+    # Quantized vectors (precision other than float32) come as float lists or base64 only.
+    if {"precision", "encoding_format"} <= set(properties):
+        schema.setdefault("allOf", []).append({"anyOf": [
+            {"not": {"required": ["precision"]}}, {"properties": {"precision": {
+                "enum": ["float32"]}}},
+            {"not": {"required": ["encoding_format"]}}, {"properties": {"encoding_format": {
+                "enum": ["float", "base64"]}}}]})
     # /classify truncates from the right only (vLLM's classify has no truncation side).
     if "truncation_side" in properties and "input" in properties \
             and "encoding_format" not in properties:
