@@ -161,6 +161,9 @@ class InputProcessor:
                     texts, pairs, max_length=max_length if truncation.truncate and not whole
                     else None, direction=truncation.direction, add_special_tokens=add_special_tokens)
             for i, text, enc in zip(text_indices, texts, encoded):
+                if not enc.input_ids:  # an empty text without special tokens: nothing to pool
+                    raise ValueError(f"Input {i} has no tokens (an empty text with "
+                                     "add_special_tokens=false); pass some text.")
                 if not truncation.truncate and len(enc.input_ids) > max_length:
                     raise InputTooLongError(i, len(enc.input_ids), max_length)
                 results[i] = ProcessedInput(

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.server import quantized
-from pooler.server.errors import APIError, bad_request, validation_message
+from pooler.server.errors import ERROR_RESPONSES, APIError, bad_request, validation_message
 from pooler.server.state import ServerState
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
@@ -166,14 +166,14 @@ async def _embed(body: CohereEmbedRequest, request: Request, version: str):
     return await state.respond(request, len(texts), "texts", compute)
 
 
-@router.post("/v2/embed")
+@router.post("/v2/embed", responses=ERROR_RESPONSES)
 async def embed_v2(body: CohereEmbedRequest, request: Request):
     """Cohere v2: {texts | inputs, model, input_type, embedding_types, truncate,
     output_dimension} -> {id, embeddings: {float, int8, ...}, texts, meta}."""
     return await _embed(body, request, "2")
 
 
-@router.post("/v1/embed")
+@router.post("/v1/embed", responses=ERROR_RESPONSES)
 async def embed_v1(body: CohereEmbedRequest, request: Request):
     """Cohere v1: as v2; without embedding_types the answer is the `embeddings_floats` kind."""
     return await _embed(body, request, "1")

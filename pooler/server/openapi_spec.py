@@ -25,6 +25,10 @@ def _has_task(*tasks: str) -> RouteCheck:
     return lambda engine: any(t in engine.supported_tasks for t in tasks)
 
 
+def _is_bge_m3(engine) -> bool:
+    return getattr(engine.model_config, "bge_m3", None) is not None
+
+
 def _is_mlm(engine) -> bool:
     return engine.model_config.head == "mlm"
 
@@ -41,6 +45,14 @@ def _scores(engine) -> bool:
 ROUTE_NEEDS: dict[str, RouteCheck] = {
     "/v1/embeddings": _has_task("embed"),
     "/embed": _has_task("embed"),
+    "/embeddings": _has_task("embed"),
+    "/v1/embed": _has_task("embed"), "/v2/embed": _has_task("embed"),  # Cohere
+    "/similarity": _has_task("embed"),
+    "/embed_chunks": lambda e: {"embed", "token_embed"} <= set(e.supported_tasks),
+    # TEI's catch-all answers embedders, classifiers, token classifiers and SPLADE.
+    "/": lambda e: bool({"embed", "classify", "token_classify"} & set(e.supported_tasks))
+    or _is_mlm(e),
+    "/bge_m3/embed": _is_bge_m3, "/bge_m3/score": _is_bge_m3,
     "/embed_all": _has_task("token_embed"),
     "/classify": _has_task("classify"),
     "/predict": _has_task("classify"),
@@ -52,7 +64,7 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
 
 # Fields the handlers refuse when they are empty lists.
 _NON_EMPTY = {"input", "inputs", "documents", "texts", "queries", "text_1", "text_2", "tokens",
-              "ids"}
+              "ids", "messages", "sentences", "items", "data_1", "data_2"}
 # Fields that carry token ids (alone or among texts).
 _TOKEN_ID_FIELDS = {"input", "inputs", "tokens", "ids", "queries", "documents", "text_1",
                     "text_2", "query"}
@@ -73,7 +85,61 @@ def narrow_openapi(spec: dict, engine) -> dict:
             content = operation.get("requestBody", {}).get("content", {})
             for media in content.values():
                 _narrow_properties(media.get("schema", {}), facts)
+                _hoist_defs(media.get("schema", {}), spec)
+    _narrow_catch_alls(spec)
+    if not facts["cross_encoder"]:
+        _drop_tei_rerank(spec)
     return spec
+
+
+def _drop_tei_rerank(spec: dict) -> None:
+    """/rerank's TEI body ({query, texts}) needs a cross-encoder (else 424): keep the vLLM one."""
+    content = spec.get("paths", {}).get("/rerank", {}).get("post", {}).get(
+        "requestBody", {}).get("content", {}).get("application/json", {})
+    options = content.get("schema", {}).get("oneOf")
+    if options:
+        kept = [o for o in options if "texts" not in o.get("properties", {})]
+        content["schema"] = kept[0] if len(kept) == 1 else {"oneOf": kept}
+
+
+def _hoist_defs(schema: dict, spec: dict) -> None:
+    """Inline bodies (model_json_schema()) carry their own `$defs` with `#/$defs/X` refs, which
+    resolve against the document root: move them to components and point the refs there."""
+    components = spec.setdefault("components", {}).setdefault("schemas", {})
+
+    def visit(node):
+        if isinstance(node, dict):
+            for name, sub in node.pop("$defs", {}).items():
+                visit(sub)
+                components.setdefault(name, sub)
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                node["$ref"] = "#/components/schemas/" + ref[len("#/$defs/"):]
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    visit(schema)
+
+
+def _narrow_catch_alls(spec: dict) -> None:
+    """Routes that take any object and dispatch on it: the spec shows a body they always serve.
+    /invocations: a vLLM pooling request (its last handler, always there). TEI's /: `inputs`
+    as text (every model kind answers it: /embed, /predict, entities)."""
+    paths = spec.get("paths", {})
+    bodies = {"/invocations": {"$ref": "#/components/schemas/PoolingRequest"},
+              "/": {"type": "object", "required": ["inputs"], "properties": {"inputs": {
+                  "anyOf": [{"type": "string"},
+                            {"type": "array", "items": {"type": "string"}, "minItems": 1}]}}}}
+    schemas = spec.get("components", {}).get("schemas", {})
+    for path, body in bodies.items():
+        if "$ref" in body and body["$ref"].rsplit("/", 1)[-1] not in schemas:
+            continue
+        content = paths.get(path, {}).get("post", {}).get("requestBody", {}).get("content", {})
+        if "application/json" in content:
+            content["application/json"]["schema"] = body
 
 
 def _safe(check: RouteCheck, engine) -> bool:
@@ -96,7 +162,16 @@ def _model_facts(engine) -> dict:
         specials = 0
     score_params = inspect.signature(engine.score).parameters \
         if callable(getattr(engine, "score", None)) else {}
+    try:
+        from pooler.server.chat import model_chat_template
+        mc = engine.model_config
+        chat = model_chat_template(mc.tokenizer_config, mc.path) is not None
+    except Exception:
+        chat = True
     return {"tasks": sorted(engine.supported_tasks),
+            "chat": chat,
+            "max_len": engine.model_config.max_model_len,
+            "colbert": engine.model_config.colbert is not None,
             "min_truncation": specials + 1,
             "score_directions": "truncation_direction" in score_params,
             "cross_encoder": engine.model_config.colbert is None
@@ -137,25 +212,64 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             _set_enum(prop, facts["prompts"])
         elif name == "dimensions" and not {"embed", "token_embed"} & set(facts["tasks"]):
             _set_enum(prop, [])  # only for embedding tasks: null here
-        elif name == "dimensions":
+        elif name in ("dimensions", "output_dimension"):
             for node in _integer_nodes(prop):
                 node["minimum"] = 1
                 if facts["dimensions"]:
                     node["maximum"] = facts["dimensions"]
+        elif name == "max_tokens_per_doc" and facts["colbert"]:
+            _set_null(prop)  # ColBERT documents keep the model's own document length
+        elif name == "max_tokens_per_doc":
+            # A cross-encoder cuts the document before the pair is joined; a bi-encoder
+            # encodes it alone, special tokens included.
+            low = 1 if facts["cross_encoder"] else facts["min_truncation"]
+            for node in _integer_nodes(prop):
+                node["minimum"] = max(node.get("minimum", low), low)
+        elif name == "max_tokens":  # Cohere's truncate_prompt_tokens
+            for node in _integer_nodes(prop):
+                node["minimum"] = facts["min_truncation"]
+                if facts["max_len"]:
+                    node["maximum"] = facts["max_len"]
+        elif name == "add_special_tokens" and not {"prompt", "inputs"} & set(properties):
+            # false leaves an empty (or blank) text with no tokens at all, a 400 the spec cannot
+            # tie to the text: it promises the default and true (a chat renders without them).
+            properties[name] = {"anyOf": [{"type": "boolean", "enum": [True]},
+                                          {"type": "null"}], "default": None}
+        elif name == "content":  # Cohere inputs: text parts only (others are a 400)
+            for node in _walk(prop):
+                text = [o for o in node.get("anyOf", [])
+                        if str(o.get("$ref", "")).endswith("/CohereTextContent")]
+                if text:
+                    node["anyOf"] = text
+        elif name == "messages" and not facts["chat"]:
+            _set_null(prop)  # no chat template in the model: chats need one
+        elif name == "document":  # /embed_chunks
+            for node in _walk(prop):
+                if node.get("type") == "string":
+                    node["minLength"] = 1
+        elif name in ("ranges", "chunks"):
+            # ranges: every maximum above its minimum, per dimension of the served vector;
+            # chunks: spans inside the document. JSON Schema cannot tie either to the other
+            # values, so the spec shows the form that always holds: unset (server defaults).
+            _set_null(prop)
         elif name in ("top_n", "max_batch_size"):
             for node in _integer_nodes(prop):
                 node["minimum"] = max(node.get("minimum", 1), 1)
+        elif name == "priority":  # only 0 unless priority scheduling is on (vllm_common.py)
+            for node in _integer_nodes(prop):
+                node["minimum"] = node["maximum"] = 0
         elif name == "truncate_prompt_tokens":  # -1 (the model's maximum) or a positive count
             for node in _integer_nodes(prop):
                 node.clear()
-                node["anyOf"] = [{"type": "integer", "minimum": facts["min_truncation"]},
+                node["anyOf"] = [{"type": "integer", "minimum": facts["min_truncation"],
+                                  "maximum": facts["max_len"]},
                                  {"type": "integer", "enum": [-1]}]
         elif name == "documents":  # an object document needs its text
             for node in _walk(prop):
                 if node.get("type") == "object":
                     node["required"] = sorted(set(node.get("required", [])) | {"text"})
                     node.setdefault("properties", {})["text"] = {"type": "string"}
-        elif name in ("queries", "text_1"):
+        elif name in ("queries", "text_1", "data_1"):
             # 1 query x N documents. N x N pairs are accepted too, but JSON Schema cannot tie
             # two lists' lengths, so the spec shows the form that always holds.
             for node in _array_nodes(prop):
@@ -179,12 +293,54 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     if not facts["score_directions"] and "truncation_direction" in properties and (
             {"query", "queries", "text_1"} & set(properties)):
         _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
+    # vLLM's score body: one of its four spellings, both sides given.
+    spellings = [pair for pair in (("queries", "documents"), ("queries", "items"),
+                                   ("data_1", "data_2"), ("text_1", "text_2"))
+                 if set(pair) <= set(properties)]
+    if "data_1" in properties and spellings:
+        schema.setdefault("allOf", []).append({"anyOf": [{"required": list(pair), "properties": {
+            name: {"not": {"type": "null"}} for name in pair}} for pair in spellings]})
+        return
     # The score request takes queries/documents or text_1/text_2: one of each pair is needed.
-    needs = [pair for pair in (("queries", "text_1"), ("documents", "text_2"))
+    needs = [pair for pair in (("queries", "text_1"), ("documents", "text_2"),
+                               ("texts", "inputs"))
              if set(pair) <= set(properties)]
-    if needs and "allOf" not in schema:
-        schema["allOf"] = [{"anyOf": [{"required": [name], "properties": {
-            name: {"not": {"type": "null"}}}} for name in pair]} for pair in needs]
+    # Flags the handlers refuse together: add_generation_prompt and continue_final_message
+    # both true; normalize and use_activation both given (one switch for embeddings).
+    for a, b, unset in (("add_generation_prompt", "continue_final_message", {"enum": [False]}),
+                        ("normalize", "use_activation", {"type": "null"})):
+        if {a, b} <= set(properties):
+            schema.setdefault("allOf", []).append({"anyOf": [
+                {"not": {"required": [a]}}, {"not": {"required": [b]}},
+                {"properties": {a: unset}}, {"properties": {b: unset}}]})
+    # Quantized vectors (precision other than float32) come as float lists or base64 only.
+    if {"precision", "encoding_format"} <= set(properties):
+        schema.setdefault("allOf", []).append({"anyOf": [
+            {"not": {"required": ["precision"]}}, {"properties": {"precision": {
+                "enum": ["float32"]}}},
+            {"not": {"required": ["encoding_format"]}}, {"properties": {"encoding_format": {
+                "enum": ["float", "base64"]}}}]})
+    # /classify truncates from the right only (vLLM's classify has no truncation side).
+    if "truncation_side" in properties and "input" in properties \
+            and "encoding_format" not in properties:
+        _set_null(properties["truncation_side"])
+        if "truncation_direction" in properties:
+            _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
+    # A text or a chat, never both.
+    for pair in (("input", "messages"), ("prompt", "messages")):
+        if set(pair) <= set(properties):
+            schema.setdefault("allOf", []).append({"oneOf": [{"required": [name], "properties": {
+                name: {"not": {"type": "null"}}}} for name in pair]})
+    if needs:
+        schema.setdefault("allOf", []).extend([{"anyOf": [{"required": [name], "properties": {
+            name: {"not": {"type": "null"}}}} for name in pair]} for pair in needs])
+
+
+def _set_null(prop: dict) -> None:
+    """A field this model only takes as null (or absent)."""
+    for key in ("anyOf", "type", "enum", "oneOf", "$ref", "items", "minItems"):
+        prop.pop(key, None)
+    prop["type"] = "null"
 
 
 def _set_enum(prop: dict, values: list[str], nullable: bool = True) -> None:

@@ -145,7 +145,9 @@ _RERANK_BODY = {"requestBody": {"required": True, "content": {"application/json"
                          TEIRerankRequest.model_json_schema()]}}}}}
 
 
-@router.post("/rerank", responses=ERROR_RESPONSES, openapi_extra=_RERANK_BODY)
+# The TEI body on a model that is not a cross-encoder is TEI's 424.
+@router.post("/rerank", responses={**ERROR_RESPONSES, 424: tei._TEI_ERRORS[424]},
+             openapi_extra=_RERANK_BODY)
 async def rerank(request: Request, body: dict[str, Any] = Body(...)):
     """vLLM/Cohere/Jina body ({query, documents}) or TEI body ({query, texts})."""
     if "texts" in body and "documents" not in body:

@@ -37,6 +37,11 @@ from pooler.server.vllm_protocol import (ClassificationRequest, ClassificationRe
 
 router = APIRouter(tags=["vLLM"], route_class=VLLMRoute)
 
+# encoding_format "bytes"/"bytes_only": the vectors as a binary body (vllm_encoding.py).
+ENCODED_RESPONSES = {**ERROR_RESPONSES, 200: {
+    "description": "JSON, or raw vectors for encoding_format bytes / bytes_only",
+    "content": {"application/octet-stream": {}}}}
+
 
 def _encoded_body(prefix: str, state: ServerState, body, arrays: list, num_tokens: int,
                   key: str, obj: str):
@@ -52,7 +57,7 @@ def _encoded_body(prefix: str, state: ServerState, body, arrays: list, num_token
     return envelope(prefix, state, body, data, num_tokens)
 
 
-@router.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERROR_RESPONSES)
+@router.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ENCODED_RESPONSES)
 async def create_embeddings(body: EmbeddingRequest, request: Request):
     """OpenAI's embeddings request plus vLLM's options (messages, use_activation,
     add_special_tokens, embed_dtype, endianness, truncate_prompt_tokens, ...)."""
@@ -93,7 +98,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     return await state.respond(request, len(items), "input", compute)
 
 
-@router.post("/embeddings", response_model=EmbeddingResponse, responses=ERROR_RESPONSES,
+@router.post("/embeddings", response_model=EmbeddingResponse, responses=ENCODED_RESPONSES,
              tags=["TEI"])
 async def tei_embeddings(body: EmbeddingRequest, request: Request):
     """TEI's alias of the OpenAI route (/v1/embeddings): same body, same answer, TEI's error
@@ -103,7 +108,7 @@ async def tei_embeddings(body: EmbeddingRequest, request: Request):
     return await create_embeddings(body.model_copy(update={"model": None}), request)
 
 
-@router.post("/pooling", response_model=PoolingResponse, responses=ERROR_RESPONSES)
+@router.post("/pooling", response_model=PoolingResponse, responses=ENCODED_RESPONSES)
 async def pooling(body: PoolingRequest, request: Request):
     """Any pooling task's raw output: embed (vector), classify (probabilities), token_embed
     (one vector per token), token_classify (probabilities per token)."""
@@ -225,7 +230,7 @@ def _invocation_handlers(state: ServerState) -> list[tuple[type, Any]]:
     return handlers
 
 
-@router.post("/invocations", responses=ERROR_RESPONSES)
+@router.post("/invocations", responses=ENCODED_RESPONSES)
 async def invocations(request: Request, body: dict[str, Any] = Body(...)):
     """SageMaker's single route: the body goes to the first handler whose request it is,
     tried in vLLM's order."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
-from pooler.server.protocol import Inputs, Precision, TextInputs, _TruncationFields
+from pooler.server.protocol import (Inputs, Precision, StrictInt, TextInputs,  # JSON integers
+                                    _TruncationFields)
 from pooler.server.vllm_encoding import EmbedDType, EncodingFormat, Endianness
 
 
