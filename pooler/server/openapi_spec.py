@@ -169,6 +169,7 @@ def _model_facts(engine) -> dict:
     except Exception:
         chat = True
     return {"tasks": sorted(engine.supported_tasks),
+            "default_task": getattr(engine, "default_task", None),
             "chat": chat,
             "max_len": engine.model_config.max_model_len,
             "colbert": engine.model_config.colbert is not None,
@@ -320,6 +321,19 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 "enum": ["float32"]}}},
             {"not": {"required": ["encoding_format"]}}, {"properties": {"encoding_format": {
                 "enum": ["float", "base64"]}}}]})
+    # /pooling quantizes vectors only: precision other than float32 needs task embed or
+    # token_embed (given, or the model's default task).
+    if {"precision", "task"} <= set(properties):
+        vector_tasks = [t for t in facts["tasks"] if t in ("embed", "token_embed")]
+        if not vector_tasks:
+            _set_enum(properties["precision"], ["float32"], nullable=False)
+        else:
+            options = [{"not": {"required": ["precision"]}},
+                       {"properties": {"precision": {"enum": ["float32"]}}},
+                       {"required": ["task"], "properties": {"task": {"enum": vector_tasks}}}]
+            if facts["default_task"] in vector_tasks:
+                options.append({"properties": {"task": {"type": "null"}}})
+            schema.setdefault("allOf", []).append({"anyOf": options})
     # /classify truncates from the right only (vLLM's classify has no truncation side).
     if "truncation_side" in properties and "input" in properties \
             and "encoding_format" not in properties:

@@ -1,5 +1,5 @@
-"""Quantized vectors on the server (issue 16): /v1/embeddings and /embed take `precision`,
-Cohere's /v2/embed its `embedding_types`.
+"""Quantized vectors on the server (issue 16): /v1/embeddings, /pooling (embed and token_embed)
+and /embed take `precision`, Cohere's /v2/embed its `embedding_types`.
 
 int8 / uint8 codes must not depend on which other texts share a request (an index is built
 over many requests), so the server never takes ranges from the batch as the offline
@@ -41,11 +41,24 @@ def quantize(matrix: np.ndarray, precision: str, ranges=None) -> np.ndarray:
 
 def encode(vector: np.ndarray, encoding_format: str):
     """A float32 vector as floats or base64 of little-endian float32; an int8/uint8 one as
-    integers or base64 of its raw bytes."""
+    integers or base64 of its raw bytes. A matrix (token_embed: one row per token) comes as
+    nested lists, or base64 of its rows back to back."""
     if vector.dtype.kind == "f":
         if encoding_format == "base64":
             return base64.b64encode(np.ascontiguousarray(vector, "<f4").tobytes()).decode()
         return vector.tolist()
     if encoding_format == "base64":
         return base64.b64encode(np.ascontiguousarray(vector).tobytes()).decode()
-    return [int(x) for x in vector]
+    return vector.tolist()  # Python ints, nested for a matrix
+
+
+def check_request(precision: str, encoding_format: str, ranges, dim: int | None) -> None:
+    """Refuse what cannot be answered before any compute: quantized codes travel as JSON
+    integers or base64 only, and ranges must fit the vector size when it is known up front."""
+    if precision == "float32":
+        return
+    if encoding_format not in ("float", "base64"):
+        raise bad_request(f"precision={precision!r} takes encoding_format 'float' or "
+                          f"'base64', not {encoding_format!r}.", "encoding_format")
+    if precision in ("int8", "uint8") and dim is not None:
+        server_ranges(ranges, dim)

@@ -68,11 +68,8 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     items, add_special = prompt_inputs(state, body)
     state.check_dimensions(body.dimensions)
     truncation = truncation_options(state, body)
-    if body.precision != "float32" and body.encoding_format not in ("float", "base64"):
-        raise bad_request(f"precision={body.precision!r} takes encoding_format 'float' or "
-                          f"'base64', not {body.encoding_format!r}.", "encoding_format")
-    if body.precision in ("int8", "uint8"):
-        quantized.server_ranges(body.ranges, body.dimensions or state.engine.embedding_size)
+    quantized.check_request(body.precision, body.encoding_format, body.ranges,
+                            body.dimensions or state.engine.embedding_size)
 
     long_input = body.long_input or state.settings.long_input
     chunking = {"long_input": "chunk", "chunk_overlap": body.chunk_overlap} \
@@ -126,12 +123,32 @@ async def pooling(body: PoolingRequest, request: Request):
         state.engine.verify_params(params)
     except ValueError as exc:
         raise bad_request(str(exc)) from None
+    if body.precision != "float32" and task not in ("embed", "token_embed"):
+        raise bad_request(f"precision={body.precision!r} quantizes vectors: it applies to task "
+                          f"'embed' or 'token_embed', not {task!r}. Drop 'precision' or "
+                          "change 'task'.", "precision")
+    # token_embed's vector size (e.g. a ColBERT projection) is only known from its output.
+    quantized.check_request(body.precision, body.encoding_format, body.ranges,
+                            (body.dimensions or state.engine.embedding_size)
+                            if task == "embed" else None)
 
     def compute():
         outputs = state.engine.encode(items, params, add_special_tokens=add_special,
                                       use_tqdm=False, **truncation)
-        return _encoded_body("pool", state, body, [o.data for o in outputs],
-                             sum(int(o.num_tokens) for o in outputs), "data", "pooling")
+        tokens = sum(int(o.num_tokens) for o in outputs)
+        if body.precision != "float32":  # pooler's quantized vectors (issue 16)
+            # One request-independent code per value: each output (a vector, or a token
+            # matrix [num_tokens, dim]) is quantized row by row with the same ranges.
+            data = []
+            for i, o in enumerate(outputs):
+                rows = np.atleast_2d(np.asarray(o.data, dtype=np.float32))
+                codes = quantized.quantize(rows, body.precision, body.ranges)
+                codes = codes[0] if np.ndim(o.data) == 1 else codes
+                data.append({"index": i, "object": "pooling",
+                             "data": quantized.encode(codes, body.encoding_format)})
+            return envelope("pool", state, body, data, tokens)
+        return _encoded_body("pool", state, body, [o.data for o in outputs], tokens, "data",
+                             "pooling")
 
     return await state.respond(request, len(items), "input", compute)
 

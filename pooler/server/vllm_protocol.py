@@ -117,6 +117,9 @@ class PoolingRequest(_InputOrChat, _Encoding):
     dimensions: Optional[StrictInt] = None
     use_activation: Optional[StrictBool] = None
     normalize: Optional[StrictBool] = None
+    # pooler's addition (issue 16): quantized vectors for embed / token_embed
+    precision: Precision = "float32"
+    ranges: Optional[list[list[float]]] = None
 
 
 class ClassificationRequest(_InputOrChat):

@@ -52,3 +52,37 @@ def test_ranges_and_bad_values(client, engine):
     assert r.status_code == 400 and r.json()["error"]["param"] == "ranges"
     r = client.post("/embed", json={"inputs": "a", "precision": "int8", "ranges": [[0.0]]})
     assert r.status_code == 422 and r.json()["error_type"] == "Validation"
+
+
+@pytest.mark.parametrize("precision", ["int8", "ubinary"])
+def test_pooling_route_precision(client, engine, precision):
+    """/pooling takes `precision` for vectors: embed (one per input) and token_embed (one per
+    token, each row quantized with the same ranges)."""
+    floats = np.stack([o.embedding for o in engine.embed(TEXTS)])
+    want = quantize_embeddings(floats, precision, ranges=DEFAULT_RANGES)
+    r = client.post("/pooling", json={"input": TEXTS, "task": "embed", "precision": precision})
+    assert r.status_code == 200, r.text
+    got = np.array([d["data"] for d in r.json()["data"]])
+    assert got.shape == want.shape and np.abs(got - want.astype(int)).max() <= 1
+
+    tokens = engine.token_embed(TEXTS[1])[0].embeddings  # [num_tokens, 384]
+    want = quantize_embeddings(np.asarray(tokens, np.float32), precision,
+                               ranges=DEFAULT_RANGES)
+    r = client.post("/pooling", json={"input": TEXTS[1], "task": "token_embed",
+                                      "precision": precision, "encoding_format": "base64"})
+    assert r.status_code == 200, r.text
+    raw = np.frombuffer(base64.b64decode(r.json()["data"][0]["data"]), want.dtype)
+    assert np.abs(raw.reshape(want.shape).astype(int) - want.astype(int)).max() <= 1
+
+
+def test_pooling_route_precision_errors(client):
+    r = client.post("/pooling", json={"input": "a", "task": "embed", "precision": "int8",
+                                      "encoding_format": "bytes"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "encoding_format"
+    r = client.post("/pooling", json={"input": "a", "task": "embed", "precision": "uint8",
+                                      "ranges": [[0.0], [1.0]]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ranges"
+    # token_embed's size is only known from its output: a bad ranges is still a 400.
+    r = client.post("/pooling", json={"input": "a", "task": "token_embed", "precision": "int8",
+                                      "ranges": [[0.0], [1.0]]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ranges"

@@ -31,6 +31,18 @@ DOCS = ["Paris is the capital of France.", "Cats sleep a lot.", "The Eiffel towe
         "Tokyo is a large city."]
 
 
+def test_pooling_precision_needs_a_vector_task(classifier):
+    url, _ = classifier
+    with httpx.Client(base_url=url, timeout=60) as c:
+        r = c.post("/pooling", json={"input": "great movie", "task": "classify",
+                                     "precision": "int8"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "precision"
+        assert "'embed' or 'token_embed'" in r.json()["error"]["message"]
+        # The spec says so too: this model has no vector task, so only float32.
+        spec = c.get("/openapi.json").json()["components"]["schemas"]["PoolingRequest"]
+        assert spec["properties"]["precision"]["enum"] == ["float32"]
+
+
 def test_classify_and_predict(classifier):
     url, engine = classifier
     texts = ["great movie", "terrible plot", "it was fine"]
