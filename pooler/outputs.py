@@ -23,6 +23,7 @@ class ChunkEmbeddingOutput:
     end: int
     text: str
     num_tokens: int  # document tokens inside the chunk
+    document_tokens: int = 0  # tokens of the whole document, special tokens included
 
 
 @dataclass

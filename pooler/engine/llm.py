@@ -200,7 +200,7 @@ class Engine:
             vector = content[inside].astype(np.float64).mean(0)
             out.append(ChunkEmbeddingOutput(
                 long_inputs.finalize(vector, final.dimensions, final.normalize), start, end,
-                document[start:end], len(inside)))
+                document[start:end], len(inside), len(item.prompt_token_ids)))
         return out
 
     def token_embed(self, inputs: str | Sequence, *, normalize: bool | None = None,

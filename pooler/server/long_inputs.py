@@ -64,7 +64,7 @@ async def embed_chunks(body: EmbedChunksRequest, request: Request):
         data = [{"index": i, "object": "chunk_embedding", "start": c.start, "end": c.end,
                  "text": c.text, "embedding": c.embedding.tolist()}
                 for i, c in enumerate(chunks)]
-        tokens = len(state.engine.tokenizer.encode_batch([body.document])[0].input_ids)
+        tokens = chunks[0].document_tokens  # the engine's own count: no second tokenization
         return {"id": f"chunks-{uuid.uuid4().hex}", "object": "list",
                 "created": int(time.time()), "model": state.model_name, "data": data,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

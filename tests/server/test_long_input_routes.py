@@ -18,6 +18,11 @@ def test_embed_chunks_route_matches_the_engine(client, engine):
         [(c.start, c.end, c.text) for c in want]
     np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]),
                                np.stack([c.embedding for c in want]), atol=1e-6)
+    # usage counts the document's tokens once (special tokens included), even past max length
+    for doc in (DOC, LONG):
+        r = client.post("/embed_chunks", json={"document": doc})
+        tokens = len(engine.tokenizer.encode_batch([doc])[0].input_ids)
+        assert r.json()["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
     r = client.post("/embed_chunks", json={"document": DOC, "chunks": [[0, 6]]})
     assert r.status_code == 200 and r.json()["data"][0]["text"] == "Berlin"
 
