@@ -123,3 +123,41 @@ def tiny_model():
 @pytest.fixture(scope="session")
 def shared_model_path():
     return shared_model
+
+
+# Tiny seeded task models behind real servers, one of each kind for the whole session (the
+# modules that test routes against them only read): (base_url, engine, app).
+SENTIMENT_LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+NER_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+
+
+def _served_tiny(tmp_path_factory, minilm_path, name, head, num_labels, labels=None):
+    from pooler import Engine
+
+    folder = tiny_bert_folder(tmp_path_factory.mktemp(name), minilm_path, head, num_labels,
+                              labels)
+    return serve(Engine(str(folder)), owns_engine=True)
+
+
+@pytest.fixture(scope="session")
+def classifier_server(tmp_path_factory, minilm_path):
+    """A 3-label sequence classifier (negative / neutral / positive)."""
+    with _served_tiny(tmp_path_factory, minilm_path, "cls", "BertForSequenceClassification",
+                      3, SENTIMENT_LABELS) as (url, app):
+        yield url, app.state.pooler.engine, app
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_server(tmp_path_factory, minilm_path):
+    """A 1-label sequence classifier: a cross-encoder (reranker)."""
+    with _served_tiny(tmp_path_factory, minilm_path, "ce", "BertForSequenceClassification",
+                      1) as (url, app):
+        yield url, app.state.pooler.engine, app
+
+
+@pytest.fixture(scope="session")
+def token_classifier_server(tmp_path_factory, minilm_path):
+    """A BIO token classifier (PER, LOC)."""
+    with _served_tiny(tmp_path_factory, minilm_path, "ner", "BertForTokenClassification", 5,
+                      NER_LABELS) as (url, app):
+        yield url, app.state.pooler.engine, app

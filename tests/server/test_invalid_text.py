@@ -55,15 +55,8 @@ def _has_lone_surrogate(body) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cross_encoder_url(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    from pooler import Engine
-
-    folder = tiny_model(tmp_path_factory.mktemp("xenc"), minilm_path,
-                        "BertForSequenceClassification", 1)
-    engine = Engine(str(folder))
-    with serve_app(engine) as (url, _):
-        yield url
-    engine.shutdown()
+def cross_encoder_url(cross_encoder_server):
+    return cross_encoder_server[0]
 
 
 def _check(client: httpx.Client, path: str, body: dict) -> None:

@@ -8,7 +8,6 @@ import httpx
 import numpy as np
 import pytest
 
-from pooler import Engine
 
 TEXTS = ["pooler serves embedding models", "The cat sat on the mat.", "A feline rested."]
 ATOL = 1e-5
@@ -24,32 +23,18 @@ def served_name(server) -> str:
 
 
 @pytest.fixture(scope="module")
-def classifier(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    folder = tiny_model(tmp_path_factory.mktemp("cls"), minilm_path,
-                        "BertForSequenceClassification", 3,
-                        {0: "negative", 1: "neutral", 2: "positive"})
-    engine = Engine(str(folder))
-    with serve_app(engine, owns_engine=True) as (url, _):
-        yield url, engine
+def classifier(classifier_server):
+    return classifier_server[:2]
 
 
 @pytest.fixture(scope="module")
-def reranker(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    folder = tiny_model(tmp_path_factory.mktemp("ce"), minilm_path,
-                        "BertForSequenceClassification", 1)
-    engine = Engine(str(folder))
-    with serve_app(engine, owns_engine=True) as (url, _):
-        yield url, engine
+def reranker(cross_encoder_server):
+    return cross_encoder_server[:2]
 
 
 @pytest.fixture(scope="module")
-def token_classifier(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    folder = tiny_model(tmp_path_factory.mktemp("ner"), minilm_path,
-                        "BertForTokenClassification", 5,
-                        {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"})
-    engine = Engine(str(folder))
-    with serve_app(engine, owns_engine=True) as (url, _):
-        yield url, engine
+def token_classifier(token_classifier_server):
+    return token_classifier_server[:2]
 
 
 # ---- OpenAI-style clients -------------------------------------------------------------------

@@ -25,15 +25,8 @@ LONG = "the beginning of this text " + "filler words " * 300 + "and its very end
 
 # ---- 4: TEI /rerank with truncation_direction -------------------------------------------------
 @pytest.fixture(scope="module")
-def cross_encoder(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    from pooler import Engine
-
-    folder = tiny_model(tmp_path_factory.mktemp("xenc-edges"), minilm_path,
-                        "BertForSequenceClassification", 1)
-    engine = Engine(str(folder))
-    with serve_app(engine) as (url, _):
-        yield url, engine
-    engine.shutdown()
+def cross_encoder(cross_encoder_server):
+    return cross_encoder_server[:2]
 
 
 @pytest.mark.parametrize("direction", ["Left", "Right", "left", "right"])

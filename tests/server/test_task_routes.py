@@ -9,22 +9,15 @@ import pytest
 from pooler import Engine
 
 @pytest.fixture(scope="module")
-def classifier(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    folder = tiny_model(tmp_path_factory.mktemp("cls"), minilm_path,
-                        "BertForSequenceClassification", 3,
-                        {0: "negative", 1: "neutral", 2: "positive"})
-    engine = Engine(str(folder))
-    with serve_app(engine, owns_engine=True) as (url, _):
-        yield url, engine
+def classifier(classifier_server):
+    url, engine, _ = classifier_server
+    return url, engine
 
 
 @pytest.fixture(scope="module")
-def cross_encoder(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    folder = tiny_model(tmp_path_factory.mktemp("ce"), minilm_path,
-                        "BertForSequenceClassification", 1)
-    engine = Engine(str(folder))
-    with serve_app(engine, owns_engine=True) as (url, app):
-        yield url, engine, app.state.pooler.model_name
+def cross_encoder(cross_encoder_server):
+    url, engine, app = cross_encoder_server
+    return url, engine, app.state.pooler.model_name
 
 
 DOCS = ["Paris is the capital of France.", "Cats sleep a lot.", "The Eiffel tower is in Paris.",

@@ -36,24 +36,17 @@ def tei_error(r: httpx.Response, status: int, error_type: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def classifier(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    folder = tiny_model(tmp_path_factory.mktemp("cls"), minilm_path,
-                        "BertForSequenceClassification", 3,
-                        {0: "negative", 1: "neutral", 2: "positive"})
-    engine = Engine(str(folder))
-    with serve_app(engine, owns_engine=True) as (url, _):
-        with httpx.Client(base_url=url, timeout=60) as c:
-            yield c, engine
+def classifier(classifier_server):
+    url, engine, _ = classifier_server
+    with httpx.Client(base_url=url, timeout=60) as c:
+        yield c, engine
 
 
 @pytest.fixture(scope="module")
-def reranker(tmp_path_factory, minilm_path, tiny_model, serve_app):
-    folder = tiny_model(tmp_path_factory.mktemp("ce"), minilm_path,
-                        "BertForSequenceClassification", 1)
-    engine = Engine(str(folder))
-    with serve_app(engine, owns_engine=True) as (url, _):
-        with httpx.Client(base_url=url, timeout=60) as c:
-            yield c, engine
+def reranker(cross_encoder_server):
+    url, engine, _ = cross_encoder_server
+    with httpx.Client(base_url=url, timeout=60) as c:
+        yield c, engine
 
 
 # ---- /embed ------------------------------------------------------------------------------------
