@@ -19,8 +19,9 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
+from pooler.layers.gated_mlp import GatedMLP
+from pooler.layers.rotary import apply_rotary, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_named_weights
 
@@ -121,23 +122,6 @@ class Gemma3RMSNorm(nn.Module):
         return (x32 * (1.0 + self.weight.float())).type_as(x)
 
 
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, factor: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions: [num_tokens] -> cos, sin: [num_tokens, 1, head_dim], computed in fp32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
-                                             device=positions.device).float() / head_dim))
-    freqs = positions.float()[:, None] * (inv_freq / factor)[None, :]  # [num_tokens, hd / 2]
-    angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, heads, head_dim]; rotates the two halves of head_dim."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class Gemma3Attention(nn.Module):
     def __init__(self, cfg: Gemma3Config, layer_type: str):
         super().__init__()
@@ -168,20 +152,6 @@ class Gemma3Attention(nn.Module):
         return self.o_proj(out.reshape(n, -1))  # out: [num_tokens, heads, head_dim]
 
 
-class Gemma3MLP(nn.Module):
-    """GeGLU: down(act(gate(x)) * up(x))."""
-
-    def __init__(self, cfg: Gemma3Config):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.act = get_activation(cfg.hidden_activation)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Gemma3DecoderLayer(nn.Module):
     def __init__(self, cfg: Gemma3Config, index: int):
         super().__init__()
@@ -191,7 +161,8 @@ class Gemma3DecoderLayer(nn.Module):
         self.self_attn = Gemma3Attention(cfg, self.layer_type)
         self.post_attention_layernorm = Gemma3RMSNorm(cfg.hidden_size, eps)
         self.pre_feedforward_layernorm = Gemma3RMSNorm(cfg.hidden_size, eps)
-        self.mlp = Gemma3MLP(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_activation,
+                            bias=False)  # GeGLU
         self.post_feedforward_layernorm = Gemma3RMSNorm(cfg.hidden_size, eps)
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
@@ -227,7 +198,7 @@ class Gemma3TextModel(nn.Module):
         x = self.embed_tokens(inputs.input_ids) * torch.tensor(cfg.hidden_size ** 0.5,
                                                                dtype=weight.dtype)
         rotary = {kind: rotary_cos_sin(inputs.positions, cfg.head_dim, cfg.rope_theta[kind],
-                                       cfg.rope_linear_factor[kind], x.dtype)
+                                       x.dtype, cfg.rope_linear_factor[kind])
                   for kind in set(cfg.layer_types)}
         for layer in self.layers:
             x = layer(x, rotary[layer.layer_type], inputs)

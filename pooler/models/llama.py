@@ -15,8 +15,9 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
+from pooler.layers.gated_mlp import GatedMLP
+from pooler.layers.rotary import apply_rotary, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_named_weights
 
@@ -88,23 +89,6 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions: [num_tokens] -> cos, sin: [num_tokens, 1, head_dim] (halves repeated)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
-                                             device=positions.device).float() / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # [num_tokens, head_dim / 2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, heads, head_dim]; rotates the two halves of head_dim."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -139,27 +123,14 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(n, -1))
 
 
-class MLP(nn.Module):
-    """SwiGLU: down(act(gate(x)) * up(x))."""
-
-    def __init__(self, cfg: LlamaConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.act = get_activation(cfg.hidden_act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act,
+                            cfg.mlp_bias)
 
     def forward(self, x, cos, sin, inputs: ModelInputs) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, inputs)

@@ -16,6 +16,7 @@ from torch import nn
 
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
+from pooler.layers.rotary import apply_rotary_fp32, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_named_weights
 
@@ -83,24 +84,6 @@ class ModernBertConfig:
             pad_token_id=int(d.get("pad_token_id", 50283) or 0))
 
 
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions: [num_tokens] -> cos, sin: [num_tokens, head_dim], computed in fp32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
-                                             device=positions.device).float() / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # [num_tokens, head_dim / 2]
-    angles = torch.cat((freqs, freqs), dim=-1)              # [num_tokens, head_dim]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, heads, head_dim]; rotates the two halves of head_dim, in fp32."""
-    xf = x.float()
-    half = xf.shape[-1] // 2
-    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos[:, None].float() + rotated * sin[:, None].float()).to(x.dtype)
-
-
 class ModernBertEmbeddings(nn.Module):
     def __init__(self, cfg: ModernBertConfig):
         super().__init__()
@@ -124,7 +107,7 @@ class ModernBertAttention(nn.Module):
         # x: [num_tokens, hidden] -> qkv: [num_tokens, 3, heads, head_dim]
         qkv = self.Wqkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim)
         cos, sin = rotary
-        q, k = apply_rotary(qkv[:, 0], cos, sin), apply_rotary(qkv[:, 1], cos, sin)
+        q, k = apply_rotary_fp32(qkv[:, 0], cos, sin), apply_rotary_fp32(qkv[:, 1], cos, sin)
         attn = packed_attention(q, k, qkv[:, 2], inputs.seq_lens, inputs.cu_seqlens,
                                 inputs.max_seqlen, half_window=self.half_window,
                                 scale=self.head_dim ** -0.5,
