@@ -14,6 +14,8 @@ Routes not named in ROUTE_NEEDS are kept as they are (new routes stay visible by
 """
 from __future__ import annotations
 
+import copy
+
 import inspect
 from typing import Any, Callable
 
@@ -86,7 +88,7 @@ def narrow_openapi(spec: dict, engine) -> dict:
             for media in content.values():
                 _narrow_properties(media.get("schema", {}), facts)
                 _hoist_defs(media.get("schema", {}), spec)
-    _narrow_catch_alls(spec)
+    _narrow_catch_alls(spec, facts)
     if not facts["cross_encoder"]:
         _drop_tei_rerank(spec)
     return spec
@@ -124,12 +126,23 @@ def _hoist_defs(schema: dict, spec: dict) -> None:
     visit(schema)
 
 
-def _narrow_catch_alls(spec: dict) -> None:
+def _narrow_catch_alls(spec: dict, facts: dict) -> None:
     """Routes that take any object and dispatch on it: the spec shows a body they always serve.
     /invocations: a vLLM pooling request (its last handler, always there). TEI's /: `inputs`
     as text (every model kind answers it: /embed, /predict, entities)."""
     paths = spec.get("paths", {})
-    bodies = {"/invocations": {"$ref": "#/components/schemas/PoolingRequest"},
+    invocation = {"$ref": "#/components/schemas/PoolingRequest"}
+    pooling = spec.get("components", {}).get("schemas", {}).get("PoolingRequest")
+    if pooling and "classify" in facts["tasks"] and "embed" not in facts["tasks"]:
+        # On a classifier the classify handler takes such a body first (it ignores the
+        # pooling-only fields), and /classify truncates from the right only.
+        invocation = copy.deepcopy(pooling)
+        properties = invocation.get("properties", {})
+        if "truncation_side" in properties:
+            _set_null(properties["truncation_side"])
+        if "truncation_direction" in properties:
+            _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
+    bodies = {"/invocations": invocation,
               "/": {"type": "object", "required": ["inputs"], "properties": {"inputs": {
                   "anyOf": [{"type": "string"},
                             {"type": "array", "items": {"type": "string"}, "minItems": 1}]}}}}

@@ -36,6 +36,21 @@ def test_pooling_precision_needs_a_vector_task(classifier):
         assert spec["properties"]["precision"]["enum"] == ["float32"]
 
 
+def test_invocations_spec_on_a_classifier_is_classify_truncation(cross_encoder):
+    """/invocations hands a pooling body to /classify first on a classifier, which truncates
+    from the right only: the spec must not promise left truncation there."""
+    url, _, _ = cross_encoder
+    with httpx.Client(base_url=url, timeout=60) as c:
+        spec = c.get("/openapi.json").json()
+        body = spec["paths"]["/invocations"]["post"]["requestBody"]["content"][
+            "application/json"]["schema"]
+        side = body["properties"]["truncation_side"]
+        assert side["type"] == "null" and "anyOf" not in side and "enum" not in side
+        r = c.post("/invocations", json={"input": "a", "task": "classify",
+                                         "truncation_side": "left"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncation_side"
+
+
 def test_classify_and_predict(classifier):
     url, engine = classifier
     texts = ["great movie", "terrible plot", "it was fine"]
