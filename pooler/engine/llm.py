@@ -361,8 +361,22 @@ class Engine:
         threshold = check_threshold(0.5 if threshold is None else threshold)
         flat_ner = True if flat_ner is None else bool(flat_ner)
         multi_label = bool(multi_label)
+        todo, built, results = self.gliner_span_scores(items, label_sets, truncate, use_tqdm,
+                                                       priority)
+        out: list[list[Entity]] = [[] for _ in items]
+        for i, item, r in zip(todo, built, results):
+            spans = decode_spans(as_numpy(r.data), len(item.words), item.labels, threshold,
+                                 flat_ner, multi_label)
+            out[i] = spans_to_entities(items[i], item.words, spans)
+        return out
+
+    def gliner_span_scores(self, items: list[str], label_sets: list[list[str]],
+                           truncate: bool = True, use_tqdm: bool | None = None,
+                           priority: int = 0):
+        """Run (text, labels) pairs through a GLiNER model. Returns the indices of the texts
+        that hold a word (the others have no span), their built inputs (words, labels) and
+        their results, whose data is [num_words, max_width, num_labels] span probabilities."""
         started = time.perf_counter()
-        # Texts without a word have no span to score: gliner returns nothing for them.
         todo = [i for i, text in enumerate(items) if split_words(text)]
         built = self.gliner_inputs.build([items[i] for i in todo], [label_sets[i] for i in todo],
                                          truncate, todo)
@@ -377,12 +391,7 @@ class Engine:
             p.extra[GLINER_PARAMS_KEY] = item.head_inputs
             params.append(p)
         results = self.run_processed([b.processed for b in built], params, priority, use_tqdm)
-        out: list[list[Entity]] = [[] for _ in items]
-        for i, item, r in zip(todo, built, results):
-            spans = decode_spans(as_numpy(r.data), len(item.words), item.labels, threshold,
-                                 flat_ner, multi_label)
-            out[i] = spans_to_entities(items[i], item.words, spans)
-        return out
+        return todo, built, results
 
     @functools.cached_property
     def gliner_inputs(self):
