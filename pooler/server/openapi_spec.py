@@ -178,6 +178,7 @@ def _model_facts(engine) -> dict:
             and "classify" in engine.supported_tasks,
             "prompts": sorted(st.prompts) if st is not None and st.prompts else [],
             "dimensions": _safe_size(engine),
+            "gliner": getattr(engine.model_config, "gliner", None) is not None,
             "vocab": int(vocab) if vocab else None}
 
 
@@ -281,6 +282,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             for node in _integer_nodes(prop):
                 node["minimum"] = 0
                 node["maximum"] = facts["vocab"] - 1
+    if {"aggregation_strategy", "labels"} <= set(properties):
+        _narrow_ner(schema, properties, facts["gliner"])
     # Raw (pre-activation) scores exist only for cross-encoders.
     scoring = {"query", "queries", "text_1"} & set(properties)
     if scoring and not facts["cross_encoder"]:
@@ -334,6 +337,30 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     if needs:
         schema.setdefault("allOf", []).extend([{"anyOf": [{"required": [name], "properties": {
             name: {"not": {"type": "null"}}}} for name in pair]} for pair in needs])
+
+
+def _narrow_ner(schema: dict, properties: dict, gliner: bool) -> None:
+    """/ner: a GLiNER model needs `labels` (non-blank strings; one list per input is accepted
+    too, but its length cannot be tied to the inputs', so the spec shows the shared form) and
+    refuses the token-classification options; any other model refuses the GLiNER ones."""
+    if not gliner:
+        for name in ("labels", "threshold", "flat_ner", "multi_label"):
+            if name in properties:
+                _set_null(properties[name])
+        return
+    description = properties["labels"].get("description")
+    # A character that is not whitespace for Python's str.strip (the server's check) nor for
+    # JSON Schema's \s: blank labels are refused.
+    properties["labels"] = {"type": "array", "minItems": 1, "description": description,
+                            "items": {"type": "string", "pattern": "[^\\s\\x1c-\\x1f\\x85]"}}
+    schema["required"] = sorted(set(schema.get("required", [])) | {"labels"})
+    _set_enum(properties["aggregation_strategy"], ["simple"], nullable=False)
+    _set_null(properties["ignore_labels"])
+    if "truncate_prompt_tokens" in properties:  # -1 (the model's maximum) only
+        properties["truncate_prompt_tokens"] = {"anyOf": [{"type": "integer", "enum": [-1]},
+                                                          {"type": "null"}], "default": None}
+    if "truncation_direction" in properties:
+        _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
 
 
 def _set_null(prop: dict) -> None:
