@@ -33,6 +33,11 @@ def _is_mlm(engine) -> bool:
     return engine.model_config.head == "mlm"
 
 
+def _not_gliner(engine) -> bool:
+    """A GLiNER model needs entity labels with each request: only /ner takes them."""
+    return getattr(engine.model_config, "gliner", None) is None
+
+
 def _scores(engine) -> bool:
     """Scoring works for ColBERT (MaxSim), cross-encoders (one relevance label) and
     bi-encoders (cosine)."""
@@ -50,8 +55,9 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
     "/similarity": _has_task("embed"),
     "/embed_chunks": lambda e: {"embed", "token_embed"} <= set(e.supported_tasks),
     # TEI's catch-all answers embedders, classifiers, token classifiers and SPLADE.
-    "/": lambda e: bool({"embed", "classify", "token_classify"} & set(e.supported_tasks))
-    or _is_mlm(e),
+    "/": lambda e: _not_gliner(e) and (
+        bool({"embed", "classify", "token_classify"} & set(e.supported_tasks)) or _is_mlm(e)),
+    "/pooling": _not_gliner, "/invocations": _not_gliner,
     "/bge_m3/embed": _is_bge_m3, "/bge_m3/score": _is_bge_m3,
     "/embed_all": _has_task("token_embed"),
     "/classify": _has_task("classify"),
