@@ -209,3 +209,21 @@ def test_unsupported_gliner_variants_are_named(models, tmp_path, change, message
     with pytest.raises(ValueError, match=message) as info:
         Engine(str(copy), device="cpu")
     assert "markerV0" in str(info.value)  # says what is supported
+
+
+def test_ner_cli_with_labels(models, capsys):
+    from pooler.cli.main import main
+
+    name, folder, _, engine = models
+    text = TEXTS[0]
+    code = main(["ner", "--model", str(folder), "--labels", "animal,city", "--labels", "thing",
+                 "--threshold", "0.05", "--nested", text])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    [record] = [json.loads(line) for line in out.out.splitlines()]
+    expected = engine.ner(text, labels=["animal", "city", "thing"], threshold=0.05,
+                          flat_ner=False)[0]
+    assert [(e["entity_group"], e["start"], e["end"], e["text"]) for e in record["entities"]] \
+        == [(e.label, e.start, e.end, e.word) for e in expected] and expected
+    assert main(["ner", "--model", str(folder), text]) == 2
+    assert "labels is required" in capsys.readouterr().err
