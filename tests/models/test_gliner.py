@@ -215,13 +215,13 @@ def test_ner_cli_with_labels(models, capsys):
     from pooler.cli.main import main
 
     name, folder, _, engine = models
-    text = TEXTS[0]
-    code = main(["ner", "--model", str(folder), "--labels", "animal,city", "--labels", "thing",
-                 "--threshold", "0.05", "--nested", text])
+    text = TEXTS[4]
+    code = main(["ner", "--model", str(folder), "--labels", "animal,city", "--labels",
+                 "capital of a country", "--threshold", "0.1", "--nested", text])
     out = capsys.readouterr()
     assert code == 0, out.err
     [record] = [json.loads(line) for line in out.out.splitlines()]
-    expected = engine.ner(text, labels=["animal", "city", "thing"], threshold=0.05,
+    expected = engine.ner(text, labels=LABELS, threshold=0.1,
                           flat_ner=False)[0]
     assert [(e["entity_group"], e["start"], e["end"], e["text"]) for e in record["entities"]] \
         == [(e.label, e.start, e.end, e.word) for e in expected] and expected
