@@ -68,7 +68,8 @@ def _build(dest: Path, backbone: Path, quick: bool) -> None:
 
     # A DeBERTa-v3-style tokenizer (Unigram + Metaspace, [CLS] $A [SEP]) over the bench texts.
     specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
-    sentences = corpus.passages(200, seed=5) + pii_texts(400, seed=7)
+    sentences = corpus.passages(20 if quick else 200, seed=5) + \
+        pii_texts(40 if quick else 400, seed=7)
     trainer = Tokenizer(models.Unigram())
     trainer.pre_tokenizer = pre_tokenizers.Metaspace()
     trainer.train_from_iterator(sentences, trainers.UnigramTrainer(
