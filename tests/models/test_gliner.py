@@ -20,7 +20,8 @@ gliner = pytest.importorskip("gliner")
 
 ATOL = 1e-5
 # default: projection (48 != 32), first sub-token, <<ENT>> vectors, bi-LSTM, torch .bin;
-# variant: no projection, last sub-token, label-token vectors, no LSTM, safetensors.
+# variant: no projection, last sub-token, label-token vectors, no LSTM, safetensors. The parity
+# tests run on both; the error, CLI and limit tests on the default one.
 VARIANTS = {
     "default": {},
     "variant": dict(hidden_size=32, subtoken_pooling="last", embed_ent_token=False,
@@ -125,6 +126,7 @@ def test_text_longer_than_max_len_words(models):
     assert ours and max(e.end for e in ours) <= twentieth_word_end
 
 
+@pytest.mark.parametrize("models", ["default"], indirect=True)
 def test_sequence_longer_than_the_tokenizer_limit(models, tmp_path):
     """With max_len raised to 200 words, a long text takes more than the tokenizer's 128
     tokens: both cut the tokens there, and the words left without a token score from a zero
@@ -151,6 +153,7 @@ def test_sequence_longer_than_the_tokenizer_limit(models, tmp_path):
                  reference.predict_entities(text, LABELS, threshold=0.2), name)
 
 
+@pytest.mark.parametrize("models", ["default"], indirect=True)
 def test_batch_invariance_with_other_requests(models):
     """A GLiNER request packed with others gives what it gives alone."""
     _, _, _, engine = models
@@ -161,6 +164,7 @@ def test_batch_invariance_with_other_requests(models):
         np.testing.assert_allclose([e.score for e in a], [e.score for e in b], atol=1e-6)
 
 
+@pytest.mark.parametrize("models", ["default"], indirect=True)
 def test_gliner_request_errors(models):
     _, _, _, engine = models
     with pytest.raises(ValueError, match="labels is required"):
@@ -191,6 +195,7 @@ def test_labels_refused_on_a_token_classification_model(tmp_path):
         engine.ner("paris is nice", threshold=0.4)
 
 
+@pytest.mark.parametrize("models", ["default"], indirect=True)
 @pytest.mark.parametrize("change,message", [
     ({"span_mode": "token_level"}, "token-level"),
     ({"labels_encoder": "some/encoder"}, "bi-encoder"),
@@ -211,6 +216,7 @@ def test_unsupported_gliner_variants_are_named(models, tmp_path, change, message
     assert "markerV0" in str(info.value)  # says what is supported
 
 
+@pytest.mark.parametrize("models", ["default"], indirect=True)
 def test_ner_cli_with_labels(models, capsys):
     from pooler.cli.main import main
 
