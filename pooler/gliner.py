@@ -45,6 +45,11 @@ _SUPPORTED = ("the uni-encoder span model with span_mode 'markerV0' on a DeBERTa
 _WORD_PATTERN = re.compile(r"\w+(?:[-_]\w+)*|\S")
 
 
+class LabelsTooLongError(ValueError):
+    """A request's label prompt alone fills the model's token limit (the server names
+    `labels`)."""
+
+
 @dataclass(frozen=True)
 class GLiNERLayout:
     """What a GLiNER folder declares, checked against what pooler implements."""

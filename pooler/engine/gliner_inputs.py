@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pooler.engine.input_processor import InputTooLongError, ProcessedInput
-from pooler.gliner import GLiNERLayout, split_words
+from pooler.gliner import GLiNERLayout, LabelsTooLongError, split_words
 from pooler.tokenizer import TextTokenizer
 
 
@@ -62,7 +62,7 @@ class GLiNERInputBuilder:
             label_tokens = [t for t, token_id in enumerate(enc.input_ids)
                             if token_id == self.class_id][:len(labels)]
             if len(label_tokens) < len(labels):
-                raise ValueError(f"input {index}: its {len(labels)} labels alone take more than "
+                raise LabelsTooLongError(f"input {index}: its {len(labels)} labels alone take more than "
                                  f"the model's {self.max_model_len} tokens; pass fewer labels.")
             if not layout.embed_ent_token:  # the label's own first token stands for it
                 label_tokens = [t + 1 for t in label_tokens]

@@ -6,7 +6,7 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from pooler.gliner import normalize_labels
+from pooler.gliner import LabelsTooLongError, normalize_labels
 from pooler.server.errors import ERROR_RESPONSES, bad_request
 from pooler.server.protocol import NERRequest, NERResponse
 from pooler.server.state import ServerState
@@ -46,7 +46,10 @@ async def ner(body: NERRequest, request: Request):
     kwargs.update(_gliner_options(state, body, len(items)))
 
     def compute():
-        results = state.call("ner", items, **kwargs, **truncation)
+        try:
+            results = state.call("ner", items, **kwargs, **truncation)
+        except LabelsTooLongError as exc:
+            raise bad_request(str(exc), "labels") from None
         data = [{"index": i, "object": "entities", "entities": [_entity(e) for e in ents]}
                 for i, ents in enumerate(results)]
         return {"id": f"ner-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),

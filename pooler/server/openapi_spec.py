@@ -68,6 +68,12 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
     "/rerank": _scores, "/v1/rerank": _scores, "/v2/rerank": _scores,
 }
 
+# GLiNER labels the spec promises: this many characters each, one per this many tokens of the
+# model's limit (a character is at most one token of a DeBERTa Unigram vocabulary, plus the
+# <<ENT>> marker and the word-start piece; the rest is margin for normalizer expansions).
+_LABEL_CHARS = 50
+_TOKENS_PER_LABEL = 60
+
 # Fields the handlers refuse when they are empty lists.
 _NON_EMPTY = {"input", "inputs", "documents", "texts", "queries", "text_1", "text_2", "tokens",
               "ids", "messages", "sentences", "items", "data_1", "data_2"}
@@ -289,7 +295,7 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 node["minimum"] = 0
                 node["maximum"] = facts["vocab"] - 1
     if {"aggregation_strategy", "labels"} <= set(properties):
-        _narrow_ner(schema, properties, facts["gliner"])
+        _narrow_ner(schema, properties, facts["gliner"], facts["max_len"])
     # Raw (pre-activation) scores exist only for cross-encoders.
     scoring = {"query", "queries", "text_1"} & set(properties)
     if scoring and not facts["cross_encoder"]:
@@ -345,10 +351,12 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             name: {"not": {"type": "null"}}}} for name in pair]} for pair in needs])
 
 
-def _narrow_ner(schema: dict, properties: dict, gliner: bool) -> None:
+def _narrow_ner(schema: dict, properties: dict, gliner: bool, max_len: int | None) -> None:
     """/ner: a GLiNER model needs `labels` (non-blank strings; one list per input is accepted
     too, but its length cannot be tied to the inputs', so the spec shows the shared form) and
-    refuses the token-classification options; any other model refuses the GLiNER ones."""
+    refuses the token-classification options; any other model refuses the GLiNER ones.
+    The label prompt must fit the model's tokens: the spec promises label lists that always
+    do (up to 50 characters each, one label per 60 tokens of the limit), more may fit."""
     if not gliner:
         for name in ("labels", "threshold", "flat_ner", "multi_label"):
             if name in properties:
@@ -358,7 +366,9 @@ def _narrow_ner(schema: dict, properties: dict, gliner: bool) -> None:
     # A character that is not whitespace for Python's str.strip (the server's check) nor for
     # JSON Schema's \s: blank labels are refused.
     properties["labels"] = {"type": "array", "minItems": 1, "description": description,
-                            "items": {"type": "string", "pattern": "[^\\s\\x1c-\\x1f\\x85]"}}
+                            "maxItems": max(1, ((max_len or 2048) - 1) // _TOKENS_PER_LABEL),
+                            "items": {"type": "string", "maxLength": _LABEL_CHARS,
+                                      "pattern": "[^\\s\\x1c-\\x1f\\x85]"}}
     schema["required"] = sorted(set(schema.get("required", [])) | {"labels"})
     _set_enum(properties["aggregation_strategy"], ["simple"], nullable=False)
     _set_null(properties["ignore_labels"])

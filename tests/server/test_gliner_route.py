@@ -55,6 +55,7 @@ def test_labels_per_input_and_default_threshold(gliner_server):
     ({"input": ["paris"], "labels": [""]}, "labels"),
     ({"input": ["paris", "fox"], "labels": [["city"]]}, "labels"),
     ({"input": ["paris"], "labels": "city"}, "labels"),
+    ({"input": ["paris"], "labels": [f"label number {i}" for i in range(40)]}, "labels"),
     ({"input": ["paris"], "labels": ["city"], "threshold": 0}, "threshold"),
     ({"input": ["paris"], "labels": ["city"], "threshold": 1.5}, "threshold"),
     ({"input": ["paris"], "labels": ["city"], "threshold": "high"}, "threshold"),
@@ -80,6 +81,10 @@ def test_openapi_spec_for_a_gliner_server(gliner_server):
     ner = spec["components"]["schemas"]["NERRequest"]
     assert "labels" in ner["required"]
     assert ner["properties"]["aggregation_strategy"]["enum"] == ["simple"]
+    # Label lists the spec promises fit the model's 128 tokens: the longest such list is served.
+    labels = ner["properties"]["labels"]
+    longest = ["x" * labels["items"]["maxLength"]] * labels["maxItems"]
+    assert client.post("/ner", json={"input": ["paris"], "labels": longest}).status_code == 200
 
 
 def test_labels_on_a_token_classification_model_are_400(tmp_path, serve_app):
