@@ -233,3 +233,30 @@ def test_ner_cli_with_labels(models, capsys):
         == [(e.label, e.start, e.end, e.word) for e in expected] and expected
     assert main(["ner", "--model", str(folder), text]) == 2
     assert "labels is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("models", ["default"], indirect=True)
+def test_batch_job_with_labels(models, tmp_path):
+    """`pooler batch --task ner --labels ...`: the Parquet entities equal Engine.ner's."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    from pooler.cli.main import main
+
+    _, folder, _, engine = models
+    source = tmp_path / "texts.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    out = tmp_path / "out"
+    assert main(["batch", "--model", str(folder), "--task", "ner", "--input", str(source),
+                 "--output", str(out), "--labels", "animal,city", "--labels",
+                 "capital of a country", "--threshold", "0.2", "--nested",
+                 "--no-progress"]) == 0
+    rows = pq.read_table(out).to_pylist()
+    expected = engine.ner(TEXTS, labels=LABELS, threshold=0.2, flat_ner=False)
+    assert sum(len(e) for e in expected) > 5
+    for row, want in zip(rows, expected):
+        assert [(e["entity_group"], e["word"], e["start"], e["end"]) for e in row["entities"]] \
+            == [(e.label, e.word, e.start, e.end) for e in want]
+        np.testing.assert_allclose([e["score"] for e in row["entities"]],
+                                   [e.score for e in want], atol=1e-6)
+    with pytest.raises(ValueError, match="--labels applies to --task ner"):
+        from pooler.batch.columns import TaskOptions
+        TaskOptions(task="embed", labels=["city"])
