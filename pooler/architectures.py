@@ -70,6 +70,8 @@ HEAD_TASKS: dict[str, frozenset[str]] = {
     "seq_cls": frozenset({"classify"}),
     "token_cls": frozenset({"token_classify"}),
     "mlm": frozenset({"embed", "token_embed"}),
+    # GLiNER span models: span x label scores per request (pooler/pooling/gliner.py).
+    "gliner": frozenset({"token_classify"}),
 }
 
 # model_type -> architecture, for configs that carry no `architectures` list.

@@ -9,6 +9,7 @@ import torch
 
 from pooler.bge_m3_layout import BGEM3Layout, detect_bge_m3
 from pooler.colbert import ColBERTConfig, detect_colbert
+from pooler.gliner import GLiNERLayout, detect_gliner
 from pooler.hub import refuse_remote_code
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
@@ -52,6 +53,7 @@ class ModelConfig:
     transformers_config: Any = field(init=False)  # PretrainedConfig, fallback runner only
     rerank_prompt: RerankPrompt | None = field(init=False)  # LM rerankers (Qwen3-Reranker)
     bge_m3: BGEM3Layout | None = field(init=False)  # BGE-M3 sparse + ColBERT heads, if any
+    gliner: GLiNERLayout | None = field(init=False)  # GLiNER span model (zero-shot NER)
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
@@ -66,7 +68,13 @@ class ModelConfig:
         self.root_path = resolve_model_path(self.model, self.revision)
         # Inference-free SPLADE keeps its MLM in a sentence-transformers Router subfolder.
         self.path = router_transformer_path(self.root_path)
-        hf_config = read_json(self.path / "config.json")
+        # A GLiNER folder keeps its backbone's config inside gliner_config.json.
+        self.gliner = detect_gliner(self.root_path)
+        if self.gliner is not None and self.runner == "transformers":
+            raise ValueError("GLiNER models run on the native runner only; drop "
+                             "runner='transformers'.")
+        hf_config = dict(self.gliner.encoder_config) if self.gliner is not None else \
+            read_json(self.path / "config.json")
         if hf_config is None:
             raise FileNotFoundError(f"{self.path} has no config.json; is it a model folder?")
         refuse_remote_code(hf_config, self.model)
@@ -93,6 +101,8 @@ class ModelConfig:
         if self.runner == "native":
             spec = architectures.get_arch_spec(self.architecture)
             self.head, family_attn = spec.head, spec.attn_type
+            if self.gliner is not None:  # the backbone's states feed the GLiNER span head
+                self.head = "gliner"
         else:
             # The fallback reads model facts through transformers' own config class, which
             # resolves each family's names (DistilBERT's `dim`, XLM's `emb_dim`, T5's `d_model`).
@@ -171,6 +181,11 @@ class ModelConfig:
         tok_max = self.tokenizer_config.get("model_max_length")
         if isinstance(tok_max, int) and tok_max < 10**9:
             limits.append(tok_max)
+        elif self.gliner is not None and not self.hf_config.get("position_biased_input", True):
+            # gliner does not cut a text's tokens when its tokenizer sets no limit, and
+            # relative positions set none either: a bound that fits max_len words of text.
+            positions = None
+            limits = [GLINER_MAX_TOKENS]
         if self.st is not None and self.st.max_seq_length:
             # sentence-transformers truncates at max_seq_length on every call.
             limits.append(int(self.st.max_seq_length))
@@ -185,6 +200,10 @@ class ModelConfig:
                 f"({derived}); use a value <= {derived}.")
         return self.max_model_len
 
+
+# Token bound of a GLiNER sequence whose tokenizer and positions set none (gliner cuts the text
+# to max_len words, 384 by default, which take a few hundred tokens).
+GLINER_MAX_TOKENS = 2048
 
 # Families whose position ids start after padding_idx (RoBERTa's scheme): they lose
 # pad_token_id + 1 positions.

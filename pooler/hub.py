@@ -130,13 +130,16 @@ def download_model(repo_id: str, revision: str | None = None) -> Path:
             return Path(folder)
         info = HfApi(endpoint=url).model_info(repo_id, revision=revision)
         files = select_model_files([s.rfilename for s in info.siblings or []])
-        if "config.json" not in files:
+        if "config.json" not in files and "gliner_config.json" not in files:
             raise ModelUnavailable(f"{where} on {url} has no config.json at its root; pooler "
-                                   "loads transformers and sentence-transformers model repos.")
-        # The config decides whether the model can run at all: check it before the weights.
-        config_file = hf_hub_download(repo_id, "config.json", revision=info.sha,
-                                      cache_dir=cache_dir, endpoint=url)
-        refuse_remote_code(json.loads(Path(config_file).read_text(encoding="utf-8")), repo_id)
+                                   "loads transformers, sentence-transformers and GLiNER "
+                                   "model repos.")
+        if "config.json" in files:
+            # The config decides whether the model can run at all: check it before the weights.
+            config_file = hf_hub_download(repo_id, "config.json", revision=info.sha,
+                                          cache_dir=cache_dir, endpoint=url)
+            refuse_remote_code(json.loads(Path(config_file).read_text(encoding="utf-8")),
+                               repo_id)
         logger.info("Downloading %d files of %s from %s into %s", len(files), where, url,
                     cache_dir)
         folder = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,

@@ -10,6 +10,7 @@ from pooler import architectures
 from pooler.architectures import ArchSpec
 from pooler.checkpoint import iterate_weights, strip_prefix
 from pooler.config import ModelConfig
+from pooler.gliner import BACKBONE_PREFIX as GLINER_BACKBONE_PREFIX
 from pooler.pooling.dispatch import build_pooler
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ class PoolingModel(nn.Module):
 def load_weights_into(model: PoolingModel, model_config: ModelConfig) -> None:
     """Load (or reload) the folder's checkpoint into `model` in place."""
     prefixes = getattr(model.backbone, "weight_prefixes", ())
+    if model_config.gliner is not None:  # the backbone sits inside the GLiNER checkpoint
+        prefixes = (GLINER_BACKBONE_PREFIX,)
     weights = [(strip_prefix(n, prefixes), t) for n, t in iterate_weights(model_config.path)]
     consumed = model.backbone.load_weights(weights)
     rest = [(n, t) for n, t in weights if n not in consumed]

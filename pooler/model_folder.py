@@ -73,7 +73,8 @@ def find_in_hf_cache(name: str, revision: str | None = None) -> Path | None:
 
 
 def _looks_complete(folder: Path) -> bool:
-    has_config = (folder / "config.json").is_file() or (folder / "modules.json").is_file()
+    has_config = any((folder / name).is_file()
+                     for name in ("config.json", "modules.json", "gliner_config.json"))
     has_weights = any(folder.rglob("*.safetensors")) or any(folder.rglob("*.bin"))
     return has_config and has_weights
 

@@ -115,6 +115,14 @@ class TextTokenizer:
         encodings = tokenizer.encode_batch(batch, add_special_tokens=add_special_tokens)
         return [_to_input(e) for e in encodings]
 
+    def encode_words(self, inputs: list[list[str]], *,
+                     max_length: int | None = None) -> list[TokenizedInput]:
+        """Inputs given as lists of words, each word tokenized on its own (transformers'
+        is_split_into_words); `word_ids` then index those words. Right-truncated to max_length
+        (special tokens counted) when it is given."""
+        tokenizer = self._tokenizer_for(max_length, "right")
+        encodings = tokenizer.encode_batch(inputs, is_pretokenized=True)
+        return [_to_input(e) for e in encodings]
 
     def encode_pairs_capped(self, texts: list[str], pairs: list[str], max_pair_tokens: int, *,
                             max_length: int | None = None,

@@ -34,6 +34,9 @@ class TaskOptions:
     prompt: str | None = None
     top_k: int | None = None               # sparse
     aggregation_strategy: str = "simple"   # ner
+    labels: list[str] | None = None        # ner with a GLiNER model: entity types to find
+    threshold: float | None = None         # ner, GLiNER
+    flat_ner: bool | None = None           # ner, GLiNER
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -41,6 +44,11 @@ class TaskOptions:
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}; "
                              f"got {self.precision!r}.")
+        given = [name for name in ("labels", "threshold", "flat_ner")
+                 if getattr(self, name) is not None]
+        if given and self.task != "ner":
+            raise ValueError(f"--{given[0].replace('_', '-')} applies to --task ner with a GLiNER "
+                             f"model, not to task {self.task!r}.")
         if self.precision != "float32" and self.task not in ("embed", "token_embed"):
             raise ValueError(f"--precision applies to dense vectors (embed, token_embed), "
                              f"not to task {self.task!r}.")
@@ -76,7 +84,10 @@ def compute_columns(engine, texts: list[str], opts: TaskOptions) -> dict[str, pa
                 "score": pa.array([o.score for o in out], type=pa.float32()),
                 "probs": _fixed_lists(probs)}
     else:  # ner
-        entities = engine.ner(texts, aggregation_strategy=opts.aggregation_strategy, **kw)
+        zero_shot = {name: getattr(opts, name) for name in ("labels", "threshold", "flat_ner")
+                     if getattr(opts, name) is not None}
+        entities = engine.ner(texts, aggregation_strategy=opts.aggregation_strategy, **kw,
+                              **zero_shot)
         cols = {"entities": pa.array(
             [[{"entity_group": e.label, "score": e.score, "word": e.word, "start": e.start,
                "end": e.end} for e in row] for row in entities], type=pa.list_(ENTITY))}

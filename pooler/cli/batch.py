@@ -46,6 +46,12 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=None, help="sparse: keep the k largest weights")
     p.add_argument("--aggregation-strategy", default="simple",
                    choices=["none", "simple", "first", "max", "average"], help="ner")
+    p.add_argument("--labels", action="append", default=None, metavar="LABELS",
+                   help="ner with a GLiNER model: entity types, comma-separated (repeatable)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="ner with a GLiNER model: keep spans above this (default 0.5)")
+    p.add_argument("--nested", action="store_true",
+                   help="ner with a GLiNER model: allow an entity inside another")
     p.add_argument("--overwrite", action="store_true",
                    help="delete what OUTPUT holds and start again")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -72,7 +78,11 @@ def task_options(args):
                        normalize=False if args.no_normalize else None,
                        truncate=not args.no_truncate, prompt_name=args.prompt_name,
                        prompt=args.prompt, top_k=args.top_k,
-                       aggregation_strategy=args.aggregation_strategy)
+                       aggregation_strategy=args.aggregation_strategy,
+                       labels=None if args.labels is None else [
+                           label.strip() for value in args.labels
+                           for label in value.split(",") if label.strip()],
+                       threshold=args.threshold, flat_ner=False if args.nested else None)
 
 
 def run(args) -> int:

@@ -21,6 +21,9 @@ from pooler.engine.engine_loop import (CancelledBeforeSubmit, EngineLoop, Reques
 from pooler.engine.input_processor import (InputProcessor, ProcessedInput, TruncationOptions,
                                            normalize_inputs)
 from pooler.engine.request import Request, RequestOutput
+from pooler.gliner import PARAMS_KEY as GLINER_PARAMS_KEY
+from pooler.gliner import (check_threshold, decode_spans, normalize_labels, spans_to_entities,
+                           split_words)
 from pooler.model_folder import DEFAULT_MODEL
 from pooler.ner import SubwordRules, check_strategy, extract_entities
 from pooler.outputs import (BGEM3Output, BGEM3Score, ChunkEmbeddingOutput, ClassificationOutput,
@@ -287,30 +290,118 @@ class Engine:
                 r.request_id))
         return outputs
 
-    def ner(self, inputs: str | list[str], *, aggregation_strategy: str = "simple",
+    def ner(self, inputs: str | list[str], *, labels: Sequence | None = None,
+            threshold: float | None = None, flat_ner: bool | None = None,
+            multi_label: bool | None = None, aggregation_strategy: str = "simple",
             ignore_labels: Sequence[str] = ("O",), ignore_subwords: bool = False,
             truncate: bool = True, truncate_prompt_tokens: int | None = None,
             truncation_direction: str = "right", use_tqdm: bool | None = None,
             priority: int = 0) -> list[list[Entity]]:
-        """Entities of each text with character offsets, as the transformers
-        token-classification pipeline reports them (see pooler/ner.py)."""
-        check_strategy(aggregation_strategy, ignore_subwords)
+        """Entities of each text with character offsets.
+
+        A token-classification model: as the transformers token-classification pipeline
+        reports them (see pooler/ner.py), with `aggregation_strategy` / `ignore_labels` /
+        `ignore_subwords`.
+        A GLiNER model (zero-shot): `labels` (required) names the entity types to find, one
+        list for every text or one list per text; spans scoring above `threshold` (default 0.5)
+        are kept, best first, without overlaps (flat_ner=True, the default) or allowing an
+        entity inside another (flat_ner=False); multi_label=True lets one span carry several
+        labels. As gliner's predict_entities (see pooler/gliner.py); entity_group is the label."""
         items = normalize_inputs(inputs)
         if not all(isinstance(x, str) for x in items):
             raise ValueError("ner needs texts (entity offsets point into the text), not token "
                              "ids; pass strings.")
+        if self.model_config.gliner is not None:
+            return self._ner_gliner(items, labels, threshold, flat_ner, multi_label,
+                                    aggregation_strategy, ignore_labels, ignore_subwords,
+                                    truncate, truncate_prompt_tokens, truncation_direction,
+                                    use_tqdm, priority)
+        given = [name for name, value in (("labels", labels), ("threshold", threshold),
+                                          ("flat_ner", flat_ner), ("multi_label", multi_label))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to GLiNER (zero-shot) models; this "
+                             f"model ({self.model_config.architecture}) predicts its own fixed "
+                             "labels. Drop them, or load a GLiNER model.")
+        check_strategy(aggregation_strategy, ignore_subwords)
         params = PoolingParams(task="token_classify", use_activation=True)
         processed, results = self._run_texts(
             items, self.verify_params(params), TruncationOptions(
                 truncate, truncate_prompt_tokens, truncation_direction),
             use_tqdm, priority)
-        labels = labels_of(self.model_config.hf_config)
+        label_names = labels_of(self.model_config.hf_config)
         rules = self._subword_rules = getattr(self, "_subword_rules", None) or \
             SubwordRules(self.tokenizer.backend)  # once per engine: may parse the vocabulary
         return [extract_entities(text, item.prompt_token_ids, as_numpy(r.data), item.offsets,
-                                 item.special_tokens_mask, labels, rules, aggregation_strategy,
-                                 ignore_labels, ignore_subwords)
+                                 item.special_tokens_mask, label_names, rules,
+                                 aggregation_strategy, ignore_labels, ignore_subwords)
                 for text, item, r in zip(items, processed, results)]
+
+    def _ner_gliner(self, items: list[str], labels, threshold, flat_ner, multi_label,
+                    aggregation_strategy, ignore_labels, ignore_subwords, truncate,
+                    truncate_prompt_tokens, truncation_direction, use_tqdm,
+                    priority) -> list[list[Entity]]:
+        """Zero-shot NER with a GLiNER span model: each (text, labels) is one sequence in the
+        engine's batches; the span head scores it, decoding runs here."""
+        if labels is None:
+            raise ValueError("labels is required with a GLiNER model: name the entity types to "
+                             "find, e.g. labels=['person', 'company'].")
+        refused = [name for name, value, default in (
+            ("aggregation_strategy", aggregation_strategy, "simple"),
+            ("ignore_labels", tuple(ignore_labels or ()), ("O",)),
+            ("ignore_subwords", ignore_subwords, False),
+            ("truncate_prompt_tokens", truncate_prompt_tokens, None),
+            ("truncation_direction", truncation_direction, "right")) if value != default]
+        if refused:
+            raise ValueError(f"{', '.join(refused)} apply to token-classification models; a "
+                             "GLiNER model scores word spans (it reads at most max_len words "
+                             "of each text, as gliner does). Use labels, threshold, flat_ner "
+                             "and multi_label.")
+        label_sets = normalize_labels(labels, len(items))
+        threshold = check_threshold(0.5 if threshold is None else threshold)
+        flat_ner = True if flat_ner is None else bool(flat_ner)
+        multi_label = bool(multi_label)
+        todo, built, results = self.gliner_span_scores(items, label_sets, truncate, use_tqdm,
+                                                       priority)
+        out: list[list[Entity]] = [[] for _ in items]
+        for i, item, r in zip(todo, built, results):
+            spans = decode_spans(as_numpy(r.data), len(item.words), item.labels, threshold,
+                                 flat_ner, multi_label)
+            out[i] = spans_to_entities(items[i], item.words, spans)
+        return out
+
+    def gliner_span_scores(self, items: list[str], label_sets: list[list[str]],
+                           truncate: bool = True, use_tqdm: bool | None = None,
+                           priority: int = 0):
+        """Run (text, labels) pairs through a GLiNER model. Returns the indices of the texts
+        that hold a word (the others have no span), their built inputs (words, labels) and
+        their results, whose data is [num_words, max_width, num_labels] span probabilities."""
+        started = time.perf_counter()
+        todo = [i for i, text in enumerate(items) if split_words(text)]
+        built = self.gliner_inputs.build([items[i] for i in todo], [label_sets[i] for i in todo],
+                                         truncate, todo)
+        call = current_call.get()
+        if call is not None:
+            call.tokenize_seconds += time.perf_counter() - started
+        base = self.verify_params(PoolingParams(task="token_classify",
+                                                extra={GLINER_PARAMS_KEY: {}}))
+        params = []
+        for item in built:
+            p = base.clone()
+            p.extra[GLINER_PARAMS_KEY] = item.head_inputs
+            params.append(p)
+        results = self.run_processed([b.processed for b in built], params, priority, use_tqdm)
+        return todo, built, results
+
+    @functools.cached_property
+    def gliner_inputs(self):
+        from pooler.engine.gliner_inputs import GLiNERInputBuilder
+
+        if self.model_config.gliner is None:
+            raise ValueError(f"{self.model_config.model} is not a GLiNER model (no "
+                             "gliner_config.json).")
+        return GLiNERInputBuilder(self.model_config.gliner, self.tokenizer,
+                                  self.model_config.max_model_len)
 
     def _run_texts(self, items: list, params: PoolingParams, truncation: TruncationOptions,
                    use_tqdm: bool | None, priority: int, pairs: list[str] | None = None,

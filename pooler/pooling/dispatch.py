@@ -68,6 +68,11 @@ class DispatchPooler(nn.Module):
 
 
 def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPooler:
+    if getattr(model_config, "gliner", None) is not None:
+        from pooler.pooling.gliner import GLiNERSpanPooler
+
+        return DispatchPooler({"token_classify": GLiNERSpanPooler(model_config.gliner,
+                                                                  model_config.hidden_size)})
     if getattr(model_config, "colbert", None) is not None:
         from pooler.pooling.colbert import build_colbert_poolers
 

@@ -6,7 +6,8 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from pooler.server.errors import ERROR_RESPONSES
+from pooler.gliner import LabelsTooLongError, normalize_labels
+from pooler.server.errors import ERROR_RESPONSES, bad_request
 from pooler.server.protocol import NERRequest, NERResponse
 from pooler.server.state import ServerState
 
@@ -28,23 +29,64 @@ def _entity(e) -> dict:
 
 @router.post("/ner", response_model=NERResponse, responses=ERROR_RESPONSES)
 async def ner(body: NERRequest, request: Request):
-    """Token classification grouped into entities, e.g. {entity_group: "PER", word: "Ada",
-    start: 0, end: 3, score: 0.99}; `aggregation_strategy` as in transformers' pipeline."""
+    """Entities with character offsets, e.g. {entity_group: "PER", word: "Ada", start: 0,
+    end: 3, score: 0.99}. A token-classification model: its own labels, tokens grouped as
+    `aggregation_strategy` says (as transformers' pipeline). A GLiNER model (zero-shot): the
+    entity types in `labels`, spans above `threshold`, `flat_ner` / `multi_label` as gliner's
+    predict_entities; entity_group is the label."""
     state: ServerState = request.app.state.pooler
     state.check_model(body.model)
     state.require("ner", "token_classify", "named-entity recognition")
     items = state.inputs(body.input, "input")
     truncation = state.truncation(body, only_set=True)
     ignore = tuple(body.ignore_labels) if body.ignore_labels is not None else None
+    kwargs = {"aggregation_strategy": body.aggregation_strategy, "use_tqdm": False}
+    if ignore is not None:
+        kwargs["ignore_labels"] = ignore
+    kwargs.update(_gliner_options(state, body, len(items)))
 
     def compute():
-        kwargs = {"aggregation_strategy": body.aggregation_strategy, "use_tqdm": False}
-        if ignore is not None:
-            kwargs["ignore_labels"] = ignore
-        results = state.call("ner", items, **kwargs, **truncation)
+        try:
+            results = state.call("ner", items, **kwargs, **truncation)
+        except LabelsTooLongError as exc:
+            raise bad_request(str(exc), "labels") from None
         data = [{"index": i, "object": "entities", "entities": [_entity(e) for e in ents]}
                 for i, ents in enumerate(results)]
         return {"id": f"ner-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                 "model": state.model_name, "data": data}
 
     return await state.respond(request, len(items), "input", compute)
+
+
+def _gliner_options(state: ServerState, body: NERRequest, num_items: int) -> dict:
+    """The zero-shot options, checked before any work is admitted: a 400 naming the field."""
+    options = {"labels": body.labels, "threshold": body.threshold, "flat_ner": body.flat_ner,
+               "multi_label": body.multi_label}
+    is_gliner = getattr(state.engine.model_config, "gliner", None) is not None
+    if not is_gliner:
+        for name, value in options.items():
+            if value is not None:
+                raise bad_request(f"{name} applies to GLiNER (zero-shot NER) models; this "
+                                  "model predicts its own fixed labels. Drop it, or serve a "
+                                  "GLiNER model.", name)
+        return {}
+    if body.labels is None:
+        raise bad_request("labels is required with a GLiNER model: name the entity types to "
+                          "find, e.g. \"labels\": [\"person\", \"company\"].", "labels")
+    try:
+        normalize_labels(body.labels, num_items)
+    except ValueError as exc:
+        raise bad_request(str(exc), "labels") from None
+    for name, value, default in (("aggregation_strategy", body.aggregation_strategy, "simple"),
+                                 ("ignore_labels", body.ignore_labels, None),
+                                 ("truncation_direction", body.truncation_direction.lower(),
+                                  "right"),
+                                 ("truncate_prompt_tokens",
+                                  None if body.truncate_prompt_tokens == -1
+                                  else body.truncate_prompt_tokens, None)):
+        if value != default:
+            raise bad_request(f"{name} applies to token-classification models; a GLiNER "
+                              "model reads at most max_len words of each text (as gliner "
+                              "does) and takes labels, threshold, flat_ner and multi_label.",
+                              name)
+    return {name: value for name, value in options.items() if value is not None}

@@ -35,6 +35,11 @@ def _is_mlm(engine) -> bool:
     return engine.model_config.head == "mlm"
 
 
+def _not_gliner(engine) -> bool:
+    """A GLiNER model needs entity labels with each request: only /ner takes them."""
+    return getattr(engine.model_config, "gliner", None) is None
+
+
 def _scores(engine) -> bool:
     """Scoring works for ColBERT (MaxSim), cross-encoders (one relevance label) and
     bi-encoders (cosine)."""
@@ -52,8 +57,9 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
     "/similarity": _has_task("embed"),
     "/embed_chunks": lambda e: {"embed", "token_embed"} <= set(e.supported_tasks),
     # TEI's catch-all answers embedders, classifiers, token classifiers and SPLADE.
-    "/": lambda e: bool({"embed", "classify", "token_classify"} & set(e.supported_tasks))
-    or _is_mlm(e),
+    "/": lambda e: _not_gliner(e) and (
+        bool({"embed", "classify", "token_classify"} & set(e.supported_tasks)) or _is_mlm(e)),
+    "/pooling": _not_gliner, "/invocations": _not_gliner,
     "/bge_m3/embed": _is_bge_m3, "/bge_m3/score": _is_bge_m3,
     "/embed_all": _has_task("token_embed"),
     "/classify": _has_task("classify"),
@@ -63,6 +69,12 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
     "/score": _scores, "/v1/score": _scores,
     "/rerank": _scores, "/v1/rerank": _scores, "/v2/rerank": _scores,
 }
+
+# GLiNER labels the spec promises: this many characters each, one per this many tokens of the
+# model's limit (a character is at most one token of a DeBERTa Unigram vocabulary, plus the
+# <<ENT>> marker and the word-start piece; the rest is margin for normalizer expansions).
+_LABEL_CHARS = 50
+_TOKENS_PER_LABEL = 60
 
 # Fields the handlers refuse when they are empty lists.
 _NON_EMPTY = {"input", "inputs", "documents", "texts", "queries", "text_1", "text_2", "tokens",
@@ -192,6 +204,7 @@ def _model_facts(engine) -> dict:
             and "classify" in engine.supported_tasks,
             "prompts": sorted(st.prompts) if st is not None and st.prompts else [],
             "dimensions": _safe_size(engine),
+            "gliner": getattr(engine.model_config, "gliner", None) is not None,
             "vocab": int(vocab) if vocab else None}
 
 
@@ -295,6 +308,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             for node in _integer_nodes(prop):
                 node["minimum"] = 0
                 node["maximum"] = facts["vocab"] - 1
+    if {"aggregation_strategy", "labels"} <= set(properties):
+        _narrow_ner(schema, properties, facts["gliner"], facts["max_len"])
     # Raw (pre-activation) scores exist only for cross-encoders.
     scoring = {"query", "queries", "text_1"} & set(properties)
     if scoring and not facts["cross_encoder"]:
@@ -361,6 +376,34 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     if needs:
         schema.setdefault("allOf", []).extend([{"anyOf": [{"required": [name], "properties": {
             name: {"not": {"type": "null"}}}} for name in pair]} for pair in needs])
+
+
+def _narrow_ner(schema: dict, properties: dict, gliner: bool, max_len: int | None) -> None:
+    """/ner: a GLiNER model needs `labels` (non-blank strings; one list per input is accepted
+    too, but its length cannot be tied to the inputs', so the spec shows the shared form) and
+    refuses the token-classification options; any other model refuses the GLiNER ones.
+    The label prompt must fit the model's tokens: the spec promises label lists that always
+    do (up to 50 characters each, one label per 60 tokens of the limit), more may fit."""
+    if not gliner:
+        for name in ("labels", "threshold", "flat_ner", "multi_label"):
+            if name in properties:
+                _set_null(properties[name])
+        return
+    description = properties["labels"].get("description")
+    # A character that is not whitespace for Python's str.strip (the server's check) nor for
+    # JSON Schema's \s: blank labels are refused.
+    properties["labels"] = {"type": "array", "minItems": 1, "description": description,
+                            "maxItems": max(1, ((max_len or 2048) - 1) // _TOKENS_PER_LABEL),
+                            "items": {"type": "string", "maxLength": _LABEL_CHARS,
+                                      "pattern": "[^\\s\\x1c-\\x1f\\x85]"}}
+    schema["required"] = sorted(set(schema.get("required", [])) | {"labels"})
+    _set_enum(properties["aggregation_strategy"], ["simple"], nullable=False)
+    _set_null(properties["ignore_labels"])
+    if "truncate_prompt_tokens" in properties:  # -1 (the model's maximum) only
+        properties["truncate_prompt_tokens"] = {"anyOf": [{"type": "integer", "enum": [-1]},
+                                                          {"type": "null"}], "default": None}
+    if "truncation_direction" in properties:
+        _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
 
 
 def _set_null(prop: dict) -> None:

