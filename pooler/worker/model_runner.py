@@ -17,7 +17,6 @@ from pooler.models.inputs import ModelInputs
 from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
-from pooler.worker import compiled_single
 from pooler.worker.memory import HeapTrimmer, tune_malloc_for_steps
 from pooler.worker.pooling_runner import PoolingRunner
 from pooler.worker.runner_base import ModelRunnerBase
@@ -34,10 +33,6 @@ class ModelRunner(ModelRunnerBase):
         self.step_threads = StepThreads(num_threads or torch.get_num_threads()) \
             if self.device.type == "cpu" else None
         self.model = build_model(model_config)
-        # Opt-in (POOLER_COMPILE_SINGLE_QUERY=1): a compiled forward for one-sequence steps.
-        self.single_forward = compiled_single.build(
-            self.model.backbone, self.device, model_config.torch_dtype) \
-            if model_config.quantization is None else None
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
         self.requests: dict[str, NewRequestData] = {}
         self.heap_trimmer = HeapTrimmer()
@@ -70,7 +65,7 @@ class ModelRunner(ModelRunnerBase):
             self.add_requests(new_reqs)
             inputs, metadata = self._prepare_inputs(new_reqs)
             with torch.inference_mode():
-                hidden_states = self._forward(inputs)  # [num_tokens, hidden]
+                hidden_states = self.model.backbone(inputs)  # [num_tokens, hidden]
                 outputs, errors = self.pooling_runner.pool(
                     hidden_states, metadata, finished_mask=[True] * len(new_reqs))
             outputs = [None if o is None else _to_host(o) for o in outputs]
@@ -81,14 +76,6 @@ class ModelRunner(ModelRunnerBase):
         finally:
             self.heap_trimmer.maybe_trim(num_tokens)
         return ModelRunnerOutput(req_ids=req_ids, pooler_outputs=outputs, errors=errors)
-
-    def _forward(self, inputs: ModelInputs) -> torch.Tensor:
-        if self.single_forward is not None and len(inputs.seq_lens) == 1 \
-                and inputs.num_unattended is None:
-            hidden = self.single_forward(inputs.input_ids, inputs.token_type_ids)
-            if hidden is not None:
-                return hidden
-        return self.model.backbone(inputs)
 
     def _prepare_inputs(self, reqs: list[NewRequestData]) -> tuple[ModelInputs, PoolingMetadata]:
         seq_lens = [len(r.prompt_token_ids) for r in reqs]
@@ -130,9 +117,6 @@ class ModelRunner(ModelRunnerBase):
             self.model.load_state_dict(build_model(self.model_config).state_dict())
             return
         load_weights_into(self.model, self.model_config)
-        if self.single_forward is not None:  # it froze the old weights in: compile afresh
-            self.single_forward = compiled_single.build(
-                self.model.backbone, self.device, self.model_config.torch_dtype)
 
     def release_memory(self) -> None:
         """The engine went idle: return a burst's freed heap to the OS (memory.py)."""
