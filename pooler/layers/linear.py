@@ -68,8 +68,9 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
 
 
 def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """layer(x) + residual, with the add in the GEMM's epilogue on the fast path (one pass
-    and one allocation fewer per residual connection; measured on a 12-token query)."""
+    """layer(x) + residual, with the add in the GEMM's epilogue on the fast path: one pass and
+    one allocation fewer per residual connection (a 12-token query measured within noise of
+    linear + add on the shared 2-core machine; see docs/benchmarks.md, issue 14 part 5)."""
     if _fast_path(layer, x) and residual.dtype == torch.float32 and residual.is_contiguous():
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, _packed_weight(layer),
                                                          layer.bias, "add")
