@@ -1,4 +1,5 @@
-"""Linear layers on the CPU fast path: oneDNN GEMM with the activation fused into it.
+"""Linear layers on the CPU fast path: oneDNN GEMM with the activation (or the residual add)
+fused into it.
 
 On CPU in fp32, `torch.ops.mkldnn._linear_pointwise` runs the GEMM and applies bias and GELU in
 its epilogue, saving one pass over the [num_tokens, intermediate] activations; measured ~15%
@@ -48,15 +49,29 @@ def _packed_weight(layer: nn.Linear) -> torch.Tensor:
     return cached[1]
 
 
+def _fast_path(layer: nn.Module, x: torch.Tensor) -> bool:
+    return (_HAS_ONEDNN and type(layer) is nn.Linear
+            and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
+            and not (torch.is_grad_enabled() and layer.weight.requires_grad))
+
+
 def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
                postop: tuple[str, str] | None = _NO_POSTOP) -> torch.Tensor:
     """act(layer(x)) (act None: just layer(x)), as one oneDNN call when the fast path applies.
     `postop` must be what `onednn_postop` gave for `act` (None: no fused form)."""
-    if (postop is not None and _HAS_ONEDNN and type(layer) is nn.Linear
-            and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
-            and not (torch.is_grad_enabled() and layer.weight.requires_grad)):
+    if postop is not None and _fast_path(layer, x):
         attr, algorithm = postop
         return torch.ops.mkldnn._linear_pointwise(x, _packed_weight(layer), layer.bias, attr,
                                                   [], algorithm)
     y = layer(x)
     return y if act is None else act(y)
+
+
+def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """layer(x) + residual, with the add in the GEMM's epilogue on the fast path: one pass and
+    one allocation fewer per residual connection (a 12-token query measured within noise of
+    linear + add on the shared 2-core machine; see docs/benchmarks.md, issue 14 part 5)."""
+    if _fast_path(layer, x) and residual.dtype == torch.float32 and residual.is_contiguous():
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, _packed_weight(layer),
+                                                         layer.bias, "add")
+    return layer(x) + residual

@@ -16,7 +16,7 @@ from torch import nn
 
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
-from pooler.layers.linear import linear_act, onednn_postop
+from pooler.layers.linear import linear_act, linear_add, onednn_postop
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_renamed_weights
 
@@ -76,9 +76,9 @@ class BertLayer(nn.Module):
                                 inputs.cu_seqlens, inputs.max_seqlen,
                                 num_unattended=inputs.num_unattended,
                                 position_bias=position_bias)
-        x = self.attn_norm(x + linear_act(self.o_proj, attn.reshape(x.shape[0], -1)))
+        x = self.attn_norm(linear_add(self.o_proj, attn.reshape(x.shape[0], -1), x))
         h = linear_act(self.up_proj, x, self.act, self.act_postop)  # [num_tokens, inter]
-        return self.mlp_norm(x + linear_act(self.down_proj, h))
+        return self.mlp_norm(linear_add(self.down_proj, h, x))
 
 
 # HF parameter name (after the model prefix) -> (our name, slot in a fused q/k/v weight).
@@ -121,8 +121,13 @@ class BertModel(nn.Module):
         return self.word_embeddings
 
     def embed(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, embedding dim]
-        positions = inputs.positions + self.config.position_offset
-        x = self.word_embeddings(inputs.input_ids) + self.position_embeddings(positions)
+        offset = self.config.position_offset
+        if len(inputs.seq_lens) == 1:  # one sequence: its positions are offset..offset+L-1
+            x = self.word_embeddings(inputs.input_ids) + \
+                self.position_embeddings.weight[offset:offset + inputs.seq_lens[0]]
+        else:
+            positions = inputs.positions + offset if offset else inputs.positions
+            x = self.word_embeddings(inputs.input_ids) + self.position_embeddings(positions)
         if inputs.token_type_ids is not None:
             x = x + self.token_type_embeddings(inputs.token_type_ids)
         else:

@@ -20,6 +20,10 @@ def pool_sequences(mode: str, hidden: torch.Tensor, metadata: PoolingMetadata,
         return hidden[metadata.seq_starts]
     if mode == "lasttoken":
         return hidden[[s + n - 1 for s, n in zip(metadata.seq_starts, metadata.seq_lens)]]
+    if (mode == "mean" and num_reqs == 1 and include_prompt
+            and metadata.seq_lens[0] == hidden.shape[0]):
+        # The batch is one sequence, pooled whole (a single query): a plain mean.
+        return hidden.float().mean(0, keepdim=True).to(hidden.dtype)
     seg = metadata.segment_ids(hidden.shape[0], not include_prompt, hidden.device)
     if mode == "mean":
         # Sum in fp32 whatever the model dtype, then divide by the pooled token count.

@@ -84,7 +84,8 @@ class ModelRunner(ModelRunnerBase):
             starts.append(total)
             total += n
         ids = [t for r in reqs for t in r.prompt_token_ids]
-        positions = torch.cat([torch.arange(n) for n in seq_lens])
+        positions = torch.arange(seq_lens[0]) if len(seq_lens) == 1 else \
+            torch.cat([torch.arange(n) for n in seq_lens])
         token_types = None
         if any(r.token_type_ids is not None and any(r.token_type_ids) for r in reqs):
             token_types = torch.tensor(

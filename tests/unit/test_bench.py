@@ -35,11 +35,16 @@ def tiny_st_model(tmp_path_factory):
     return st_dir
 
 
-def test_quick_bench_prints_both_sides(tiny_st_model, capsys):
+def test_quick_bench_prints_both_sides(tiny_st_model, tmp_path, monkeypatch, capsys):
+    import importlib.util
+    import json
+
     from pooler.cli.main import main
 
+    monkeypatch.setenv("POOLER_BENCH_CACHE", str(tmp_path / "cache"))  # the ONNX export
+    report_path = tmp_path / "report.json"
     rc = main(["bench", "--quick", "--model", str(tiny_st_model), "--threads", "1",
-               "--workload", "embed,single_query"])
+               "--workload", "embed,single_query", "--json", str(report_path)])
     out = capsys.readouterr().out
     assert rc == 0
     assert "FAILED" not in out
@@ -52,6 +57,20 @@ def test_quick_bench_prints_both_sides(tiny_st_model, capsys):
     pooler_row = next(line for line in out.splitlines() if line.startswith("embed") and
                       line.split()[1] == "pooler")
     assert "x" in pooler_row and "1.000000" in pooler_row
+    # The ONNX Runtime / fastembed peers: a row each, matched against sentence-transformers
+    # (fp32 to ~1; int8 reports its own min cosine), or a skip line naming the extra.
+    rows = [r for r in json.loads(report_path.read_text())["runs"][0]["rows"]
+            if r["side"] in ("ort fp32", "ort int8", "fastembed")]
+    assert len(rows) == 6
+    if any(importlib.util.find_spec(m) is None
+           for m in ("onnxruntime", "onnx", "onnxscript", "fastembed")):
+        assert all(r["skipped"] for r in rows) and "bench-peers" in out
+        return
+    for r in rows:
+        assert r["error"] is None and r["texts_per_s"] > 0
+        assert r["cos_min"] > (0.9 if r["side"] == "ort int8" else 0.99999)
+        if r["workload"] == "single_query":
+            assert r["p50_ms"] is not None
 
 
 def test_registry_lists_and_rejects():

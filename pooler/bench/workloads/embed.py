@@ -1,6 +1,9 @@
 """Embedding workloads: a mixed corpus for throughput, short queries one at a time for latency.
 
-Peer: sentence-transformers `encode` (at batch 32, and at the batch size that runs fastest here).
+Peers: sentence-transformers `encode` (at batch 32, and at the batch size that runs fastest here;
+the baseline), and what a CPU user picks instead: ONNX Runtime on the model exported to ONNX (fp32
+and its dynamic int8) and fastembed on that same export (pooler/bench/onnx_peer.py; skipped with
+a line saying what to install when the `bench-peers` extra is absent).
 """
 from __future__ import annotations
 
@@ -133,27 +136,111 @@ def _st_latency(opts: BenchOptions) -> SideResult:
                       outputs_file=save_array(opts, "single_query-st", np.stack(outputs)))
 
 
+# ---- ONNX Runtime and fastembed (pooler/bench/onnx_peer.py) --------------------------------
+_ORT_PACKAGES = ("onnxruntime", "onnx", "onnxscript")  # run, quantize, export
+_ORT_BATCH = 32  # sentence-transformers' default batch, on length-sorted texts like it
+
+
+def _onnx_skip(opts: BenchOptions, *packages: str) -> str | None:
+    from pooler.bench import onnx_peer
+    from pooler.model_folder import resolve_model_path
+
+    if opts.device != "cpu":
+        return "the ONNX Runtime peers run on CPU only"
+    reason = onnx_peer.skip_reason(*packages)
+    if reason:
+        return reason
+    try:
+        onnx_peer.recipe(resolve_model_path(opts.model))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _onnx_encoder(opts: BenchOptions, kind: str, onnx_file: str):
+    """A callable texts -> [n, hidden] float32 for the side `kind` ("ort" or "fastembed")."""
+    from pooler.bench import onnx_peer
+    from pooler.model_folder import resolve_model_path
+
+    path = resolve_model_path(opts.model)
+    if kind == "ort":
+        model = onnx_peer.OrtEmbedder(path, onnx_file, opts.threads)
+        return lambda texts: model.encode(texts, batch_size=_ORT_BATCH)
+    model = onnx_peer.fastembed_model(path, onnx_file, opts.threads)
+    return lambda texts: np.stack(list(model.embed(texts)))  # its default batch size (256)
+
+
+def _onnx_throughput(kind: str, onnx_file: str, side: str):
+    def run(opts: BenchOptions) -> SideResult:
+        texts = corpus_texts(opts)
+        tokens = sum(_token_lens(opts, texts))
+        encode = _onnx_encoder(opts, kind, onnx_file)
+        encode(texts[:32])  # warm up
+        loaded = rss_mb()
+        start = time.perf_counter()
+        emb = encode(texts)
+        seconds = time.perf_counter() - start
+        note = f"batch {_ORT_BATCH}, length-sorted" if kind == "ort" else "fastembed defaults"
+        return SideResult(side, "peer", len(texts), tokens, seconds, loaded_rss_mb=loaded,
+                          note=note, outputs_file=save_array(opts, f"embed-{_slug(side)}", emb))
+    return run
+
+
+def _onnx_latency(kind: str, onnx_file: str, side: str):
+    def run(opts: BenchOptions) -> SideResult:
+        texts = query_texts(opts)
+        encode = _onnx_encoder(opts, kind, onnx_file)
+        for text in texts[:10]:
+            encode([text])
+        loaded = rss_mb()
+        start = time.perf_counter()
+        latencies, outputs = one_at_a_time(lambda t: encode([t])[0], texts)
+        seconds = time.perf_counter() - start
+        return SideResult(side, "peer", len(texts), sum(_token_lens(opts, texts)), seconds,
+                          latencies, loaded_rss_mb=loaded,
+                          outputs_file=save_array(opts, f"single_query-{_slug(side)}",
+                                                  np.stack(outputs)))
+    return run
+
+
+def _slug(side: str) -> str:
+    return side.replace(" ", "-")
+
+
+def _onnx_sides(opts: BenchOptions, make) -> list[Side]:
+    from pooler.bench.onnx_peer import FP32_FILE, INT8_FILE
+
+    ort_skip = _onnx_skip(opts, *_ORT_PACKAGES)
+    fastembed_skip = _onnx_skip(opts, *_ORT_PACKAGES, "fastembed")
+    return [Side("ort fp32", "peer", make("ort", FP32_FILE, "ort fp32"), skip=ort_skip),
+            Side("ort int8", "peer", make("ort", INT8_FILE, "ort int8"), skip=ort_skip),
+            Side("fastembed", "peer", make("fastembed", FP32_FILE, "fastembed"),
+                 skip=fastembed_skip)]
+
+
 # ---- registration -------------------------------------------------------------------------
 def _embed_sides(opts: BenchOptions) -> list[Side]:
     return pooler_sides(opts, _pooler_throughput) + [
         Side("st b32", "peer", _st_throughput(32, "st b32")),
         Side("st best", "peer", _st_throughput(None, "st best")),
-    ]
+    ] + _onnx_sides(opts, _onnx_throughput)
 
 
 def _latency_sides(opts: BenchOptions) -> list[Side]:
     return pooler_sides(opts, _pooler_latency) + [
-        Side("sentence-transformers", "peer", _st_latency)]
+        Side("sentence-transformers", "peer", _st_latency),
+    ] + _onnx_sides(opts, _onnx_latency)
 
 
 register(Workload(
     name="embed",
     description="embed a mixed corpus (half 5-15-word queries, half 50-250-word passages) "
-                "vs sentence-transformers encode",
+                "vs sentence-transformers encode, ONNX Runtime (fp32, int8) and fastembed",
     metric="throughput", sides=_embed_sides, baseline="st b32",
     flops_per_token=_flops_per_token))
 
 register(Workload(
     name="single_query",
-    description="embed short queries one call at a time vs sentence-transformers encode",
+    description="embed short queries one call at a time vs sentence-transformers encode, "
+                "ONNX Runtime (fp32, int8) and fastembed",
     metric="latency", sides=_latency_sides, baseline="sentence-transformers"))
