@@ -3,6 +3,12 @@ run, as on a shared machine (other replicas, noisy neighbours, a CPU-quota'd con
 
 Each process is a pure-Python spin loop (one core's worth of demand, no memory traffic to
 speak of), started before a run and killed after it; pooler and its peer see the same load.
+
+Each starts in its own session. With the kernel's autogroup scheduling (on by default on most
+distributions) the scheduler first shares CPU time between sessions, then between the threads
+inside one; a spinner in the bench's own session would only compete with the bench inside its
+share, which is not what a neighbour does. A neighbour is another service, container or user:
+its own session or cgroup, competing with this process as a whole.
 """
 from __future__ import annotations
 
@@ -17,7 +23,8 @@ _SPIN = "while True:\n    pass\n"
 @contextlib.contextmanager
 def background_load(num_processes: int):
     procs = [subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
              for _ in range(max(0, num_processes))]
     try:
         if procs:
