@@ -12,7 +12,15 @@ process, 1 and 2 threads alternating query by query, busy neighbours in their ow
 one short query p50 2 threads / 1 thread: 24.0 / 21.5 ms with other sessions' load alone
 (machine load ~8), 35.6 / 32.7 ms with 2 extra busy processes, 43.9 / 34.0 ms with 4; corpus
 batches (40 texts): 14.4 / 13.7 texts/s with 2 extra busy processes. On an idle machine the
-2-thread step stays (the detector reports no contention).
+2-thread step stays (the detector reports no contention). `pooler bench --workload
+single_query,embed --background-load 2`: single-query p50 10.5 -> 20.2 ms (1.93x), corpus
+throughput 1.31x sentence-transformers quiet and loaded.
+
+Caveat: the neighbours above are other sessions/cgroups, which the kernel gives a share as a
+whole. Busy threads in the SAME scheduling group (same session under autogroup, same cgroup)
+share CPU time per runnable thread instead, and there one thread loses share (4 spinners in our
+session: 61.5 ms at 1 thread vs 29.7 ms at 2); POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS=0
+keeps every thread in that setup.
 
 Contention is measured, not guessed (pooler/cpu_contention.py): run-queue wait per unit of run
 time of our threads, sampled at most every 0.2 s, with hysteresis. Knobs:
