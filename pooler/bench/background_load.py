@@ -17,7 +17,10 @@ import subprocess
 import sys
 import time
 
-_SPIN = "while True:\n    pass\n"
+# Spins until killed, or until its parent (the bench) is gone: in their own sessions the
+# spinners would not see the terminal's Ctrl-C, and must not outlive a killed bench.
+_SPIN = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
+         "    for _ in range(100_000):\n        pass\n")
 
 
 @contextlib.contextmanager
