@@ -68,8 +68,8 @@ def tune_malloc_for_steps() -> bool:
     return _malloc_tuned
 
 
-# Entries per cache. A MiniLM step builds ~4 GEMM kernels per token count, so 128 keeps the
-# ~30 most recent token counts hot (a stream of short queries of similar lengths never rebuilds)
+# Entries per cache. A MiniLM step builds 4 GEMM kernels per token count, so 128 keeps the
+# 32 most recent token counts hot (a stream of short queries of similar lengths never rebuilds)
 # and caps the caches at ~+55 MB of heap instead of ~+500 MB. With no cache at all every step
 # rebuilds its kernels: one short query went from 5 to 14 ms. Measured in docs/benchmarks.md
 # ("Soak").
