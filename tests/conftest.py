@@ -9,6 +9,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# What every Engine does at start, done before any test can build a oneDNN kernel (a layer test
+# calling oneDNN first would otherwise fix its cache capacity for the whole session).
+from pooler.worker.memory import bound_kernel_caches  # noqa: E402
+
+bound_kernel_caches()
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_MODELS = REPO_ROOT.parent / "shared" / "models"

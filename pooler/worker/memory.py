@@ -9,6 +9,12 @@ Measured on that corpus (1 thread): no trim 990 MB peak; threshold 256 MB: 892 M
 RSS is read at most once per `check_every_tokens` tokens run (default 4096): the read costs
 ~85 us right after a forward pass, 2% of a one-query call, while small steps barely grow the heap.
 A no-op where glibc is absent.
+
+Kernel caches (`bound_kernel_caches`): oneDNN and ideep (torch's oneDNN wrapper) each keep the
+kernels they built for every distinct shape, 1,024 of each by default, and a step's shapes
+change with its packed token count. Measured on all-MiniLM-L6-v2 with requests of 1-32 varied
+texts: ~2 MB of live heap per new token count, +~500 MB over the first few hundred requests
+before they level off. Bounded to `KERNEL_CACHE_CAPACITY` entries each.
 """
 from __future__ import annotations
 
@@ -60,6 +66,46 @@ def tune_malloc_for_steps() -> bool:
     _malloc_tuned = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
     return _malloc_tuned
+
+
+# Entries per cache. A MiniLM step builds 4 GEMM kernels per token count, so 128 keeps the
+# 32 most recent token counts hot (a stream of short queries of similar lengths never rebuilds)
+# and caps the caches at ~+55 MB of heap instead of ~+500 MB. With no cache at all every step
+# rebuilds its kernels: one short query went from 5 to 14 ms. Measured in docs/benchmarks.md
+# ("Soak").
+KERNEL_CACHE_CAPACITY = 128
+# oneDNN's primitive cache, ideep's computation cache.
+_KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+
+
+def bound_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> dict[str, str]:
+    """Bound oneDNN's and ideep's per-shape kernel caches, unless the user set their own
+    capacity (or POOLER_KERNEL_CACHE_CAPACITY, which sets both). Both libraries read the
+    variable when they build their first kernel, so this must run before the process's first
+    oneDNN call (ModelRunner calls it before loading the model); later it changes nothing.
+    Returns the capacities in effect as far as the environment says."""
+    value = os.environ.get("POOLER_KERNEL_CACHE_CAPACITY", str(capacity))
+    for name in _KERNEL_CACHE_VARIABLES:
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in _KERNEL_CACHE_VARIABLES}
+
+
+class _MallInfo2(ctypes.Structure):  # glibc >= 2.33, malloc.h
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def heap_in_use_mb() -> float | None:
+    """Bytes malloc has handed out and not had back (all arenas, mmapped blocks included), in
+    MB; None without glibc >= 2.33. Unlike RSS it ignores free heap the trimmer has not
+    returned yet, so it shows what the process really holds (a leak or a growing cache)."""
+    mallinfo2 = getattr(_libc(), "mallinfo2", None)
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2**20
 
 
 class HeapTrimmer:

@@ -17,7 +17,7 @@ from pooler.models.inputs import ModelInputs
 from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
-from pooler.worker.memory import HeapTrimmer, tune_malloc_for_steps
+from pooler.worker.memory import HeapTrimmer, bound_kernel_caches, tune_malloc_for_steps
 from pooler.worker.pooling_runner import PoolingRunner
 from pooler.worker.runner_base import ModelRunnerBase
 from pooler.worker.step_threads import StepThreads
@@ -32,6 +32,8 @@ class ModelRunner(ModelRunnerBase):
         # CPU: one thread for tiny steps, the configured count otherwise (step_threads.py).
         self.step_threads = StepThreads(num_threads or torch.get_num_threads()) \
             if self.device.type == "cpu" else None
+        if self.device.type == "cpu":
+            bound_kernel_caches()  # before the first oneDNN kernel is built (memory.py)
         self.model = build_model(model_config)
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
         self.requests: dict[str, NewRequestData] = {}
