@@ -205,3 +205,24 @@ def test_partial_cached_snapshot_is_completed_not_used(hub, online, model_folder
     assert resolve_model_path(REPO) == path
     assert (path / "1_Pooling" / "config.json").is_file()
     assert hub.gets("model.safetensors") == []  # what was there is not fetched again
+
+
+def test_gliner_by_hub_name(online, monkeypatch, tmp_path):
+    """A GLiNER repo (gliner_config.json, no config.json) downloads and serves by name."""
+    pytest.importorskip("gliner")
+    from pooler import Engine
+    from tests.models.gliner_folders import LABELS, TEXTS as GLINER_TEXTS, build_gliner
+
+    folder = build_gliner(tmp_path / "gliner")
+    fake = FakeHub()
+    fake.add_folder("acme/tiny-gliner", folder)
+    with serve_fake_hub(fake) as url:
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        by_name = Engine("acme/tiny-gliner")
+        got = by_name.ner(GLINER_TEXTS, labels=LABELS, threshold=0.2)
+        by_name.shutdown()
+    local = Engine(str(folder))
+    want = local.ner(GLINER_TEXTS, labels=LABELS, threshold=0.2)
+    local.shutdown()
+    assert sum(len(e) for e in want) > 0 and got == want
+    assert any(p.endswith("gliner_config.json") for m, p, _ in fake.requests if m == "GET")
