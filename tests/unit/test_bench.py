@@ -133,9 +133,14 @@ def test_quick_task_workload_runs_both_sides(name, tiny_st_model, tmp_path, monk
         peer = {"colbert": side.replace("pooler", "pylate")}.get(name) or next(
             s for s, r in by_side.items() if r["role"] == "peer")
         # Same results as the peer on the same inputs: entity / top-10 digests, output cosines.
-        if name in ("ner", "colbert", "cross_encoder", "gliner"):
+        if name in ("ner", "colbert", "cross_encoder"):
             assert row["note"].split("digest ")[1][:8] == \
                 by_side[peer]["note"].split("digest ")[1][:8]
+        if name == "gliner":
+            # A random GLiNER puts thousands of spans near the 0.5 threshold, where two fp32
+            # implementations may round one span either side (exact score parity at 1e-5 is
+            # tests/models/test_gliner.py's): the entity sets agree, per text, almost everywhere.
+            assert row["cos_mean"] > 0.99 and row["cos_min"] > 0.9
         if name in ("colbert", "cross_encoder", "sparse"):
             assert row["cos_min"] > 0.999
         if name in ("colbert", "cross_encoder", "server"):
