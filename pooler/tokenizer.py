@@ -51,6 +51,8 @@ class TextTokenizer:
         self._truncating: dict[tuple[int, str], Tokenizer] = {}
         self._lock = threading.Lock()
         self.config = tokenizer_config
+        self._num_special = {pair: sum(base.encode("", "" if pair else None).special_tokens_mask)
+                             for pair in (False, True)}
 
     def clear_cache(self) -> None:
         """Drop the per-truncation tokenizer clones (they are rebuilt on demand)."""
@@ -80,8 +82,7 @@ class TextTokenizer:
         return self._base.token_to_id(token) if token else None
 
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
-        encoding = self._base.encode("", "" if pair else None)
-        return sum(encoding.special_tokens_mask)
+        return self._num_special[bool(pair)]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._base.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -111,6 +112,10 @@ class TextTokenizer:
             raise ValueError(f"truncation length {max_length} leaves no room for the "
                              "model's special tokens.")
         tokenizer = self._tokenizer_for(max_length, direction)
+        if len(texts) == 1:  # one text: `encode` skips the batch call's thread-pool hand-off
+            pair = pairs[0] if pairs is not None else None
+            return [_to_input(tokenizer.encode(texts[0], pair,
+                                               add_special_tokens=add_special_tokens))]
         batch = list(zip(texts, pairs)) if pairs is not None else texts
         encodings = tokenizer.encode_batch(batch, add_special_tokens=add_special_tokens)
         return [_to_input(e) for e in encodings]

@@ -57,6 +57,12 @@ def varlen_kwargs(causal: bool, half_window: int | None, scale: float | None, gq
 # Longest sequence the fp32 matmul path takes, and the score bytes one chunk of it may hold.
 _MATH_MAX_LEN = 192
 _SCORE_BYTES = 2 * 2**20
+# ...except for groups this small, where one SDPA call beats the matmul path's eight ops:
+# 34 vs 50 us for one 12-token sequence of 12 heads x 32, 20 vs 32 us at 4 tokens, still ahead
+# for two sequences; from 8 sequences or 64 tokens the matmul path wins again (2 threads,
+# benchmarks/attention_paths.py).
+_SDPA_MAX_COUNT = 2
+_SDPA_MAX_LEN = 32
 
 
 def _math_attention(qs: torch.Tensor,  # [count, heads, L, head_dim]
@@ -134,7 +140,7 @@ def packed_attention(
         if kwargs is not None:
             return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                 **kwargs)
-    out = torch.empty_like(q)
+    out = None
     start = 0
     i = 0
     n = len(seq_lens)
@@ -162,11 +168,15 @@ def packed_attention(
             mask = key_mask if mask is None else mask & key_mask
         bias = None if position_bias is None else position_bias[length]  # [heads, L, L]
         math_ok = (not enable_gqa and length <= _MATH_MAX_LEN and q.device.type == "cpu"
-                   and q.dtype == torch.float32)
+                   and q.dtype == torch.float32
+                   and not (bias is None and count <= _SDPA_MAX_COUNT
+                            and length <= _SDPA_MAX_LEN))
         if bias is not None and mask is not None:
             # A float mask is added to the scores: the bias, -inf where the bool mask says no.
             bias, mask = None, bias.masked_fill(~mask, float("-inf"))
         if mask is None and not causal and math_ok:
+            if out is None:
+                out = torch.empty_like(q)
             _math_attention(qs, ks, vs, scale if scale is not None else q.shape[-1] ** -0.5,
                             out[start:end], bias)
         else:
@@ -174,8 +184,12 @@ def packed_attention(
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
                                                is_causal=causal and mask is None, scale=scale,
                                                enable_gqa=enable_gqa)
+            if count * length == q.shape[0]:  # one group is the whole batch: no out buffer
+                return o.transpose(1, 2).reshape(q.shape[0], num_heads, -1)
+            if out is None:
+                out = torch.empty_like(q)
             # One strided copy straight into place (reshape-then-assign would copy twice).
             out[start:end].view(count, length, num_heads, -1).copy_(o.transpose(1, 2))
         start = end
         i = j
-    return out
+    return out if out is not None else torch.empty_like(q)

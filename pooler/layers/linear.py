@@ -9,8 +9,6 @@ half precision, int8 layers, other activations, autograd) takes the plain path.
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import nn
 
@@ -31,38 +29,44 @@ def onednn_postop(act_name: str) -> tuple[str, str] | None:
 
 _NO_POSTOP = ("none", "")
 
-# layer -> (weight version key, weight in oneDNN's blocked layout). Packing once instead of on
-# every call measured 1.8x faster for a 12-token query (the reorder reads and writes the whole
-# weight each call) and ~3% faster at 2k tokens. The key changes when the weight is reloaded
-# in place (copy_ bumps its version), which repacks.
-_PACKED: "weakref.WeakKeyDictionary[nn.Linear, tuple]" = weakref.WeakKeyDictionary()
+# Each fast-path layer keeps (weight version key, weight in oneDNN's blocked layout) in its
+# __dict__ under _PACKED. Packing once instead of on every call measured 1.8x faster for a
+# 12-token query (the reorder reads and writes the whole weight each call) and ~3% faster at 2k
+# tokens. The key changes when the weight is reloaded in place (copy_ bumps its version), which
+# repacks. An attribute lookup, not a WeakKeyDictionary: 24 lookups per MiniLM forward cost
+# ~0.15 ms through the weak-keyed dict, a few us this way.
+_PACKED = "_onednn_packed_weight"
 
 
-def _packed_weight(layer: nn.Linear) -> torch.Tensor:
+if _HAS_ONEDNN:  # the op overloads, looked up once (each torch.ops.* lookup costs ~1 us)
+    _LINEAR = torch.ops.mkldnn._linear_pointwise.default
+    _LINEAR_BINARY = torch.ops.mkldnn._linear_pointwise.binary
+
+
+def _packed_for(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """The layer's weight in oneDNN's layout when the fast path applies to x, else None."""
+    if not (_HAS_ONEDNN and type(layer) is nn.Linear and x.is_cpu
+            and x.dtype == torch.float32 and x.dim() == 2):
+        return None
     weight = layer.weight
+    if weight.requires_grad and torch.is_grad_enabled():
+        return None
     key = (weight.data_ptr(), weight._version, weight.shape)
-    cached = _PACKED.get(layer)
+    cached = layer.__dict__.get(_PACKED)
     if cached is None or cached[0] != key:
         with torch.inference_mode():
             cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
-        _PACKED[layer] = cached
+        layer.__dict__[_PACKED] = cached
     return cached[1]
-
-
-def _fast_path(layer: nn.Module, x: torch.Tensor) -> bool:
-    return (_HAS_ONEDNN and type(layer) is nn.Linear
-            and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
-            and not (torch.is_grad_enabled() and layer.weight.requires_grad))
 
 
 def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
                postop: tuple[str, str] | None = _NO_POSTOP) -> torch.Tensor:
     """act(layer(x)) (act None: just layer(x)), as one oneDNN call when the fast path applies.
     `postop` must be what `onednn_postop` gave for `act` (None: no fused form)."""
-    if postop is not None and _fast_path(layer, x):
-        attr, algorithm = postop
-        return torch.ops.mkldnn._linear_pointwise(x, _packed_weight(layer), layer.bias, attr,
-                                                  [], algorithm)
+    packed = None if postop is None else _packed_for(layer, x)
+    if packed is not None:
+        return _LINEAR(x, packed, layer.bias, postop[0], [], postop[1])
     y = layer(x)
     return y if act is None else act(y)
 
@@ -71,7 +75,7 @@ def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tor
     """layer(x) + residual, with the add in the GEMM's epilogue on the fast path: one pass and
     one allocation fewer per residual connection (a 12-token query measured within noise of
     linear + add on the shared 2-core machine; see docs/benchmarks.md, issue 14 part 5)."""
-    if _fast_path(layer, x) and residual.dtype == torch.float32 and residual.is_contiguous():
-        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, _packed_weight(layer),
-                                                         layer.bias, "add")
+    packed = _packed_for(layer, x)
+    if packed is not None and residual.dtype == torch.float32 and residual.is_contiguous():
+        return _LINEAR_BINARY(x, residual, packed, layer.bias, "add")
     return layer(x) + residual

@@ -1,5 +1,6 @@
-"""packed_attention's CPU paths (chunked matmul+softmax up to _MATH_MAX_LEN, SDPA beyond) give
-the same result as SDPA on each sequence alone; varlen_kwargs speaks each varlen_attn
+"""packed_attention's CPU paths (chunked matmul+softmax up to _MATH_MAX_LEN, SDPA beyond and for
+groups of at most _SDPA_MAX_COUNT short sequences) give the same result as SDPA on each
+sequence alone; varlen_kwargs speaks each varlen_attn
 signature or declines."""
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def _per_sequence_sdpa(q, k, v, seq_lens):
 
 @pytest.mark.parametrize("seq_lens", [
     [12],                                      # one short query
+    [7, 7, 7, 30, 30],                         # small groups next to a larger one
     [40] * 9 + [41, 7, 7],                     # runs of equal lengths, several chunks
     [150, 150, 192, 193, 250],                 # both sides of _MATH_MAX_LEN
 ])
@@ -34,9 +36,25 @@ def test_cpu_paths_match_per_sequence_sdpa(seq_lens, monkeypatch):
     got = packed_attention(q, k, v, seq_lens, cu, max(seq_lens))
     torch.testing.assert_close(got, _per_sequence_sdpa(q, k, v, seq_lens), atol=1e-5,
                                rtol=1e-5)
+    monkeypatch.setattr(attention, "_SDPA_MAX_COUNT", 0)  # matmul path up to 192: same answer
+    torch.testing.assert_close(packed_attention(q, k, v, seq_lens, cu, max(seq_lens)), got,
+                               atol=1e-5, rtol=1e-5)
     monkeypatch.setattr(attention, "_MATH_MAX_LEN", 0)  # SDPA everywhere: same answer
     torch.testing.assert_close(packed_attention(q, k, v, seq_lens, cu, max(seq_lens)), got,
                                atol=1e-5, rtol=1e-5)
+
+
+def test_small_groups_take_sdpa_larger_ones_the_matmul_path(monkeypatch):
+    groups = []  # (count, length) of each group the matmul path ran
+    real = attention._math_attention
+    monkeypatch.setattr(attention, "_math_attention",
+                        lambda qs, *a, **kw: groups.append(tuple(qs.shape[:3:2])) or
+                        real(qs, *a, **kw))
+    seq_lens = [12, 20, 20, 9, 9, 9, 40]
+    q, k, v = (torch.randn(sum(seq_lens), 4, 16) for _ in range(3))
+    cu = torch.tensor([0] + list(torch.tensor(seq_lens).cumsum(0)), dtype=torch.int32)
+    packed_attention(q, k, v, seq_lens, cu, max(seq_lens))
+    assert groups == [(3, 9), (1, 40)]  # one and two sequences of <= 32 tokens: SDPA
 
 
 WINDOW_API = frozenset({"scale", "window_size", "enable_gqa"})  # torch 2.13
