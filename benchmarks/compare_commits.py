@@ -1,6 +1,6 @@
 """Two copies of the pooler package side by side: one short query p50 and corpus texts/s, one
 process per run, alternating A, B, A, B, with no extra load and with N busy processes in their
-own sessions. Same settings for both (OMP_WAIT_POLICY=PASSIVE, default threads).
+own sessions. Same settings for both (the OpenMP spin `import pooler` sets, default threads).
 
     git archive 3e26372 pooler | tar -x -C /tmp/main_code
     flock /work/notes/bench.lock .venv/bin/python benchmarks/compare_commits.py \\
@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pooler.bench.background_load import background_load  # noqa: E402
+from pooler.cpu_threads import prefer_short_openmp_spin  # noqa: E402
 
 _CHILD = r'''
 import json, statistics, sys, time
@@ -41,7 +42,8 @@ print(json.dumps({"p50": statistics.median(lat), "tps": len(docs) / (time.perf_c
 
 
 def run_once(code_root: Path, queries: int, docs: int) -> dict:
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PYTHONPATH=str(code_root))
+    env = dict(os.environ, PYTHONPATH=str(code_root))
+    prefer_short_openmp_spin(env)  # both copies alike, whatever an older one would set
     with tempfile.TemporaryDirectory() as cwd:  # not a folder holding another `pooler`
         proc = subprocess.run([sys.executable, "-c", _CHILD, str(queries), str(docs)], env=env,
                               cwd=cwd, capture_output=True, text=True, check=True)

@@ -65,10 +65,13 @@ def main() -> int:
     if args.side:
         print(json.dumps(measure(args.side, args.threads, args.clock)))
         return 0
-    # OMP_WAIT_POLICY=PASSIVE as the `pooler` CLI sets it (pooler/cpu_threads.py), unless set.
+    # The OpenMP spin this checkout's `import pooler` sets (pooler/cpu_threads.py), for every
+    # side alike (an older pooler may set none), unless the caller's environment chose one.
+    from pooler.cpu_threads import prefer_short_openmp_spin
+
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
-               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="true",
-               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="true")
+    prefer_short_openmp_spin(env)
     with tempfile.TemporaryDirectory(prefix="pooler-old-") as old_dir:
         archive = subprocess.run(["git", "-C", str(_REPO), "archive", args.old],
                                  capture_output=True, check=True).stdout

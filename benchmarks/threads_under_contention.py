@@ -12,8 +12,7 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it, before torch loads
-
+import pooler  # noqa: E402,F401  (sets the OpenMP spin before torch loads, as the CLI does)
 from pooler.bench import corpus  # noqa: E402
 from pooler.bench.background_load import background_load  # noqa: E402
 from pooler.cpu_contention import read_schedstat  # noqa: E402

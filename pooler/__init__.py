@@ -1,10 +1,15 @@
 """pooler: one engine for embedding, reranking, ColBERT, token-classification and SPLADE models.
 
-The public names load on first use (PEP 562), so `pooler` / `python -m pooler` can set the
-OpenMP environment (pooler/cpu_threads.py) before anything imports torch."""
+The public names load on first use (PEP 562), so importing pooler loads no torch and can set the
+OpenMP spin (pooler/cpu_threads.py) first: OpenMP reads it once, when torch loads."""
 from __future__ import annotations
 
 import importlib
+import sys
+
+if "torch" not in sys.modules:
+    from pooler.cpu_threads import prefer_short_openmp_spin
+    prefer_short_openmp_spin()
 
 # Public name -> the module that defines it.
 _EXPORTS = {

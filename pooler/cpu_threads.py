@@ -6,12 +6,20 @@ taskset, or several replicas on one node get far less. Too many threads for the 
 is expensive: OpenMP's threads meet at a barrier after every parallel loop, and one thread that
 the kernel has descheduled (or whose cgroup has used its quota) stalls all the others.
 
-OpenMP's wait policy matters as much: by default libgomp's idle threads spin for a while before
-they sleep, which burns the CPU time a descheduled peer needs (measured in issue 14: one short
-query at load average 5.5, 2 threads: 488 ms with the default policy, 7.8 ms with PASSIVE).
-The policy is read once, when torch loads libgomp, so it must be in the environment before
-`import torch`. `pooler` / `python -m pooler` set it when unset (prefer_passive_openmp);
-library users set OMP_WAIT_POLICY=PASSIVE themselves before importing torch.
+How long an idle OpenMP thread spins before it sleeps matters as much. libgomp's default spin
+(300,000 iterations, milliseconds) burns the CPU time a descheduled peer needs: one short query
+at load average 5.5, 2 threads, took 488 ms (issue 14); with 2 busy neighbours its p90 was
+140-170 ms. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs the other way: every parallel loop
+must wake its threads, 1.6x on a quiet short query (8.1 vs 5.1 ms). A short spin
+(GOMP_SPINCOUNT=10000, tens of microseconds) keeps the quiet figure and bounds the waste; the
+step-thread rule (pooler/worker/step_threads.py) takes small steps to one thread while the cores
+are contended, where no thread waits at all (docs/benchmarks.md, "OpenMP spin and the
+contention rule").
+
+OpenMP reads these once, when torch loads libgomp, so they must be in the environment before
+`import torch`: `import pooler` (before torch), `pooler` and `python -m pooler` set
+GOMP_SPINCOUNT when the user set neither it nor OMP_WAIT_POLICY (prefer_short_openmp_spin).
+Code that imports torch first sets `GOMP_SPINCOUNT=10000` itself.
 
 Imports nothing heavy (no torch): the CLI calls this before torch loads.
 """
@@ -24,11 +32,17 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def prefer_passive_openmp(environ=os.environ) -> bool:
-    """Set OMP_WAIT_POLICY=PASSIVE unless the user chose a policy. Returns whether it is now
-    PASSIVE. Only has an effect before torch is imported."""
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return environ["OMP_WAIT_POLICY"].upper() == "PASSIVE"
+# Spin iterations before an idle libgomp thread sleeps (its own default: 300,000).
+SHORT_SPIN_COUNT = "10000"
+
+
+def prefer_short_openmp_spin(environ=os.environ) -> bool:
+    """Set GOMP_SPINCOUNT to a short spin unless the user chose a wait policy or spin count.
+    Returns whether it set it. Only has an effect before torch is imported."""
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return False
+    environ["GOMP_SPINCOUNT"] = SHORT_SPIN_COUNT
+    return True
 
 
 def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> float | None:

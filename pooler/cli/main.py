@@ -6,10 +6,11 @@ import importlib
 import pkgutil
 import sys
 
-# Before any subcommand imports torch: OpenMP reads its wait policy once, when torch loads it.
-from pooler.cpu_threads import prefer_passive_openmp
+# Before any subcommand imports torch: OpenMP reads its spin setting once, when torch loads it
+# (pooler/__init__.py does the same; this keeps the CLI right if that ever changes).
+from pooler.cpu_threads import prefer_short_openmp_spin
 
-prefer_passive_openmp()
+prefer_short_openmp_spin()
 
 import pooler.cli as cli_package  # noqa: E402
 

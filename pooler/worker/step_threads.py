@@ -1,37 +1,36 @@
-"""Threads per step: the configured count, or (opt-in) one thread for a small step while other
-processes compete for the cores.
+"""Threads per step: the configured count, or one thread for a small step while other processes
+compete for the cores.
 
-DEFAULT OFF. The end-to-end A/B decided it: `pooler bench --workload single_query
---background-load 2`, same machine, back to back (load ~12 from other sessions), the sides
-inheriting POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS: 0 (rule off, 2 threads): p50 11.48 ->
-9.81 ms with the load (0.85x); 256 (rule on): 11.23 -> 24.78 ms (2.21x). The in-process A/B
-below favoured one thread, the real bench did not; the bench wins. The detector and the rule
-stay for setups where a measurement says they help (set the variable to e.g. 256).
+ON by default for steps below 256 tokens (short queries; a corpus batch keeps every thread).
+On a 2-core machine, all-MiniLM-L6-v2, 2 threads, one short query p50 over 130 queries, three
+rounds, 2 busy processes in their own sessions as the loaded case (`python
+benchmarks/omp_wait_ab.py`, docs/benchmarks.md "OpenMP spin and the contention rule"):
 
-The idea: with OMP_WAIT_POLICY=PASSIVE an idle OpenMP thread sleeps, and every parallel loop must
-wake it; on a busy machine the woken thread waits on a run queue for a core (milliseconds) while
-the caller waits at the loop's barrier. A short query runs a few hundred such loops, each too
-small to gain from a second thread anyway. One thread has no barrier to wait at. Large steps
-keep every thread: their loops are long enough for the split to pay even under load.
+| setting                          | quiet   | loaded   |
+|----------------------------------|---------|----------|
+| GOMP_SPINCOUNT=10000, rule off   | 5.74 ms | 19.50 ms |
+| GOMP_SPINCOUNT=10000, rule on    | 5.06 ms |  7.53 ms |
+| OMP_WAIT_POLICY=PASSIVE, rule off| 8.08 ms | 23.26 ms |
 
-Measured (docs/benchmarks.md, "Threads under contention"; 2 cores, all-MiniLM-L6-v2, one
-process, 1 and 2 threads alternating query by query, busy neighbours in their own sessions):
-one short query p50 2 threads / 1 thread: 24.0 / 21.5 ms with other sessions' load alone
-(machine load ~8), 35.6 / 32.7 ms with 2 extra busy processes, 43.9 / 34.0 ms with 4; corpus
-batches (40 texts): 14.4 / 13.7 texts/s with 2 extra busy processes. On an idle machine the
-2-thread step stays (the detector reports no contention). With the rule on, `pooler bench
---workload single_query,embed --background-load 2` gave single-query p50 10.5 -> 20.2 ms
-(1.93x), corpus 1.31x sentence-transformers quiet and loaded; then the A/B above.
+Why: a short query runs a few hundred parallel loops, each too small to gain much from a second
+thread. When another process holds a core, our second thread waits on a run queue and the
+caller waits for it at every loop's barrier. One thread has no barrier to wait at. Large steps
+keep every thread: their loops are long enough for the split to pay even under load (corpus
+batches of 40 texts: 14.4 texts/s on 2 threads vs 13.7 on one with 2 busy neighbours).
 
-Caveat: the neighbours above are other sessions/cgroups, which the kernel gives a share as a
-whole. Busy threads in the SAME scheduling group (same session under autogroup, same cgroup)
+An earlier A/B (docs/benchmarks.md, "Threads under contention") put the rule off: with
+OMP_WAIT_POLICY=PASSIVE, on a machine other sessions kept at load ~12, it made that p50 worse
+(11.2 -> 24.8 ms). There the "quiet" half was itself contended and every wake-up went through
+the kernel; on a quiet machine with the short spin the rule wins both halves (table above).
+
+Caveat: busy threads in the SAME scheduling group (same session under autogroup, same cgroup)
 share CPU time per runnable thread instead, and there one thread loses share (4 spinners in our
-session: 61.5 ms at 1 thread vs 29.7 ms at 2); the default (off) keeps every
-thread in that setup.
+session: 61.5 ms at 1 thread vs 29.7 ms at 2). Set POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS=0
+to keep every thread in such a setup.
 
 Contention is measured, not guessed (pooler/cpu_contention.py): run-queue wait per unit of run
 time of our threads, sampled at most every 0.2 s, with hysteresis. Knobs:
-POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS (default 0 = off; 256 covers short queries) and
+POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS (default 256; 0 = off) and
 POOLER_SINGLE_THREAD_BELOW_TOKENS (one thread below this size always; default 0 = off).
 torch.set_num_threads costs ~0.1 us and is called only when the count changes.
 """
@@ -43,8 +42,8 @@ import torch
 
 from pooler.cpu_contention import SampledContention
 
-# Off by default: `pooler bench` said so (docstring above).
-DEFAULT_CONTENDED_SINGLE_THREAD_BELOW = 0
+# Short queries go to one thread under contention (docstring above); 0 turns the rule off.
+DEFAULT_CONTENDED_SINGLE_THREAD_BELOW = 256
 
 
 def _tokens_env(name: str, default: int) -> int:

@@ -167,6 +167,16 @@ def test_no_contention_sampling_for_large_steps_or_one_thread():
     assert flag.asked == 0
 
 
+def test_the_contended_rule_is_on_by_default_for_short_steps(monkeypatch):
+    monkeypatch.delenv("POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS", raising=False)
+    flag = FlagContention()
+    flag.value = True
+    threads = StepThreads(2, 0, contention=flag)
+    assert threads.threads_for(255) == 1 and threads.threads_for(256) == 2
+    flag.value = False
+    assert threads.threads_for(12) == 2
+
+
 def test_contended_threshold_env_is_checked(monkeypatch):
     monkeypatch.setenv("POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS", "0")
     flag = FlagContention()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pooler.cpu_threads import (available_cpus, cgroup_cpu_limit, default_num_threads,
-                                prefer_passive_openmp)
+                                prefer_short_openmp_spin)
 
 
 def _write(path, text):
@@ -60,28 +60,41 @@ def test_pooler_num_threads_overrides_and_is_checked(monkeypatch):
         default_num_threads()
 
 
-def test_prefer_passive_keeps_a_users_choice():
+def test_short_spin_keeps_a_users_choice():
     env = {}
-    assert prefer_passive_openmp(env) and env["OMP_WAIT_POLICY"] == "PASSIVE"
-    env = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert not prefer_passive_openmp(env) and env["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert prefer_short_openmp_spin(env) and env == {"GOMP_SPINCOUNT": "10000"}
+    env = {"OMP_WAIT_POLICY": "PASSIVE"}  # a chosen policy: no spin count added
+    assert not prefer_short_openmp_spin(env) and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {"GOMP_SPINCOUNT": "500"}
+    assert not prefer_short_openmp_spin(env) and env == {"GOMP_SPINCOUNT": "500"}
+
+
+_PROBE = "import sys, os\n{}\nprint('torch' in sys.modules, os.environ.get('GOMP_SPINCOUNT'))\n"
 
 
 @pytest.mark.parametrize("entry", [["-m", "pooler", "--help"],
                                    ["-c", "import sys; from pooler.cli.main import main; "
                                           "sys.argv=['pooler', '--help']; main()"]])
-def test_cli_sets_passive_before_torch_loads(entry):
+def test_cli_sets_the_spin_before_torch_loads(entry):
     """`python -m pooler` and the `pooler` entry point import no torch before setting the
-    policy; the check runs in a child whose environment has no policy."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    probe = ("import sys, os, runpy\n"
-             "import pooler.cli.main\n"
-             "print('torch' in sys.modules, os.environ.get('OMP_WAIT_POLICY'))\n")
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()
-    assert out == ["False", "PASSIVE"]
+    spin; the check runs in a child whose environment has no OpenMP setting."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", _PROBE.format("import pooler.cli.main")],
+                         env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "10000"]
     rc = subprocess.run([sys.executable, *entry], env=env, capture_output=True, text=True)
     assert rc.returncode == 0 and "serve" in rc.stdout
+
+
+def test_import_pooler_sets_the_spin_only_before_torch():
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    first = subprocess.run([sys.executable, "-c", _PROBE.format("import pooler")], env=env,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert first == ["False", "10000"]
+    # torch already loaded: libgomp has read its settings; setting one now would only mislead.
+    late = subprocess.run([sys.executable, "-c", _PROBE.format("import torch, pooler")],
+                          env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert late == ["True", "None"]
 
 
 def test_engine_threads_default_and_the_single_thread_threshold(minilm_path, monkeypatch):
