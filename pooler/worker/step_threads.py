@@ -1,36 +1,35 @@
-"""Threads per step: the configured count, or one thread for a small step while other processes
-compete for the cores.
+"""Threads per step: the configured count, or fewer while other processes compete for the cores:
+one thread for a small step (below 256 tokens: short queries), half the threads (at least one)
+for a larger one.
 
-ON by default for steps below 256 tokens (short queries; a corpus batch keeps every thread).
-On a 2-core machine, all-MiniLM-L6-v2, 2 threads, one short query p50 over 130 queries, three
-rounds, 2 busy processes in their own sessions as the loaded case (`python
-benchmarks/omp_wait_ab.py`, docs/benchmarks.md "OpenMP spin and the contention rule"):
+Measured on a 2-core machine, all-MiniLM-L6-v2, 2 threads, 2 busy processes in their own
+sessions as the loaded case (docs/benchmarks.md, "OpenMP spin and the contention rule"):
+- one short query, p50 over 130 queries, median of three rounds (`python
+  benchmarks/omp_wait_ab.py`): GOMP_SPINCOUNT=10000 with the rule off 4.69 ms quiet, 21.16 ms
+  loaded; with the rule on 5.34 / 10.18 ms (one thread alone: 6.35 / 9.82 ms;
+  OMP_WAIT_POLICY=PASSIVE, rule off: 8.73 / 15.36 ms).
+- 300 corpus texts, loaded, texts/s (median of two rounds): 2 threads 25.3, one thread while
+  contended 29.6 (sentence-transformers b32 in the same environment: 15.3).
 
-| setting                          | quiet   | loaded   |
-|----------------------------------|---------|----------|
-| GOMP_SPINCOUNT=10000, rule off   | 5.74 ms | 19.50 ms |
-| GOMP_SPINCOUNT=10000, rule on    | 5.06 ms |  7.53 ms |
-| OMP_WAIT_POLICY=PASSIVE, rule off| 8.08 ms | 23.26 ms |
-
-Why: a short query runs a few hundred parallel loops, each too small to gain much from a second
-thread. When another process holds a core, our second thread waits on a run queue and the
-caller waits for it at every loop's barrier. One thread has no barrier to wait at. Large steps
-keep every thread: their loops are long enough for the split to pay even under load (corpus
-batches of 40 texts: 14.4 texts/s on 2 threads vs 13.7 on one with 2 busy neighbours).
+Why: a parallel loop ends at a barrier where every thread waits for the slowest. When another
+process holds a core, our second thread waits on a run queue and the caller waits for it at
+every barrier; a short query runs a few hundred such loops, each too small to gain much from
+a second thread anyway. Fewer threads than free cores have no peer to wait for.
 
 An earlier A/B (docs/benchmarks.md, "Threads under contention") put the rule off: with
 OMP_WAIT_POLICY=PASSIVE, on a machine other sessions kept at load ~12, it made that p50 worse
 (11.2 -> 24.8 ms). There the "quiet" half was itself contended and every wake-up went through
-the kernel; on a quiet machine with the short spin the rule wins both halves (table above).
+the kernel; on a quiet machine with the short spin the rule wins the loaded half and leaves the
+quiet one alone (the detector stays quiet there: all 220 steps of a quiet run kept 2 threads).
 
 Caveat: busy threads in the SAME scheduling group (same session under autogroup, same cgroup)
 share CPU time per runnable thread instead, and there one thread loses share (4 spinners in our
 session: 61.5 ms at 1 thread vs 29.7 ms at 2). Set POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS=0
-to keep every thread in such a setup.
+to keep every thread in such a setup. Halving for larger steps is measured on 2 cores only.
 
 Contention is measured, not guessed (pooler/cpu_contention.py): run-queue wait per unit of run
 time of our threads, sampled at most every 0.2 s, with hysteresis. Knobs:
-POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS (default 256; 0 = off) and
+POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS (default 256; 0 turns the whole rule off) and
 POOLER_SINGLE_THREAD_BELOW_TOKENS (one thread below this size always; default 0 = off).
 torch.set_num_threads costs ~0.1 us and is called only when the count changes.
 """
@@ -77,9 +76,11 @@ class StepThreads:
     def threads_for(self, num_tokens: int) -> int:
         if self.num_threads == 1 or num_tokens < self.single_thread_below:
             return 1
-        # Only sample contention when the answer could change the count (cheap either way).
-        if num_tokens < self.contended_single_thread_below and self.contention.contended():
-            return 1
+        # A threshold of 0 turns the rule off: no sampling, every thread.
+        if self.contended_single_thread_below and self.contention.contended():
+            if num_tokens < self.contended_single_thread_below:
+                return 1
+            return max(1, self.num_threads // 2)  # larger steps: half the threads
         return self.num_threads
 
     def apply(self, num_tokens: int) -> int:

@@ -120,16 +120,24 @@ class FlagContention:
         return self.value
 
 
-def test_small_steps_use_one_thread_only_while_contended():
+def test_fewer_threads_only_while_contended():
     flag = FlagContention()
     threads = StepThreads(2, single_thread_below=0, contended_single_thread_below=256,
                           contention=flag)
     assert threads.threads_for(10) == 2 and threads.threads_for(2000) == 2
     flag.value = True
     assert threads.threads_for(10) == 1 and threads.threads_for(255) == 1
-    assert threads.threads_for(256) == 2 and threads.threads_for(2000) == 2
+    assert threads.threads_for(256) == 1 and threads.threads_for(2000) == 1  # half of 2
     flag.value = False
-    assert threads.threads_for(10) == 2
+    assert threads.threads_for(10) == 2 and threads.threads_for(2000) == 2
+
+
+def test_large_steps_keep_half_the_threads_while_contended():
+    flag = FlagContention()
+    flag.value = True
+    threads = StepThreads(8, 0, 256, contention=flag)
+    assert threads.threads_for(12) == 1 and threads.threads_for(4096) == 4
+    assert StepThreads(3, 0, 256, contention=flag).threads_for(4096) == 1
 
 
 def test_thread_decision_follows_the_detector_through_a_busy_spell():
@@ -160,10 +168,10 @@ def test_thread_decision_follows_the_detector_through_a_busy_spell():
     assert steps(3) == [1, 2, 2]
 
 
-def test_no_contention_sampling_for_large_steps_or_one_thread():
+def test_no_contention_sampling_with_one_thread_or_the_rule_off():
     flag = FlagContention()
-    StepThreads(2, 0, 256, contention=flag).threads_for(4096)
     StepThreads(1, 0, 256, contention=flag).threads_for(4)
+    StepThreads(2, 0, 0, contention=flag).threads_for(4)
     assert flag.asked == 0
 
 
@@ -172,7 +180,7 @@ def test_the_contended_rule_is_on_by_default_for_short_steps(monkeypatch):
     flag = FlagContention()
     flag.value = True
     threads = StepThreads(2, 0, contention=flag)
-    assert threads.threads_for(255) == 1 and threads.threads_for(256) == 2
+    assert threads.threads_for(255) == 1 and StepThreads(4, 0, contention=flag).threads_for(256) == 2
     flag.value = False
     assert threads.threads_for(12) == 2
 

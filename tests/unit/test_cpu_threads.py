@@ -128,6 +128,8 @@ def test_single_thread_threshold_defaults_off_and_is_checked(monkeypatch):
     from pooler.worker.step_threads import StepThreads
 
     monkeypatch.delenv("POOLER_SINGLE_THREAD_BELOW_TOKENS", raising=False)
+    # The contended rule off: on a busy machine it would pick one thread for its own reason.
+    monkeypatch.setenv("POOLER_CONTENDED_SINGLE_THREAD_BELOW_TOKENS", "0")
     assert StepThreads(2).threads_for(1) == 2
     monkeypatch.setenv("POOLER_SINGLE_THREAD_BELOW_TOKENS", "-3")
     with pytest.raises(ValueError, match="POOLER_SINGLE_THREAD_BELOW_TOKENS"):
