@@ -8,8 +8,9 @@ sessions as the loaded case (docs/benchmarks.md, "OpenMP spin and the contention
   benchmarks/omp_wait_ab.py`): GOMP_SPINCOUNT=10000 with the rule off 4.69 ms quiet, 21.16 ms
   loaded; with the rule on 5.34 / 10.18 ms (one thread alone: 6.35 / 9.82 ms;
   OMP_WAIT_POLICY=PASSIVE, rule off: 8.73 / 15.36 ms).
-- 300 corpus texts, loaded, texts/s (median of two rounds): 2 threads 25.3, one thread while
-  contended 29.6 (sentence-transformers b32 in the same environment: 15.3).
+- 300 corpus texts, texts/s, median of two rounds (`python benchmarks/corpus_threads_ab.py`):
+  rule off 81.3 quiet, 21.8 loaded; rule on 80.6 / 24.5 (sentence-transformers b32 in the
+  same environment: 53.4 / 15.0).
 
 Why: a parallel loop ends at a barrier where every thread waits for the slowest. When another
 process holds a core, our second thread waits on a run queue and the caller waits for it at
