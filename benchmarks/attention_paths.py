@@ -10,27 +10,15 @@ Prints microseconds per call (best of three medians) and SDPA / matmul for 12 he
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pooler.bench.common import median_call_seconds  # noqa: E402
 from pooler.layers.attention import _math_attention  # noqa: E402
-
-
-def median_us(fn, reps: int) -> float:
-    for _ in range(max(3, reps // 10)):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def main() -> int:
@@ -56,8 +44,9 @@ def main() -> int:
                 out.view(count, length, heads, dim).copy_(o.transpose(1, 2))
 
             reps = max(20, 20000 // (count * length))
-            matmul = min(median_us(matmul_path, reps) for _ in range(3))
-            sdpa = min(median_us(sdpa_path, reps) for _ in range(3))
+            warmup = max(3, reps // 10)
+            matmul = min(median_call_seconds(matmul_path, reps, warmup) for _ in range(3)) * 1e6
+            sdpa = min(median_call_seconds(sdpa_path, reps, warmup) for _ in range(3)) * 1e6
             row.append(f"{count} seqs: matmul {matmul:.0f} sdpa {sdpa:.0f} ({sdpa / matmul:.2f})")
         print(f"threads {args.threads} length {length:3d} | " + " | ".join(row), flush=True)
     return 0

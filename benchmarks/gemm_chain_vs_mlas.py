@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
+from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pooler.bench.common import median_call_seconds  # noqa: E402
 
 SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384)]  # (in, out) per layer, in order
 
@@ -62,17 +65,6 @@ def onednn_chain(weights):
     return run
 
 
-def median_ms(fn, reps: int = 100) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -92,7 +84,7 @@ def main() -> int:
     results = {name: [] for name in sides}
     for _ in range(args.rounds):
         for name, fn in sides.items():
-            results[name].append(median_ms(lambda: fn(x)))
+            results[name].append(median_call_seconds(lambda: fn(x), 100) * 1e3)
     for name, values in results.items():
         print(f"threads {args.threads} tokens {args.tokens} {name:20s} median "
               f"{statistics.median(values):.3f} ms")

@@ -151,6 +151,19 @@ def one_at_a_time(fn: Callable[[object], object], inputs: list) -> tuple[list[fl
     return latencies, outputs
 
 
+def median_call_seconds(fn: Callable[[], object], reps: int, warmup: int = 10) -> float:
+    """Median wall time of fn() over `reps` calls after `warmup` unmeasured ones (the
+    micro-benchmarks under benchmarks/)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
 def digest(obj) -> str:
     """Short fingerprint of JSON-able outputs: equal digests on two sides = identical results."""
     return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:8]
