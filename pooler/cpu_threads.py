@@ -9,7 +9,7 @@ the kernel has descheduled (or whose cgroup has used its quota) stalls all the o
 How long an idle OpenMP thread spins before it sleeps matters as much. libgomp's default spin
 (300,000 iterations, milliseconds) burns the CPU time a descheduled peer needs: one short query
 at load average 5.5, 2 threads, took 488 ms (issue 14); with 2 busy neighbours its p90 was
-140-170 ms. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs the other way: every parallel loop
+133-180 ms. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs the other way: every parallel loop
 must wake its threads, 1.6x on a quiet short query (8.7 vs 5.3 ms). A short spin
 (GOMP_SPINCOUNT=10000, tens of microseconds) keeps the quiet figure and bounds the waste; the
 step-thread rule (pooler/worker/step_threads.py) takes small steps to one thread while the cores

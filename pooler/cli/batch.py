@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from pooler.cli.common import add_engine_args, add_truncation_arg, engine_from_args
+from pooler.cli.common import (add_engine_args, add_truncation_arg, engine_from_args,
+                               split_labels)
 
 
 def add_parser(sub) -> None:
@@ -79,9 +80,7 @@ def task_options(args):
                        truncate=not args.no_truncate, prompt_name=args.prompt_name,
                        prompt=args.prompt, top_k=args.top_k,
                        aggregation_strategy=args.aggregation_strategy,
-                       labels=None if args.labels is None else [
-                           label.strip() for value in args.labels
-                           for label in value.split(",") if label.strip()],
+                       labels=split_labels(args.labels),
                        threshold=args.threshold, flat_ner=False if args.nested else None)
 
 

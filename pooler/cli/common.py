@@ -89,6 +89,13 @@ def add_truncation_arg(parser: argparse.ArgumentParser) -> None:
                         help="fail on over-long inputs instead of truncating them")
 
 
+def split_labels(values: list[str] | None) -> list[str] | None:
+    """--labels values (each comma-separated, the option repeatable) as one list of labels."""
+    if values is None:
+        return None
+    return [label.strip() for value in values for label in value.split(",") if label.strip()]
+
+
 def read_texts(args: argparse.Namespace) -> list[str]:
     if args.texts:
         return list(args.texts)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from pooler.cli.common import add_engine_args, add_input_args, engine_from_args, read_texts
+from pooler.cli.common import (add_engine_args, add_input_args, engine_from_args, read_texts,
+                               split_labels)
 from pooler.ner import AGGREGATION_STRATEGIES
 
 
@@ -37,15 +38,10 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     texts = read_texts(args)
     engine = engine_from_args(args)
-    zero_shot = {}
-    if args.labels is not None:
-        zero_shot["labels"] = [label.strip() for value in args.labels
-                               for label in value.split(",") if label.strip()]
-    for name, value in (("threshold", args.threshold),
-                        ("flat_ner", False if args.nested else None),
-                        ("multi_label", True if args.multi_label else None)):
-        if value is not None:
-            zero_shot[name] = value
+    zero_shot = {name: value for name, value in (
+        ("labels", split_labels(args.labels)), ("threshold", args.threshold),
+        ("flat_ner", False if args.nested else None),
+        ("multi_label", True if args.multi_label else None)) if value is not None}
     results = engine.ner(texts, aggregation_strategy=args.aggregation_strategy,
                          ignore_labels=tuple(args.ignore_label or ("O",)),
                          ignore_subwords=args.ignore_subwords, **zero_shot)

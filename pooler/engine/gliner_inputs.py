@@ -62,8 +62,9 @@ class GLiNERInputBuilder:
             label_tokens = [t for t, token_id in enumerate(enc.input_ids)
                             if token_id == self.class_id][:len(labels)]
             if len(label_tokens) < len(labels):
-                raise LabelsTooLongError(f"input {index}: its {len(labels)} labels alone take more than "
-                                 f"the model's {self.max_model_len} tokens; pass fewer labels.")
+                raise LabelsTooLongError(
+                    f"input {index}: its {len(labels)} labels alone take more than the model's "
+                    f"{self.max_model_len} tokens; pass fewer labels.")
             if not layout.embed_ent_token:  # the label's own first token stands for it
                 label_tokens = [t + 1 for t in label_tokens]
             word_tokens, word_slots = self._word_tokens(enc.word_ids, len(prompt))

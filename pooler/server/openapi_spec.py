@@ -15,7 +15,6 @@ Routes not named in ROUTE_NEEDS are kept as they are (new routes stay visible by
 from __future__ import annotations
 
 import copy
-
 import inspect
 from typing import Any, Callable
 

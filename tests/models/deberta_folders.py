@@ -8,10 +8,11 @@ reach both the log buckets and the clamp at the table's edge.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
+
+from pooler.bench.deberta_tokenizer import unigram_deberta_tokenizer
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
@@ -49,22 +50,7 @@ V1 = dict(relative_attention=True, pos_att_type="c2p|p2c", max_relative_position
 
 def save_tokenizer(folder: Path, model_max_length: int = 128) -> int:
     """A DebertaV2Tokenizer over a Unigram vocabulary trained on CORPUS; returns its size."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
-    from transformers import DebertaV2Tokenizer
-
-    specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
-    trainer_tok = Tokenizer(models.Unigram())
-    trainer_tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    trainer_tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(
-        vocab_size=200, special_tokens=specials, unk_token="[UNK]", show_progress=False))
-    vocab = [(piece, float(score)) for piece, score in
-             json.loads(trainer_tok.to_str())["model"]["vocab"]]
-    tokenizer = DebertaV2Tokenizer(vocab=vocab, model_max_length=model_max_length)
-    # The template DeBERTa-v3's hub tokenizer.json carries (transformers' DebertaV2Converter);
-    # a tokenizer built from a vocabulary list gets none.
-    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", tokenizer.cls_token_id), ("[SEP]", tokenizer.sep_token_id)])
+    tokenizer = unigram_deberta_tokenizer(CORPUS, 200, model_max_length=model_max_length)
     tokenizer.save_pretrained(folder)
     return len(tokenizer)
 

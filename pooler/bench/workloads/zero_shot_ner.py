@@ -9,7 +9,6 @@ sides do the whole job (backbone, LSTM, span scoring, decoding); the match colum
 entity sets (F1 per text)."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from pooler.bench import corpus
 from pooler.bench.common import digest, pooler_engine, save_json
+from pooler.bench.deberta_tokenizer import unigram_deberta_tokenizer
 from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 from pooler.bench.workloads.ner import pii_texts
@@ -64,22 +64,11 @@ def _build(dest: Path, backbone: Path, quick: bool) -> None:
     import torch
     import transformers
     from gliner import GLiNER, GLiNERConfig
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
-    # A DeBERTa-v3-style tokenizer (Unigram + Metaspace, [CLS] $A [SEP]) over the bench texts.
-    specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+    # A DeBERTa-v3-style tokenizer over the bench texts.
     sentences = corpus.passages(20 if quick else 200, seed=5) + \
         pii_texts(40 if quick else 400, seed=7)
-    trainer = Tokenizer(models.Unigram())
-    trainer.pre_tokenizer = pre_tokenizers.Metaspace()
-    trainer.train_from_iterator(sentences, trainers.UnigramTrainer(
-        vocab_size=8000, special_tokens=specials, unk_token="[UNK]", show_progress=False))
-    vocab = [(piece, float(score)) for piece, score in
-             json.loads(trainer.to_str())["model"]["vocab"]]
-    tokenizer = transformers.DebertaV2Tokenizer(vocab=vocab)
-    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", tokenizer.cls_token_id), ("[SEP]", tokenizer.sep_token_id)])
+    tokenizer = unigram_deberta_tokenizer(sentences, 8000)
     tokenizer.save_pretrained(backbone)
     torch.manual_seed(0)
     sizes = {**_BACKBONE, **(_QUICK if quick else {})}
