@@ -1,0 +1,1 @@
+"""C kernels for the CPU paths torch serves slowly (see build.py)."""

@@ -1,0 +1,114 @@
+"""BertModel's layer stack for one short sequence in one C call (encoder_cpu.c).
+
+Taken when all of these hold, else BertModel runs its torch layers:
+- the CPU kernels built here (pooler/kernels/build.py: Linux x86-64, AVX-512, a C compiler,
+  `POOLER_CPU_KERNELS` not 0);
+- the step is one sequence of at most `MAX_TOKENS` tokens, fp32 on the CPU, no autograd,
+  every token attended;
+- the layers are the stock ones (plain nn.Linear / nn.LayerNorm, not int8-quantized) with a
+  GELU (erf or tanh) or ReLU activation.
+
+Measured on MiniLM-L6 (benchmarks/single_query_ab.py, docs/benchmarks.md): the 24 GEMMs of a
+12-token query take ~2.0 ms here against ~2.9 ms through oneDNN, and the ~60 eager ops between
+them are gone. Batches keep oneDNN, which is faster once many rows share each weight panel.
+Outputs match the torch path to ~1e-6 (tests/unit/test_bert_cpu_kernel.py).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from pooler.kernels.build import encoder_kernels
+
+MAX_TOKENS = 64
+# config hidden_act -> encoder_cpu.c epilogue
+_ACTIVATIONS = {"gelu": 2, "gelu_python": 2, "gelu_new": 3, "gelu_pytorch_tanh": 3,
+                "gelu_fast": 3, "relu": 4}
+_STATE = "_cpu_kernel_state"  # kept in the model's __dict__, like linear.py's packed weights
+
+
+_LINEARS = ("qkv_proj", "o_proj", "up_proj", "down_proj")
+_NORMS = ("attn_norm", "mlp_norm")
+
+
+def _layer_tensors(layer: nn.Module) -> list[torch.Tensor] | None:
+    """The 12 tensors encoder_cpu.c takes per layer, or None when a module is not stock. Reads
+    the module dicts directly: nn.Module.__getattr__ made this ~0.3 ms per MiniLM call."""
+    modules = layer._modules
+    if any(type(modules[name]) is not nn.Linear for name in _LINEARS) or any(
+            type(modules[name]) is not nn.LayerNorm for name in _NORMS):
+        return None
+    qkv, o, up, down, norm1, norm2 = (modules[name]._parameters for name in
+                                      ("qkv_proj", "o_proj", "up_proj", "down_proj",
+                                       "attn_norm", "mlp_norm"))
+    tensors = [qkv["weight"], qkv["bias"], o["weight"], o["bias"], norm1["weight"],
+               norm1["bias"], up["weight"], up["bias"], down["weight"], down["bias"],
+               norm2["weight"], norm2["bias"]]
+    return None if any(t is None for t in tensors) else tensors
+
+
+class _PackedLayers:
+    """The layers' weights in encoder_cpu.c's layout, and the pointer table it reads."""
+
+    def __init__(self, lib: ctypes.CDLL, tensors: list[torch.Tensor], key: list):
+        self.key = key
+        self.sources = tensors  # keeps the key's ids unique while this state lives
+        self.keep = []  # owns every buffer the pointer table points into
+        pointers = []
+        for i, t in enumerate(tensors):
+            t = t.detach().float().contiguous()
+            slot = i % 12
+            if slot in (0, 2, 6, 8):  # a weight [out, in]: 32-column panels
+                n, k = t.shape
+                packed = torch.empty(-(-n // 32) * 32 * k)
+                lib.pack_linear_weight(t.data_ptr(), packed.data_ptr(), n, k)
+                t = packed
+            elif slot in (1, 3, 7, 9):  # a bias: padded to whole panels
+                padded = torch.zeros(-(-t.numel() // 32) * 32)
+                padded[:t.numel()] = t
+                t = padded
+            self.keep.append(t)
+            pointers.append(t.data_ptr())
+        self.table = (ctypes.c_void_p * len(pointers))(*pointers)
+
+
+def _weights_key(tensors: list[torch.Tensor]) -> list:
+    # A reload copies into the same tensors (bumping _version) or swaps them (a new object;
+    # the state keeps the old ones alive, so their ids are not reused).
+    return [(id(t), t._version) for t in tensors]
+
+
+def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs) -> torch.Tensor | None:
+    """model.layers applied to x [num_tokens, hidden] in one C call, or None when the step or
+    the model does not qualify (see the module docstring); x is overwritten."""
+    if not (len(inputs.seq_lens) == 1 and x.shape[0] <= MAX_TOKENS and x.is_cpu
+            and x.dtype == torch.float32 and x.is_contiguous()
+            and not any(inputs.num_unattended or ())):
+        return None
+    cfg = model.config
+    act = _ACTIVATIONS.get((cfg.hidden_act or "gelu").lower())
+    lib = encoder_kernels() if act is not None else None
+    if lib is None:
+        return None
+    tensors = []
+    for layer in model._modules["layers"]:
+        layer_tensors = _layer_tensors(layer)
+        if layer_tensors is None:
+            return None
+        tensors += layer_tensors
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return None
+    key = _weights_key(tensors)
+    state = model.__dict__.get(_STATE)
+    if state is None or state.key != key:
+        with torch.inference_mode():
+            state = _PackedLayers(lib, tensors, key)
+        model.__dict__[_STATE] = state
+    m, h = x.shape
+    heads, inter = cfg.num_attention_heads, cfg.intermediate_size
+    scratch = torch.empty(lib.bert_scratch_floats(m, h, inter, heads))
+    lib.bert_layers(x.data_ptr(), m, h, heads, inter, len(model.layers), state.table,
+                    cfg.layer_norm_eps, act, scratch.data_ptr(), torch.get_num_threads())
+    return x

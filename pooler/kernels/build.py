@@ -1,0 +1,103 @@
+"""Compile pooler's C kernels on first use and load them with ctypes.
+
+The kernels are plain C (no torch headers), so a build takes about a second. The shared object
+is cached under `$POOLER_KERNEL_CACHE` (default `~/.cache/pooler/kernels`) by a hash of the
+source, the flags and the compiler, written to a temporary name and renamed so that concurrent
+processes never load a half-written file. Anything that fails (no compiler, no AVX-512, a
+non-Linux host, `POOLER_CPU_KERNELS=0`) returns None once, with one log line saying why, and the
+caller keeps its torch path.
+
+torch is imported before the library is loaded: the library asks for libgomp.so.1 and the
+dynamic loader then hands it torch's already-loaded OpenMP runtime, so both share one pool of
+threads (two runtimes would spin against each other on the same cores).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # noqa: F401  (first: see the module docstring)
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("encoder_cpu.c")
+_FLAGS = ["-O3", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mfma", "-fopenmp", "-fPIC",
+          "-shared", "-fno-math-errno"]
+DISABLE_ENV = "POOLER_CPU_KERNELS"
+
+
+def _cpu_has_avx512() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return all(f" {flag}" in flags for flag in ("avx512f", "avx512dq", "avx512vl", "fma"))
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("POOLER_KERNEL_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "pooler" / "kernels"
+
+
+def _build(cc: str) -> Path:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                             check=True).stdout
+    source = _SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(_FLAGS).encode() + version.encode())
+    target = _cache_dir() / f"encoder_cpu-{digest.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", tmp, "-lm"], capture_output=True,
+                       text=True, check=True)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.lru_cache(maxsize=1)
+def encoder_kernels() -> ctypes.CDLL | None:
+    """The compiled encoder_cpu.c, or None when it cannot be used here (logged once)."""
+    if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+        return None
+    why = None
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        why = f"{platform.system()}/{platform.machine()} is not Linux x86-64"
+    elif not _cpu_has_avx512():
+        why = "this CPU lacks AVX-512"
+    elif (cc := _compiler()) is None:
+        why = "no C compiler (set CC)"
+    if why is None:
+        try:
+            lib = ctypes.CDLL(str(_build(cc)))
+        except (OSError, subprocess.CalledProcessError) as e:
+            detail = getattr(e, "stderr", None) or str(e)
+            why = f"the build failed: {detail.strip()[:500]}"
+    if why is not None:
+        log.info("CPU encoder kernels off (%s); short sequences take the torch path.", why)
+        return None
+    P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
+    lib.pack_linear_weight.argtypes = [P, P, I, I]
+    lib.pack_linear_weight.restype = None
+    lib.bert_scratch_floats.argtypes = [I, I, I, I]
+    lib.bert_scratch_floats.restype = ctypes.c_long
+    lib.bert_layers.argtypes = [P, I, I, I, I, I, P, ctypes.c_float, I, P, I]
+    lib.bert_layers.restype = None
+    return lib
