@@ -1,10 +1,13 @@
-"""BertModel's layer stack for one short sequence in one C call (encoder_cpu.c).
+"""The BertLayer stack (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT) for one short sequence in
+one C call (encoder_cpu.c).
 
-Taken when all of these hold, else BertModel runs its torch layers:
+Taken when all of these hold, else the model runs its torch layers:
 - the CPU kernels built here (pooler/kernels/build.py: Linux x86-64, AVX-512, a C compiler,
   `POOLER_CPU_KERNELS` not 0);
 - the step is one sequence of at most `MAX_TOKENS` tokens, fp32 on the CPU, no autograd,
   every token attended;
+- hidden size and head size multiples of 16 (true of the BERT sizes in use: 384, 768, 1024
+  with 32- or 64-wide heads);
 - the layers are the stock ones (plain nn.Linear / nn.LayerNorm, not int8-quantized) with a
   GELU (erf or tanh) or ReLU activation.
 
@@ -22,7 +25,7 @@ from torch import nn
 
 from pooler.kernels.build import encoder_kernels
 
-MAX_TOKENS = 64
+MAX_TOKENS = 48
 # config hidden_act -> encoder_cpu.c epilogue
 _ACTIVATIONS = {"gelu": 2, "gelu_python": 2, "gelu_new": 3, "gelu_pytorch_tanh": 3,
                 "gelu_fast": 3, "relu": 4}
@@ -88,6 +91,10 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs) -> torch.Tenso
             and not any(inputs.num_unattended or ())):
         return None
     cfg = model.config
+    m, h = x.shape
+    heads, inter = cfg.num_attention_heads, cfg.intermediate_size
+    if h % 16 or (h // heads) % 16:  # the kernel's vector loops step 16 floats
+        return None
     act = _ACTIVATIONS.get((cfg.hidden_act or "gelu").lower())
     lib = encoder_kernels() if act is not None else None
     if lib is None:
@@ -106,8 +113,6 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs) -> torch.Tenso
         with torch.inference_mode():
             state = _PackedLayers(lib, tensors, key)
         model.__dict__[_STATE] = state
-    m, h = x.shape
-    heads, inter = cfg.num_attention_heads, cfg.intermediate_size
     scratch = torch.empty(lib.bert_scratch_floats(m, h, inter, heads))
     lib.bert_layers(x.data_ptr(), m, h, heads, inter, len(model.layers), state.table,
                     cfg.layer_norm_eps, act, scratch.data_ptr(), torch.get_num_threads())

@@ -46,20 +46,37 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
-def _cache_dir() -> Path:
+def _cache_dirs() -> list[Path]:
     root = os.environ.get("POOLER_KERNEL_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "pooler" / "kernels"
+    if root:
+        return [Path(root)]
+    # a read-only home (some containers) falls back to the temporary directory
+    return [Path.home() / ".cache" / "pooler" / "kernels",
+            Path(tempfile.gettempdir()) / f"pooler-kernels-{os.getuid()}"]
 
 
 def _build(cc: str) -> Path:
+    error: OSError | None = None
+    for folder in _cache_dirs():
+        try:
+            return _build_in(cc, folder)
+        except OSError as e:
+            error = e
+    raise error
+
+
+def _build_in(cc: str, folder: Path) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True,
                              check=True).stdout
     source = _SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(_FLAGS).encode() + version.encode())
-    target = _cache_dir() / f"encoder_cpu-{digest.hexdigest()[:16]}.so"
+    target = folder / f"encoder_cpu-{digest.hexdigest()[:16]}.so"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner = folder.stat()
+    if owner.st_uid != os.getuid() or owner.st_mode & 0o022:  # never load what others wrote
+        raise PermissionError(f"{folder} is not ours alone")
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:

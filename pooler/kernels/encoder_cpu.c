@@ -43,42 +43,54 @@ void pack_linear_weight(const float *w, float *out, int n, int k) {
             }
 }
 
-/* exp for x in float range, ~2 ulp: 2^n * e^r with |r| <= ln2/2 and a degree-6 Taylor series.
- * Branch-free, so loops over it vectorise. */
-static inline float exp_approx(float x) {
-    x = fminf(fmaxf(x, -87.3f), 88.3f);
-    float n = __builtin_floorf(x * 1.44269504f + 0.5f);
-    float r = x - n * 0.693145752f - n * 1.42860677e-6f; /* ln2 split in two for exactness */
-    float p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 +
-              r * (1.f / 720))))));
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
+typedef int32_t v16i __attribute__((vector_size(64), aligned(4)));
+
+static inline v16 vsplat(float v) { return (v16){v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
+static inline v16 vselect(v16i mask, v16 a, v16 b) { return (v16)((mask & (v16i)a) | (~mask & (v16i)b)); }
+
+/* exp on 16 lanes, ~2 ulp: 2^n * e^r with n = round(x / ln2), |r| <= ln2/2 and a degree-6
+ * Taylor series. Rounding by the 1.5 * 2^23 trick leaves n in the low mantissa bits. */
+static inline v16 vexp(v16 x) {
+    x = vselect(x < -87.3f, vsplat(-87.3f), x);
+    x = vselect(x > 88.3f, vsplat(88.3f), x);
+    const float magic = 12582912.f; /* 1.5 * 2^23, bits 0x4B400000 */
+    v16 t = x * 1.44269504f + magic;
+    v16 n = t - magic;
+    v16 r = x - n * 0.693145752f - n * 1.42860677e-6f; /* ln2 split in two for exactness */
+    v16 p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 +
+            r * (1.f / 720))))));
+    v16i bits = (((v16i)t - 0x4B400000) + 127) << 23;
+    return p * (v16)bits;
 }
 
-/* erf to ~1.5e-7 absolute (Abramowitz & Stegun 7.1.26), odd-symmetric. */
-static inline float erf_approx(float x) {
-    float a = fabsf(x);
-    float t = 1.f / (1.f + 0.3275911f * a);
-    float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
-                 t * (-1.453152027f + t * 1.061405429f))));
-    float y = 1.f - poly * exp_approx(-a * a);
-    return copysignf(y, x);
+/* erf on 16 lanes to ~1.5e-7 absolute (Abramowitz & Stegun 7.1.26), odd-symmetric. */
+static inline v16 verf(v16 x) {
+    v16i sign = (v16i)x & (int32_t)0x80000000;
+    v16 a = (v16)((v16i)x & 0x7fffffff);
+    v16 t = 1.f / (1.f + 0.3275911f * a);
+    v16 poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
+               t * (-1.453152027f + t * 1.061405429f))));
+    v16 y = 1.f - poly * vexp(-a * a);
+    return (v16)((v16i)y | sign);
 }
 
-static inline void activate(float *y, int n, int epi) {
-    if (epi == EPI_GELU_ERF) {
-        for (int i = 0; i < n; i++) y[i] = 0.5f * y[i] * (1.f + erf_approx(y[i] * 0.70710678f));
-    } else if (epi == EPI_GELU_TANH) {
-        for (int i = 0; i < n; i++) {
-            float u = 0.7978845608f * (y[i] + 0.044715f * y[i] * y[i] * y[i]);
-            float th = 1.f - 2.f / (1.f + exp_approx(2.f * u));
-            y[i] = 0.5f * y[i] * (1.f + th);
-        }
-    } else if (epi == EPI_RELU) {
-        for (int i = 0; i < n; i++) y[i] = y[i] > 0.f ? y[i] : 0.f;
+static inline v16 activate(v16 y, int epi) {
+    if (epi == EPI_GELU_ERF)
+        return 0.5f * y * (1.f + verf(y * 0.70710678f));
+    if (epi == EPI_GELU_TANH) {
+        v16 u = 0.7978845608f * (y + 0.044715f * y * y * y);
+        return 0.5f * y * (2.f - 2.f / (1.f + vexp(2.f * u))); /* 1 + tanh(u) */
     }
+    if (epi == EPI_RELU)
+        return vselect(y > 0.f, y, vsplat(0.f));
+    return y;
+}
+
+static inline float hsum(v16 v) {  /* lanes added in a fixed order: results are reproducible */
+    v16 a = v;
+    float s = 0.f;
+    for (int i = 0; i < 16; i++) s += a[i];
+    return s;
 }
 
 /* One register tile: rows [0, mr) of x (row stride k) times one weight panel, plus bias, into
@@ -104,17 +116,25 @@ static inline __attribute__((always_inline)) void tile(
         }
     }
     for (int r = 0; r < mr; r++) {
-        float out[NR];
-        memcpy(out, &acc[r][0], 64);
-        memcpy(out + 16, &acc[r][1], 64);
+        v16 o0 = acc[r][0], o1 = acc[r][1];
         float *row = y + (size_t)r * ldy;
-        if (epi == EPI_RESIDUAL) {
-            const float *rrow = res + (size_t)r * ldy;
-            for (int j = 0; j < NR; j++) out[j] += j < cols ? rrow[j] : 0.f;
-        } else {
-            activate(out, NR, epi);
+        if (res && cols == NR) {  /* EPI_RESIDUAL */
+            o0 += *(const v16 *)(res + (size_t)r * ldy);
+            o1 += *(const v16 *)(res + (size_t)r * ldy + 16);
+        } else if (!res) {
+            o0 = activate(o0, epi);
+            o1 = activate(o1, epi);
         }
-        memcpy(row, out, (size_t)cols * 4);
+        if (cols == NR) {
+            *(v16 *)row = o0;
+            *(v16 *)(row + 16) = o1;
+        } else {  /* the last, partial panel */
+            float out[NR];
+            memcpy(out, &o0, 64);
+            memcpy(out + 16, &o1, 64);
+            for (int j = 0; j < cols; j++)
+                row[j] = out[j] + (res ? res[(size_t)r * ldy + j] : 0.f);
+        }
     }
 }
 
@@ -142,23 +162,26 @@ static void gemm(const float *x, const float *packed, const float *bias, const f
     }
 }
 
-/* out[r] = layer_norm(in[r]) * w + b, rows shared among the threads. */
+/* out[r] = layer_norm(in[r]) * w + b, rows shared among the threads; h % 16 == 0. */
 static void layer_norm(const float *in, float *out, int m, int h, const float *w,
                        const float *b, float eps) {
 #pragma omp for schedule(static)
     for (int r = 0; r < m; r++) {
         const float *x = in + (size_t)r * h;
         float *y = out + (size_t)r * h;
-        float mean = 0.f, var = 0.f;
-        for (int i = 0; i < h; i++) mean += x[i];
-        mean /= (float)h;
-        for (int i = 0; i < h; i++) var += (x[i] - mean) * (x[i] - mean);
-        float inv = 1.f / sqrtf(var / (float)h + eps);
+        v16 sum = vsplat(0.f), sq = vsplat(0.f);
+        for (int i = 0; i < h; i += 16) sum += *(const v16 *)(x + i);
+        float mean = hsum(sum) / (float)h;
+        for (int i = 0; i < h; i += 16) {
+            v16 c = *(const v16 *)(x + i) - mean;
+            sq += c * c;
+        }
+        float inv = 1.f / sqrtf(hsum(sq) / (float)h + eps);
         for (int i = 0; i < h; i++) y[i] = (x[i] - mean) * inv * w[i] + b[i];
     }
 }
 
-/* Full bidirectional attention over one sequence of m tokens: qkv [m, 3h] (q | k | v, each
+/* Full bidirectional attention over one sequence of m tokens (head size % 16 == 0): qkv [m, 3h] (q | k | v, each
  * head's dims contiguous), ctx [m, h]; scores [heads][m][m] scratch. Heads shared out. */
 static void attention(const float *qkv, float *ctx, float *scores, int m, int h, int heads) {
     int d = h / heads, ld = 3 * h;
@@ -170,12 +193,17 @@ static void attention(const float *qkv, float *ctx, float *scores, int m, int h,
         for (int i = 0; i < m; i++) {
             float *si = s + (size_t)i * m, mx = -INFINITY, sum = 0.f;
             for (int j = 0; j < m; j++) {
-                float dot = 0.f;
-                for (int c = 0; c < d; c++) dot += q[(size_t)i * ld + c] * kk[(size_t)j * ld + c];
-                si[j] = dot * scale;
+                v16 dot = vsplat(0.f);
+                for (int c = 0; c < d; c += 16)
+                    dot += *(const v16 *)(q + (size_t)i * ld + c) *
+                           *(const v16 *)(kk + (size_t)j * ld + c);
+                si[j] = hsum(dot) * scale;
                 mx = si[j] > mx ? si[j] : mx;
             }
-            for (int j = 0; j < m; j++) { si[j] = exp_approx(si[j] - mx); sum += si[j]; }
+            for (int j = 0; j < m; j++) {
+                si[j] = vexp(vsplat(si[j] - mx))[0];
+                sum += si[j];
+            }
             float inv = 1.f / sum;
             float *o = ctx + (size_t)i * h + hd * d;
             for (int c = 0; c < d; c++) o[c] = 0.f;

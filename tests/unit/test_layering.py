@@ -19,7 +19,7 @@ LAYERS = {
     "engine": 4,
     "worker": 3, "loader": 3,
     "pooling": 2, "models": 2,
-    "layers": 1,
+    "layers": 1, "kernels": 1,
 }
 BASE = 0  # any other top-level module: config, model_folder, params, outputs, tokenizer, ...
 

@@ -1,0 +1,117 @@
+"""The C layer stack for one short sequence (pooler/kernels/encoder_cpu.c) against BertModel's
+torch layers, on seeded random BERTs whose sizes hit the kernel's edges: partial 32-column
+panels, more rows than one 12-row tile, each activation it fuses."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pooler.kernels import bert_cpu
+from pooler.kernels.build import encoder_kernels
+from pooler.layers.quantization import quantize_linears
+from pooler.models.bert import BertModel
+from pooler.models.inputs import ModelInputs
+
+pytestmark = pytest.mark.skipif(
+    encoder_kernels() is None,
+    reason="CPU encoder kernels unavailable here (needs Linux x86-64 with AVX-512 and a C "
+           "compiler; see pooler/kernels/build.py)")
+
+
+def _model(act: str = "gelu", hidden: int = 48, heads: int = 3, inter: int = 80,
+           seed: int = 0) -> BertModel:
+    # hidden 48 -> q/k/v 144 = 4.5 panels; inter 80 = 2.5 panels: every GEMM has a tail.
+    torch.manual_seed(seed)
+    model = BertModel({"vocab_size": 100, "hidden_size": hidden, "num_hidden_layers": 2,
+                       "num_attention_heads": heads, "intermediate_size": inter,
+                       "hidden_act": act, "max_position_embeddings": 128}).eval()
+    with torch.no_grad():  # LayerNorm starts at 1/0: make it matter
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p) * 0.2 + (1.0 if name.endswith("weight") else 0.0))
+    return model
+
+
+def _inputs(lengths: list[int], seed: int = 1) -> ModelInputs:
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    return ModelInputs(input_ids=torch.randint(0, 100, (total,), generator=g),
+                       positions=torch.cat([torch.arange(n) for n in lengths]),
+                       token_type_ids=None, cu_seqlens=cu, seq_lens=lengths,
+                       max_seqlen=max(lengths))
+
+
+def _torch_layers(model: BertModel, inputs: ModelInputs) -> torch.Tensor:
+    x = model.embed(inputs)
+    for layer in model.layers:
+        x = layer(x, inputs)
+    return x
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
+def test_matches_torch_layers(act):
+    model = _model(act)
+    with torch.inference_mode():
+        for length in (1, 5, 12, 13, 25, bert_cpu.MAX_TOKENS):
+            inputs = _inputs([length])
+            fused = bert_cpu.bert_layers_on_cpu(model, model.embed(inputs), inputs)
+            assert fused is not None, f"{length} tokens should take the C path"
+            torch.testing.assert_close(fused, _torch_layers(model, inputs), rtol=1e-5,
+                                       atol=2e-5)
+
+
+def test_forward_takes_it_and_results_do_not_depend_on_threads():
+    model, inputs = _model(), _inputs([20])
+    before = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            torch.set_num_threads(1)
+            one = model(inputs)
+            torch.set_num_threads(2)
+            two = model(inputs)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+    assert bert_cpu._STATE in model.__dict__  # the forward went through the C path
+
+
+def test_weight_reload_is_seen():
+    model, inputs = _model(), _inputs([9])
+    with torch.inference_mode():
+        first = model(inputs)
+        with torch.no_grad():
+            model.layers[1].up_proj.weight.copy_(torch.randn_like(model.layers[1].up_proj.weight))
+            model.layers[0].attn_norm.bias.add_(0.5)
+        second = model(inputs)
+        torch.testing.assert_close(second, _torch_layers(model, inputs), rtol=1e-5, atol=2e-5)
+    assert not torch.allclose(first, second)
+
+
+@pytest.mark.parametrize("case", ["two sequences", "too long", "unattended suffix",
+                                  "int8 layers", "silu", "autograd", "head size 8"])
+def test_other_steps_keep_the_torch_path(case):
+    model = _model("silu" if case == "silu" else "gelu", heads=6 if case == "head size 8" else 3)
+    inputs = _inputs({"two sequences": [4, 6],
+                      "too long": [bert_cpu.MAX_TOKENS + 1]}.get(case, [7]))
+    if case == "unattended suffix":
+        inputs.num_unattended = [2]
+    if case == "int8 layers":
+        quantize_linears(model)
+    grad = case == "autograd"
+    with torch.set_grad_enabled(grad):
+        x = model.embed(inputs)
+        assert bert_cpu.bert_layers_on_cpu(model, x, inputs) is None
+
+
+def test_switched_off_by_environment(monkeypatch):
+    from pooler.kernels import build
+
+    monkeypatch.setenv(build.DISABLE_ENV, "0")
+    build.encoder_kernels.cache_clear()
+    try:
+        assert build.encoder_kernels() is None
+    finally:
+        monkeypatch.delenv(build.DISABLE_ENV)
+        build.encoder_kernels.cache_clear()
+    assert build.encoder_kernels() is not None
