@@ -1,11 +1,11 @@
-"""The BertLayer stack (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT) for one short sequence in
-one C call (encoder_cpu.c).
+"""The BertLayer stack (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT) for a short step (one
+short query, or a few) in one C call (encoder_cpu.c).
 
 Taken when all of these hold, else the model runs its torch layers:
 - the CPU kernels built here (pooler/kernels/build.py: Linux x86-64, AVX-512, a C compiler,
   `POOLER_CPU_KERNELS` not 0);
-- the step is one sequence of at most `MAX_TOKENS` tokens, fp32 on the CPU, no autograd,
-  every token attended;
+- the step has at most `MAX_TOKENS` tokens in all (one short query, or a few packed together),
+  fp32 on the CPU, no autograd (an unattended suffix, ColBERT's query expansion, is handled);
 - hidden size and head size multiples of 16 (true of the BERT sizes in use: 384, 768, 1024
   with 32- or 64-wide heads);
 - the layers are the stock ones (plain nn.Linear / nn.LayerNorm, not int8-quantized) with a
@@ -84,12 +84,16 @@ def _weights_key(tensors: list[torch.Tensor]) -> list:
 
 
 def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs) -> torch.Tensor | None:
-    """model.layers applied to x [num_tokens, hidden] in one C call, or None when the step or
-    the model does not qualify (see the module docstring); x is overwritten."""
-    if not (len(inputs.seq_lens) == 1 and x.shape[0] <= MAX_TOKENS and x.is_cpu
-            and x.dtype == torch.float32 and x.is_contiguous()
-            and not any(inputs.num_unattended or ())):
+    """model.layers applied to x [num_tokens, hidden] (the step's sequences packed back to
+    back) in one C call, or None when the step or the model does not qualify (see the module
+    docstring); x is overwritten."""
+    if not (x.shape[0] <= MAX_TOKENS and x.is_cpu and x.dtype == torch.float32
+            and x.is_contiguous()):
         return None
+    seq_lens = inputs.seq_lens
+    unattended = inputs.num_unattended or [0] * len(seq_lens)
+    if any(u >= n for u, n in zip(unattended, seq_lens)):
+        return None  # the torch path raises the error that names it
     cfg = model.config
     m, h = x.shape
     heads, inter = cfg.num_attention_heads, cfg.intermediate_size
@@ -114,6 +118,12 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs) -> torch.Tenso
             state = _PackedLayers(lib, tensors, key)
         model.__dict__[_STATE] = state
     scratch = torch.empty(lib.bert_scratch_floats(m, h, inter, heads))
-    lib.bert_layers(x.data_ptr(), m, h, heads, inter, len(model.layers), state.table,
-                    cfg.layer_norm_eps, act, scratch.data_ptr(), torch.get_num_threads())
+    count = len(seq_lens)
+    starts, keys = (ctypes.c_int * (count + 1))(0), (ctypes.c_int * count)()
+    for i, (n, u) in enumerate(zip(seq_lens, unattended)):
+        starts[i + 1] = starts[i] + n
+        keys[i] = n - u
+    lib.bert_layers(x.data_ptr(), m, count, starts, keys, h, heads, inter, len(model.layers),
+                    state.table, cfg.layer_norm_eps, act, scratch.data_ptr(),
+                    torch.get_num_threads())
     return x

@@ -1,6 +1,6 @@
-/* A BERT-family encoder layer stack for ONE short sequence on an x86-64 CPU with AVX-512, in
- * fp32, in one call (pooler/kernels/bert_cpu.py is the Python side; it compiles this file on
- * first use, see pooler/kernels/build.py).
+/* A BERT-family encoder layer stack for a short step (one short query, or a few packed back
+ * to back) on an x86-64 CPU with AVX-512, in fp32, in one call (pooler/kernels/bert_cpu.py is
+ * the Python side; pooler/kernels/build.py compiles this file on first use).
  *
  * Why it exists: a short query (about 12 tokens) is bound by streaming the weights through a
  * small-M GEMM, 24 of them for MiniLM, plus ~60 small eager ops between them. oneDNN's GEMM at
@@ -181,18 +181,25 @@ static void layer_norm(const float *in, float *out, int m, int h, const float *w
     }
 }
 
-/* Full bidirectional attention over one sequence of m tokens (head size % 16 == 0): qkv [m, 3h] (q | k | v, each
- * head's dims contiguous), ctx [m, h]; scores [heads][m][m] scratch. Heads shared out. */
-static void attention(const float *qkv, float *ctx, float *scores, int m, int h, int heads) {
+/* Bidirectional attention within each packed sequence (head size % 16 == 0). qkv [m, 3h]
+ * (q | k | v, each head's dims contiguous), ctx [m, h]. Sequence s holds tokens
+ * [starts[s], starts[s + 1]); its queries see its first keys[s] tokens (a shorter keys[s]:
+ * ColBERT's unattended query expansion). scores: [heads][m][m] scratch, where sequence s and
+ * head hd use rows starts[s].. of plane hd. (sequence, head) pairs are shared out. */
+static void attention(const float *qkv, float *ctx, float *scores, int m, int h, int heads,
+                      int seqs, const int *starts, const int *keys) {
     int d = h / heads, ld = 3 * h;
     float scale = 1.f / sqrtf((float)d);
 #pragma omp for schedule(static)
-    for (int hd = 0; hd < heads; hd++) {
-        const float *q = qkv + hd * d, *kk = qkv + h + hd * d, *v = qkv + 2 * h + hd * d;
-        float *s = scores + (size_t)hd * m * m;
-        for (int i = 0; i < m; i++) {
+    for (int task = 0; task < seqs * heads; task++) {
+        int sq = task / heads, hd = task % heads;
+        int first = starts[sq], len = starts[sq + 1] - first, nk = keys[sq];
+        const float *q = qkv + (size_t)first * ld + hd * d;
+        const float *kk = q + h, *v = q + 2 * h;
+        float *s = scores + (size_t)hd * m * m + (size_t)first * m;
+        for (int i = 0; i < len; i++) {
             float *si = s + (size_t)i * m, mx = -INFINITY, sum = 0.f;
-            for (int j = 0; j < m; j++) {
+            for (int j = 0; j < nk; j++) {
                 v16 dot = vsplat(0.f);
                 for (int c = 0; c < d; c += 16)
                     dot += *(const v16 *)(q + (size_t)i * ld + c) *
@@ -200,14 +207,14 @@ static void attention(const float *qkv, float *ctx, float *scores, int m, int h,
                 si[j] = hsum(dot) * scale;
                 mx = si[j] > mx ? si[j] : mx;
             }
-            for (int j = 0; j < m; j++) {
+            for (int j = 0; j < nk; j++) {
                 si[j] = vexp(vsplat(si[j] - mx))[0];
                 sum += si[j];
             }
             float inv = 1.f / sum;
-            float *o = ctx + (size_t)i * h + hd * d;
+            float *o = ctx + (size_t)(first + i) * h + hd * d;
             for (int c = 0; c < d; c++) o[c] = 0.f;
-            for (int j = 0; j < m; j++) {
+            for (int j = 0; j < nk; j++) {
                 float pj = si[j] * inv;
                 for (int c = 0; c < d; c++) o[c] += pj * v[(size_t)j * ld + c];
             }
@@ -215,22 +222,25 @@ static void attention(const float *qkv, float *ctx, float *scores, int m, int h,
     }
 }
 
-/* Runs `layers` post-norm BERT layers over x [m, h] in place. params: P_PER_LAYER pointers per
- * layer (packed weights, padded biases, norm weights). scratch: at least
- * bert_scratch_floats(m, h, inter, heads) floats. act: EPI_GELU_ERF, EPI_GELU_TANH or EPI_RELU. */
+/* Runs `layers` post-norm BERT layers over x [m, h] in place: `seqs` sequences packed back to
+ * back (starts: seqs + 1 offsets; keys: attended keys per sequence, see attention()).
+ * params: P_PER_LAYER pointers per layer (packed weights, padded biases, norm weights).
+ * scratch: at least bert_scratch_floats(m, h, inter, heads) floats. act: EPI_GELU_ERF,
+ * EPI_GELU_TANH or EPI_RELU. */
 long bert_scratch_floats(int m, int h, int inter, int heads) {
     return (long)m * (3 * h + h + h + inter) + (long)heads * m * m;
 }
 
-void bert_layers(float *x, int m, int h, int heads, int inter, int layers,
-                 const float *const *params, float eps, int act, float *scratch, int threads) {
+void bert_layers(float *x, int m, int seqs, const int *starts, const int *keys, int h,
+                 int heads, int inter, int layers, const float *const *params, float eps,
+                 int act, float *scratch, int threads) {
     float *qkv = scratch, *ctx = qkv + (size_t)m * 3 * h, *t = ctx + (size_t)m * h;
     float *up = t + (size_t)m * h, *scores = up + (size_t)m * inter;
 #pragma omp parallel num_threads(threads)
     for (int l = 0; l < layers; l++) {
         const float *const *p = params + (size_t)l * P_PER_LAYER;
         gemm(x, p[P_QKV_W], p[P_QKV_B], NULL, qkv, m, 3 * h, h, EPI_NONE);
-        attention(qkv, ctx, scores, m, h, heads);
+        attention(qkv, ctx, scores, m, h, heads, seqs, starts, keys);
         gemm(ctx, p[P_O_W], p[P_O_B], x, t, m, h, h, EPI_RESIDUAL);
         layer_norm(t, x, m, h, p[P_LN1_W], p[P_LN1_B], eps);
         gemm(x, p[P_UP_W], p[P_UP_B], NULL, up, m, inter, h, act);

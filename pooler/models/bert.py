@@ -137,7 +137,7 @@ class BertModel(nn.Module):
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
         x = self.embed(inputs)
-        fused = bert_layers_on_cpu(self, x, inputs)  # one short sequence: one C call
+        fused = bert_layers_on_cpu(self, x, inputs)  # a short step: one C call
         if fused is not None:
             return fused
         for layer in self.layers:

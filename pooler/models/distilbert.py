@@ -68,7 +68,7 @@ class DistilBertModel(nn.Module):
         # token_type_ids, if the tokenizer made any, are ignored: DistilBERT has no such table.
         x = self.embed_norm(self.word_embeddings(inputs.input_ids)
                             + self.position_embeddings(inputs.positions))
-        fused = bert_layers_on_cpu(self, x, inputs)  # one short sequence: one C call
+        fused = bert_layers_on_cpu(self, x, inputs)  # a short step: one C call
         if fused is not None:
             return fused
         for layer in self.layers:

@@ -61,6 +61,25 @@ def test_matches_torch_layers(act):
                                        atol=2e-5)
 
 
+@pytest.mark.parametrize("lengths,unattended", [([4, 6], None), ([12, 12, 3], None),
+                                                ([7], [2]), ([9, 5], [0, 3])])
+def test_packed_sequences_and_unattended_suffixes_match_torch_layers(lengths, unattended):
+    model, inputs = _model(), _inputs(lengths)
+    inputs.num_unattended = unattended
+    with torch.inference_mode():
+        fused = bert_cpu.bert_layers_on_cpu(model, model.embed(inputs), inputs)
+        assert fused is not None
+        torch.testing.assert_close(fused, _torch_layers(model, inputs), rtol=1e-5, atol=2e-5)
+
+
+def test_a_sequence_gets_the_same_bits_alone_or_packed_with_others():
+    model = _model()
+    alone, packed = _inputs([11], seed=3), _inputs([5, 11, 8], seed=4)
+    packed.input_ids[5:16] = alone.input_ids
+    with torch.inference_mode():
+        assert torch.equal(model(alone), model(packed)[5:16])
+
+
 def test_forward_takes_it_and_results_do_not_depend_on_threads():
     model, inputs = _model(), _inputs([20])
     before = torch.get_num_threads()
@@ -88,14 +107,15 @@ def test_weight_reload_is_seen():
     assert not torch.allclose(first, second)
 
 
-@pytest.mark.parametrize("case", ["two sequences", "too long", "unattended suffix",
+@pytest.mark.parametrize("case", ["too long", "too many tokens in all", "nothing attended",
                                   "int8 layers", "silu", "autograd", "head size 8"])
 def test_other_steps_keep_the_torch_path(case):
     model = _model("silu" if case == "silu" else "gelu", heads=6 if case == "head size 8" else 3)
-    inputs = _inputs({"two sequences": [4, 6],
-                      "too long": [bert_cpu.MAX_TOKENS + 1]}.get(case, [7]))
-    if case == "unattended suffix":
-        inputs.num_unattended = [2]
+    half = bert_cpu.MAX_TOKENS // 2 + 1
+    inputs = _inputs({"too long": [bert_cpu.MAX_TOKENS + 1],
+                      "too many tokens in all": [half, half]}.get(case, [7]))
+    if case == "nothing attended":  # the torch path raises the error naming it
+        inputs.num_unattended = [7]
     if case == "int8 layers":
         quantize_linears(model)
     grad = case == "autograd"
