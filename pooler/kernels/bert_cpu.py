@@ -137,13 +137,13 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs) -> torch.Tenso
         with torch.inference_mode():
             state = _PackedLayers(lib, tensors, key)
         model.__dict__[_STATE] = state
-    scratch = torch.empty(lib.bert_scratch_floats(m, h, inter, heads))
+    threads = torch.get_num_threads()
+    scratch = torch.empty(lib.bert_scratch_floats(m, h, inter, heads, threads))
     count = len(seq_lens)
     starts, keys = (ctypes.c_int * (count + 1))(0), (ctypes.c_int * count)()
     for i, (n, u) in enumerate(zip(seq_lens, unattended)):
         starts[i + 1] = starts[i] + n
         keys[i] = n - u
     lib.bert_layers(x.data_ptr(), m, count, starts, keys, h, heads, inter, len(model.layers),
-                    state.table, cfg.layer_norm_eps, act, scratch.data_ptr(),
-                    torch.get_num_threads())
+                    state.table, cfg.layer_norm_eps, act, scratch.data_ptr(), threads)
     return x

@@ -113,7 +113,7 @@ def encoder_kernels() -> ctypes.CDLL | None:
     P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
     lib.pack_linear_weight.argtypes = [P, P, I, I]
     lib.pack_linear_weight.restype = None
-    lib.bert_scratch_floats.argtypes = [I, I, I, I]
+    lib.bert_scratch_floats.argtypes = [I, I, I, I, I]
     lib.bert_scratch_floats.restype = ctypes.c_long
     lib.bert_layers.argtypes = [P, I, I, P, P, I, I, I, I, P, ctypes.c_float, I, P, I]
     lib.bert_layers.restype = None

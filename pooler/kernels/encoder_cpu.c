@@ -18,6 +18,7 @@
  * packed by pack_linear_weight into [ceil(out/32)][in][32] panels, zero-padded; biases padded to
  * a multiple of 32. */
 #include <math.h>
+#include <omp.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -184,39 +185,51 @@ static void layer_norm(const float *in, float *out, int m, int h, const float *w
 /* Bidirectional attention within each packed sequence (head size % 16 == 0). qkv [m, 3h]
  * (q | k | v, each head's dims contiguous), ctx [m, h]. Sequence s holds tokens
  * [starts[s], starts[s + 1]); its queries see its first keys[s] tokens (a shorter keys[s]:
- * ColBERT's unattended query expansion). scores: [heads][m][m] scratch, where sequence s and
- * head hd use rows starts[s].. of plane hd. (sequence, head) pairs are shared out. */
-static void attention(const float *qkv, float *ctx, float *scores, int m, int h, int heads,
+ * ColBERT's unattended query expansion). (sequence, head) pairs are shared out; each thread
+ * works in its own slice of `work` (attention_floats(m, d) floats): the head's keys transposed
+ * to [d][keys rounded up to 16], so that scores, softmax and exp run 16 keys per vector op. */
+static long attention_floats(int m, int d) { return (long)(d + m) * (m + 16); }
+
+static void attention(const float *qkv, float *ctx, float *work, int m, int h, int heads,
                       int seqs, const int *starts, const int *keys) {
     int d = h / heads, ld = 3 * h;
     float scale = 1.f / sqrtf((float)d);
+    float *kt = work + (size_t)omp_get_thread_num() * attention_floats(m, d);
+    float *sc = kt + (size_t)d * (m + 16);
 #pragma omp for schedule(static)
     for (int task = 0; task < seqs * heads; task++) {
         int sq = task / heads, hd = task % heads;
         int first = starts[sq], len = starts[sq + 1] - first, nk = keys[sq];
+        int nkp = (nk + 15) & ~15;
         const float *q = qkv + (size_t)first * ld + hd * d;
-        const float *kk = q + h, *v = q + 2 * h;
-        float *s = scores + (size_t)hd * m * m + (size_t)first * m;
+        const float *k = q + h, *v = q + 2 * h;
+        for (int c = 0; c < d; c++) {
+            for (int j = 0; j < nk; j++) kt[(size_t)c * nkp + j] = k[(size_t)j * ld + c];
+            for (int j = nk; j < nkp; j++) kt[(size_t)c * nkp + j] = 0.f;
+        }
         for (int i = 0; i < len; i++) {
-            float *si = s + (size_t)i * m, mx = -INFINITY, sum = 0.f;
-            for (int j = 0; j < nk; j++) {
-                v16 dot = vsplat(0.f);
-                for (int c = 0; c < d; c += 16)
-                    dot += *(const v16 *)(q + (size_t)i * ld + c) *
-                           *(const v16 *)(kk + (size_t)j * ld + c);
-                si[j] = hsum(dot) * scale;
-                mx = si[j] > mx ? si[j] : mx;
+            const float *qi = q + (size_t)i * ld;
+            float *si = sc + (size_t)i * nkp;
+            for (int jb = 0; jb < nkp; jb += 16) {  /* scores of 16 keys */
+                v16 acc = vsplat(0.f);
+                for (int c = 0; c < d; c++) acc += qi[c] * *(const v16 *)(kt + (size_t)c * nkp + jb);
+                *(v16 *)(si + jb) = acc * scale;
             }
-            for (int j = 0; j < nk; j++) {
-                si[j] = vexp(vsplat(si[j] - mx))[0];
-                sum += si[j];
+            float mx = -INFINITY;
+            for (int j = 0; j < nk; j++) mx = si[j] > mx ? si[j] : mx;
+            v16 total = vsplat(0.f);
+            for (int jb = 0; jb < nkp; jb += 16) {
+                v16 e = vexp(*(const v16 *)(si + jb) - mx);
+                for (int j = nk - jb; j < 16; j++) e[j] = 0.f;  /* the padding keys */
+                *(v16 *)(si + jb) = e;
+                total += e;
             }
-            float inv = 1.f / sum;
+            float inv = 1.f / hsum(total);
             float *o = ctx + (size_t)(first + i) * h + hd * d;
-            for (int c = 0; c < d; c++) o[c] = 0.f;
-            for (int j = 0; j < nk; j++) {
-                float pj = si[j] * inv;
-                for (int c = 0; c < d; c++) o[c] += pj * v[(size_t)j * ld + c];
+            for (int c = 0; c < d; c += 16) {
+                v16 acc = vsplat(0.f);
+                for (int j = 0; j < nk; j++) acc += si[j] * *(const v16 *)(v + (size_t)j * ld + c);
+                *(v16 *)(o + c) = acc * inv;
             }
         }
     }
@@ -225,22 +238,22 @@ static void attention(const float *qkv, float *ctx, float *scores, int m, int h,
 /* Runs `layers` post-norm BERT layers over x [m, h] in place: `seqs` sequences packed back to
  * back (starts: seqs + 1 offsets; keys: attended keys per sequence, see attention()).
  * params: P_PER_LAYER pointers per layer (packed weights, padded biases, norm weights).
- * scratch: at least bert_scratch_floats(m, h, inter, heads) floats. act: EPI_GELU_ERF,
+ * scratch: at least bert_scratch_floats(m, h, inter, heads, threads) floats. act: EPI_GELU_ERF,
  * EPI_GELU_TANH or EPI_RELU. */
-long bert_scratch_floats(int m, int h, int inter, int heads) {
-    return (long)m * (3 * h + h + h + inter) + (long)heads * m * m;
+long bert_scratch_floats(int m, int h, int inter, int heads, int threads) {
+    return (long)m * (3 * h + h + h + inter) + threads * attention_floats(m, h / heads);
 }
 
 void bert_layers(float *x, int m, int seqs, const int *starts, const int *keys, int h,
                  int heads, int inter, int layers, const float *const *params, float eps,
                  int act, float *scratch, int threads) {
     float *qkv = scratch, *ctx = qkv + (size_t)m * 3 * h, *t = ctx + (size_t)m * h;
-    float *up = t + (size_t)m * h, *scores = up + (size_t)m * inter;
+    float *up = t + (size_t)m * h, *work = up + (size_t)m * inter;
 #pragma omp parallel num_threads(threads)
     for (int l = 0; l < layers; l++) {
         const float *const *p = params + (size_t)l * P_PER_LAYER;
         gemm(x, p[P_QKV_W], p[P_QKV_B], NULL, qkv, m, 3 * h, h, EPI_NONE);
-        attention(qkv, ctx, scores, m, h, heads, seqs, starts, keys);
+        attention(qkv, ctx, work, m, h, heads, seqs, starts, keys);
         gemm(ctx, p[P_O_W], p[P_O_B], x, t, m, h, h, EPI_RESIDUAL);
         layer_norm(t, x, m, h, p[P_LN1_W], p[P_LN1_B], eps);
         gemm(x, p[P_UP_W], p[P_UP_B], NULL, up, m, inter, h, act);
