@@ -11,10 +11,14 @@ Taken when all of these hold, else the model runs its torch layers:
 - the layers are the stock ones (plain nn.Linear / nn.LayerNorm, not int8-quantized) with a
   GELU (erf or tanh) or ReLU activation.
 
-Measured on MiniLM-L6 (benchmarks/single_query_ab.py, docs/benchmarks.md): the 24 GEMMs of a
-12-token query take ~2.0 ms here against ~2.9 ms through oneDNN, and the ~60 eager ops between
-them are gone. Batches keep oneDNN, which is faster once many rows share each weight panel.
-Outputs match the torch path to ~1e-6 (tests/unit/test_bert_cpu_kernel.py).
+Measured on MiniLM-L6, 12 tokens, 2 threads (docs/benchmarks.md, "A short step in one C
+call"): the whole layer stack takes ~1.3 ms in C (its 24 GEMMs alone ~1.2 ms), where oneDNN's 24
+GEMMs alone took ~2.9 ms and the torch layers ~60 more eager ops. Larger steps keep oneDNN,
+which wins from about 64 tokens on (benchmarks/bert_cpu_kernel.py). Outputs agree with the
+torch path to ~3e-7 (tests/unit/test_bert_cpu_kernel.py).
+
+Memory: the packed copy of the layers' weights lives as long as the model (+42 MB for
+MiniLM-L6, ~340 MB for BERT-base sizes), made at the first step that takes this path.
 """
 from __future__ import annotations
 
