@@ -124,14 +124,44 @@ def test_other_steps_keep_the_torch_path(case):
         assert bert_cpu.bert_layers_on_cpu(model, x, inputs) is None
 
 
-def test_switched_off_by_environment(monkeypatch):
+@pytest.fixture
+def fresh_build(monkeypatch):
+    """encoder_kernels() rebuilt under this test's environment, then back to the usual one."""
     from pooler.kernels import build
 
-    monkeypatch.setenv(build.DISABLE_ENV, "0")
     build.encoder_kernels.cache_clear()
-    try:
-        assert build.encoder_kernels() is None
-    finally:
-        monkeypatch.delenv(build.DISABLE_ENV)
-        build.encoder_kernels.cache_clear()
+    yield build
+    monkeypatch.undo()
+    build.encoder_kernels.cache_clear()
     assert build.encoder_kernels() is not None
+
+
+def test_switched_off_by_environment(fresh_build, monkeypatch):
+    monkeypatch.setenv(fresh_build.DISABLE_ENV, "0")
+    assert fresh_build.encoder_kernels() is None
+
+
+def test_builds_into_an_empty_cache_folder(fresh_build, monkeypatch, tmp_path):
+    monkeypatch.setenv("POOLER_KERNEL_CACHE", str(tmp_path / "kernels"))
+    lib = fresh_build.encoder_kernels()
+    assert lib is not None
+    built = list((tmp_path / "kernels").glob("encoder_cpu-*.so"))
+    assert len(built) == 1 and lib._name == str(built[0])
+    assert (tmp_path / "kernels").stat().st_mode & 0o077 == 0  # ours alone
+
+
+def test_refuses_a_cache_folder_others_can_write(fresh_build, monkeypatch, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("POOLER_KERNEL_CACHE", str(shared))
+    assert fresh_build.encoder_kernels() is None  # logged; the torch path runs
+    assert not list(shared.iterdir())
+
+
+def test_a_failed_build_falls_back(fresh_build, monkeypatch, tmp_path):
+    monkeypatch.setenv("POOLER_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    monkeypatch.setattr(fresh_build.shutil, "which", lambda name: "/bin/false")
+    assert fresh_build.encoder_kernels() is None
+    assert not list(tmp_path.glob("*.so"))
