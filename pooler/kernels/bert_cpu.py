@@ -1,7 +1,9 @@
-"""The BertLayer stack (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT) for a short step (one
-short query, or a few) in one C call (encoder_cpu.c).
+"""The BertLayer stack for a short step (one short query, or a few) in one C call
+(encoder_cpu.c).
 
 Taken when all of these hold, else the model runs its torch layers:
+- BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT and MPNet (its relative position bias added to
+  the scores);
 - the CPU kernels built here (pooler/kernels/build.py: Linux x86-64, AVX-512, a C compiler,
   `POOLER_CPU_KERNELS` not 0);
 - the step has at most `MAX_TOKENS` tokens in all (one short query, or a few packed together),
@@ -107,10 +109,13 @@ def _weights_key(tensors: list[torch.Tensor]) -> list:
     return [(id(t), t._version) for t in tensors]
 
 
-def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs) -> torch.Tensor | None:
+def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
+                       position_bias: dict[int, torch.Tensor] | None = None
+                       ) -> torch.Tensor | None:
     """model.layers applied to x [num_tokens, hidden] (the step's sequences packed back to
     back) in one C call, or None when the step or the model does not qualify (see the module
-    docstring); x is overwritten."""
+    docstring); x is overwritten. position_bias: length -> [heads, L, L] fp32 score bias shared
+    by every layer (MPNet), as BertLayer takes it."""
     if not (x.shape[0] <= MAX_TOKENS and x.is_cpu and x.dtype == torch.float32
             and x.is_contiguous()):
         return None
@@ -148,6 +153,13 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs) -> torch.Tenso
     for i, (n, u) in enumerate(zip(seq_lens, unattended)):
         starts[i + 1] = starts[i] + n
         keys[i] = n - u
-    lib.bert_layers(x.data_ptr(), m, count, starts, keys, h, heads, inter, len(model.layers),
-                    state.table, cfg.layer_norm_eps, act, scratch.data_ptr(), threads)
+    bias = None
+    if position_bias is not None:
+        tables = [position_bias[n] for n in seq_lens]
+        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tables):
+            return None
+        bias = (ctypes.c_void_p * count)(*(t.data_ptr() for t in tables))
+    lib.bert_layers(x.data_ptr(), m, count, starts, keys, bias, h, heads, inter,
+                    len(model.layers), state.table, cfg.layer_norm_eps, act, scratch.data_ptr(),
+                    threads)
     return x

@@ -115,6 +115,6 @@ def encoder_kernels() -> ctypes.CDLL | None:
     lib.pack_linear_weight.restype = None
     lib.bert_scratch_floats.argtypes = [I, I, I, I, I]
     lib.bert_scratch_floats.restype = ctypes.c_long
-    lib.bert_layers.argtypes = [P, I, I, P, P, I, I, I, I, P, ctypes.c_float, I, P, I]
+    lib.bert_layers.argtypes = [P, I, I, P, P, P, I, I, I, I, P, ctypes.c_float, I, P, I]
     lib.bert_layers.restype = None
     return lib

@@ -185,13 +185,16 @@ static void layer_norm(const float *in, float *out, int m, int h, const float *w
 /* Bidirectional attention within each packed sequence (head size % 16 == 0). qkv [m, 3h]
  * (q | k | v, each head's dims contiguous), ctx [m, h]. Sequence s holds tokens
  * [starts[s], starts[s + 1]); its queries see its first keys[s] tokens (a shorter keys[s]:
- * ColBERT's unattended query expansion). (sequence, head) pairs are shared out; each thread
+ * ColBERT's unattended query expansion). bias: NULL, or per sequence a [heads][len][len] score
+ * bias added before the softmax (MPNet's relative positions). (sequence, head) pairs are
+ * shared out; each thread
  * works in its own slice of `work` (attention_floats(m, d) floats): the head's keys transposed
  * to [d][keys rounded up to 16], so that scores, softmax and exp run 16 keys per vector op. */
 static long attention_floats(int m, int d) { return (long)(d + m) * (m + 16); }
 
 static void attention(const float *qkv, float *ctx, float *work, int m, int h, int heads,
-                      int seqs, const int *starts, const int *keys) {
+                      int seqs, const int *starts, const int *keys,
+                      const float *const *bias) {
     int d = h / heads, ld = 3 * h;
     float scale = 1.f / sqrtf((float)d);
     float *kt = work + (size_t)omp_get_thread_num() * attention_floats(m, d);
@@ -215,6 +218,10 @@ static void attention(const float *qkv, float *ctx, float *work, int m, int h, i
                 for (int c = 0; c < d; c++) acc += qi[c] * *(const v16 *)(kt + (size_t)c * nkp + jb);
                 *(v16 *)(si + jb) = acc * scale;
             }
+            if (bias) {
+                const float *bi = bias[sq] + ((size_t)hd * len + i) * len;
+                for (int j = 0; j < nk; j++) si[j] += bi[j];
+            }
             float mx = -INFINITY;
             for (int j = 0; j < nk; j++) mx = si[j] > mx ? si[j] : mx;
             v16 total = vsplat(0.f);
@@ -236,7 +243,8 @@ static void attention(const float *qkv, float *ctx, float *work, int m, int h, i
 }
 
 /* Runs `layers` post-norm BERT layers over x [m, h] in place: `seqs` sequences packed back to
- * back (starts: seqs + 1 offsets; keys: attended keys per sequence, see attention()).
+ * back (starts: seqs + 1 offsets; keys: attended keys per sequence; bias: NULL or a score
+ * bias per sequence; see attention()).
  * params: P_PER_LAYER pointers per layer (packed weights, padded biases, norm weights).
  * scratch: at least bert_scratch_floats(m, h, inter, heads, threads) floats. act: EPI_GELU_ERF,
  * EPI_GELU_TANH or EPI_RELU. */
@@ -244,16 +252,16 @@ long bert_scratch_floats(int m, int h, int inter, int heads, int threads) {
     return (long)m * (3 * h + h + h + inter) + threads * attention_floats(m, h / heads);
 }
 
-void bert_layers(float *x, int m, int seqs, const int *starts, const int *keys, int h,
-                 int heads, int inter, int layers, const float *const *params, float eps,
-                 int act, float *scratch, int threads) {
+void bert_layers(float *x, int m, int seqs, const int *starts, const int *keys,
+                 const float *const *bias, int h, int heads, int inter, int layers,
+                 const float *const *params, float eps, int act, float *scratch, int threads) {
     float *qkv = scratch, *ctx = qkv + (size_t)m * 3 * h, *t = ctx + (size_t)m * h;
     float *up = t + (size_t)m * h, *work = up + (size_t)m * inter;
 #pragma omp parallel num_threads(threads)
     for (int l = 0; l < layers; l++) {
         const float *const *p = params + (size_t)l * P_PER_LAYER;
         gemm(x, p[P_QKV_W], p[P_QKV_B], NULL, qkv, m, 3 * h, h, EPI_NONE);
-        attention(qkv, ctx, work, m, h, heads, seqs, starts, keys);
+        attention(qkv, ctx, work, m, h, heads, seqs, starts, keys, bias);
         gemm(ctx, p[P_O_W], p[P_O_B], x, t, m, h, h, EPI_RESIDUAL);
         layer_norm(t, x, m, h, p[P_LN1_W], p[P_LN1_B], eps);
         gemm(x, p[P_UP_W], p[P_UP_B], NULL, up, m, inter, h, act);

@@ -11,6 +11,7 @@ from pooler.kernels.build import encoder_kernels
 from pooler.layers.quantization import quantize_linears
 from pooler.models.bert import BertModel
 from pooler.models.inputs import ModelInputs
+from pooler.models.mpnet import MPNetModel
 
 pytestmark = pytest.mark.skipif(
     encoder_kernels() is None,
@@ -70,6 +71,27 @@ def test_packed_sequences_and_unattended_suffixes_match_torch_layers(lengths, un
         fused = bert_cpu.bert_layers_on_cpu(model, model.embed(inputs), inputs)
         assert fused is not None
         torch.testing.assert_close(fused, _torch_layers(model, inputs), rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("lengths", [[12], [5, 16, 9]])
+def test_mpnet_relative_position_bias_matches_torch_layers(lengths):
+    torch.manual_seed(0)
+    model = MPNetModel({"vocab_size": 100, "hidden_size": 48, "num_hidden_layers": 2,
+                        "num_attention_heads": 3, "intermediate_size": 80}).eval()
+    with torch.no_grad():  # the bias table starts near zero: make it matter
+        model.relative_attention_bias.weight.normal_(0, 1.0)
+    inputs = _inputs(lengths)
+    with torch.inference_mode():
+        bias = model.position_bias(inputs.seq_lens)
+        x = model.embed_norm(model.word_embeddings(inputs.input_ids)
+                             + model.position_embeddings(inputs.positions + 2))
+        expected = x.clone()
+        for layer in model.layers:
+            expected = layer(expected, inputs, bias)
+        fused = bert_cpu.bert_layers_on_cpu(model, x, inputs, bias)
+        assert fused is not None
+        torch.testing.assert_close(fused, expected, rtol=1e-5, atol=2e-5)
+        torch.testing.assert_close(model(inputs), expected, rtol=1e-5, atol=2e-5)
 
 
 def test_a_sequence_gets_the_same_bits_alone_or_packed_with_others():
