@@ -138,6 +138,34 @@ def split_words(text: str) -> list[tuple[str, int, int]]:
     return [(m.group(), m.start(), m.end()) for m in _WORD_PATTERN.finditer(text)]
 
 
+def misplaced_options(given: Sequence[tuple[str, Any, Any]]) -> list[str]:
+    """The names in (name, value, default) whose value is not the default."""
+    return [name for name, value, default in given if value != default]
+
+
+def gliner_options_error(names: Sequence[str], remedy: str, architecture: str | None = None) -> str:
+    """GLiNER's options (labels, threshold, flat_ner, multi_label) given to a model that
+    predicts its own fixed labels; remedy: "load" (Python) or "serve" (HTTP)."""
+    one = len(names) == 1
+    which = f" ({architecture})" if architecture else ""
+    return (f"{', '.join(names)} {'applies' if one else 'apply'} to GLiNER (zero-shot NER) "
+            f"models; this model{which} predicts its own fixed labels. Drop "
+            f"{'it' if one else 'them'}, or {remedy} a GLiNER model.")
+
+
+def token_options_error(names: Sequence[str]) -> str:
+    """Token-classification options given to a GLiNER model."""
+    return (f"{', '.join(names)} {'applies' if len(names) == 1 else 'apply'} to "
+            "token-classification models; a GLiNER model scores word spans (it reads at most "
+            "max_len words of each text, as gliner does). Use labels, threshold, flat_ner and "
+            "multi_label.")
+
+
+def labels_required_error(example: str) -> str:
+    return ("labels is required with a GLiNER model: name the entity types to find, e.g. "
+            f"{example}.")
+
+
 def normalize_labels(labels: Any, num_texts: int, field: str = "labels") -> list[list[str]]:
     """One label list per text, each de-duplicated in order (as gliner does): `labels` is one
     list shared by every text, or one list per text."""

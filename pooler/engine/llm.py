@@ -22,8 +22,9 @@ from pooler.engine.input_processor import (InputProcessor, ProcessedInput, Trunc
                                            normalize_inputs)
 from pooler.engine.request import Request, RequestOutput
 from pooler.gliner import PARAMS_KEY as GLINER_PARAMS_KEY
-from pooler.gliner import (check_threshold, decode_spans, normalize_labels, spans_to_entities,
-                           split_words)
+from pooler.gliner import (check_threshold, decode_spans, gliner_options_error,
+                           labels_required_error, misplaced_options, normalize_labels,
+                           spans_to_entities, split_words, token_options_error)
 from pooler.model_folder import DEFAULT_MODEL
 from pooler.ner import SubwordRules, check_strategy, extract_entities
 from pooler.outputs import (BGEM3Output, BGEM3Score, ChunkEmbeddingOutput, ClassificationOutput,
@@ -330,13 +331,12 @@ class Engine:
                                     aggregation_strategy, ignore_labels, ignore_subwords,
                                     truncate, truncate_prompt_tokens, truncation_direction,
                                     use_tqdm, priority)
-        given = [name for name, value in (("labels", labels), ("threshold", threshold),
-                                          ("flat_ner", flat_ner), ("multi_label", multi_label))
-                 if value is not None]
+        given = misplaced_options((("labels", labels, None), ("threshold", threshold, None),
+                                   ("flat_ner", flat_ner, None),
+                                   ("multi_label", multi_label, None)))
         if given:
-            raise ValueError(f"{', '.join(given)} apply to GLiNER (zero-shot) models; this "
-                             f"model ({self.model_config.architecture}) predicts its own fixed "
-                             "labels. Drop them, or load a GLiNER model.")
+            raise ValueError(gliner_options_error(given, "load",
+                                                  self.model_config.architecture))
         check_strategy(aggregation_strategy, ignore_subwords)
         params = PoolingParams(task="token_classify", use_activation=True)
         processed, results = self._run_texts(
@@ -358,19 +358,15 @@ class Engine:
         """Zero-shot NER with a GLiNER span model: each (text, labels) is one sequence in the
         engine's batches; the span head scores it, decoding runs here."""
         if labels is None:
-            raise ValueError("labels is required with a GLiNER model: name the entity types to "
-                             "find, e.g. labels=['person', 'company'].")
-        refused = [name for name, value, default in (
+            raise ValueError(labels_required_error("labels=['person', 'company']"))
+        refused = misplaced_options((
             ("aggregation_strategy", aggregation_strategy, "simple"),
             ("ignore_labels", tuple(ignore_labels or ()), ("O",)),
             ("ignore_subwords", ignore_subwords, False),
             ("truncate_prompt_tokens", truncate_prompt_tokens, None),
-            ("truncation_direction", truncation_direction, "right")) if value != default]
+            ("truncation_direction", truncation_direction, "right")))
         if refused:
-            raise ValueError(f"{', '.join(refused)} apply to token-classification models; a "
-                             "GLiNER model scores word spans (it reads at most max_len words "
-                             "of each text, as gliner does). Use labels, threshold, flat_ner "
-                             "and multi_label.")
+            raise ValueError(token_options_error(refused))
         label_sets = normalize_labels(labels, len(items))
         threshold = check_threshold(0.5 if threshold is None else threshold)
         flat_ner = True if flat_ner is None else bool(flat_ner)

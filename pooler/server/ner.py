@@ -6,7 +6,8 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from pooler.gliner import LabelsTooLongError, normalize_labels
+from pooler.gliner import (LabelsTooLongError, gliner_options_error, labels_required_error,
+                           misplaced_options, normalize_labels, token_options_error)
 from pooler.server.errors import ERROR_RESPONSES, bad_request
 from pooler.server.protocol import NERRequest, NERResponse
 from pooler.server.state import ServerState
@@ -64,29 +65,22 @@ def _gliner_options(state: ServerState, body: NERRequest, num_items: int) -> dic
                "multi_label": body.multi_label}
     is_gliner = getattr(state.engine.model_config, "gliner", None) is not None
     if not is_gliner:
-        for name, value in options.items():
-            if value is not None:
-                raise bad_request(f"{name} applies to GLiNER (zero-shot NER) models; this "
-                                  "model predicts its own fixed labels. Drop it, or serve a "
-                                  "GLiNER model.", name)
+        given = misplaced_options((name, value, None) for name, value in options.items())
+        if given:  # the first one named, as the 400's param
+            raise bad_request(gliner_options_error(given[:1], "serve"), given[0])
         return {}
     if body.labels is None:
-        raise bad_request("labels is required with a GLiNER model: name the entity types to "
-                          "find, e.g. \"labels\": [\"person\", \"company\"].", "labels")
+        raise bad_request(labels_required_error('"labels": ["person", "company"]'), "labels")
     try:
         normalize_labels(body.labels, num_items)
     except ValueError as exc:
         raise bad_request(str(exc), "labels") from None
-    for name, value, default in (("aggregation_strategy", body.aggregation_strategy, "simple"),
-                                 ("ignore_labels", body.ignore_labels, None),
-                                 ("truncation_direction", body.truncation_direction.lower(),
-                                  "right"),
-                                 ("truncate_prompt_tokens",
-                                  None if body.truncate_prompt_tokens == -1
-                                  else body.truncate_prompt_tokens, None)):
-        if value != default:
-            raise bad_request(f"{name} applies to token-classification models; a GLiNER "
-                              "model reads at most max_len words of each text (as gliner "
-                              "does) and takes labels, threshold, flat_ner and multi_label.",
-                              name)
+    refused = misplaced_options((
+        ("aggregation_strategy", body.aggregation_strategy, "simple"),
+        ("ignore_labels", body.ignore_labels, None),
+        ("truncation_direction", body.truncation_direction.lower(), "right"),
+        ("truncate_prompt_tokens",
+         None if body.truncate_prompt_tokens == -1 else body.truncate_prompt_tokens, None)))
+    if refused:
+        raise bad_request(token_options_error(refused[:1]), refused[0])
     return {name: value for name, value in options.items() if value is not None}
