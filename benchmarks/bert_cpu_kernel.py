@@ -3,6 +3,7 @@ against the torch layers (oneDNN GEMMs) by sequence length, interleaved in one p
 default model (all-MiniLM-L6-v2). This is how bert_cpu.MAX_TOKENS was chosen.
 
     python benchmarks/bert_cpu_kernel.py [--threads 2] [--rounds 3] [--lengths 12,24,48,64,96]
+    POOLER_CPU_KERNELS=avx2 python benchmarks/bert_cpu_kernel.py ...   # the AVX2 build
 
 Each cell is the best of `--rounds` medians of 25 calls (tokenization included), after 5 warm-up
 calls per side per round.
@@ -52,7 +53,8 @@ def main() -> int:
             times.append(time.perf_counter() - start)
         return float(np.median(times)) * 1e3
 
-    print(f"threads {args.threads}, load average {os.getloadavg()[0]:.2f}")
+    print(f"threads {args.threads}, kernel build {encoder_kernels().variant} "
+          f"(POOLER_CPU_KERNELS=avx2 picks the AVX2 one), load average {os.getloadavg()[0]:.2f}")
     print("tokens | C kernel ms | torch ms | torch / C")
     for length in (int(v) for v in args.lengths.split(",")):
         text = " ".join(["hello"] * (length - 2))  # + [CLS] and [SEP]

@@ -4,8 +4,8 @@
 Taken when all of these hold, else the model runs its torch layers:
 - BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT and MPNet (its relative position bias added to
   the scores);
-- the CPU kernels built here (pooler/kernels/build.py: Linux x86-64, AVX-512, a C compiler,
-  `POOLER_CPU_KERNELS` not 0);
+- the CPU kernels built here (pooler/kernels/build.py: Linux x86-64 with AVX-512 or AVX2, a C
+  compiler, `POOLER_CPU_KERNELS` not 0);
 - the step has at most `MAX_TOKENS` tokens in all (one short query, or a few packed together),
   fp32 on the CPU, no autograd (an unattended suffix, ColBERT's query expansion, is handled);
 - hidden size and head size multiples of 16 (true of the BERT sizes in use: 384, 768, 1024

@@ -3,9 +3,11 @@
 The kernels are plain C (no torch headers), so a build takes about a second. The shared object
 is cached under `$POOLER_KERNEL_CACHE` (default `~/.cache/pooler/kernels`) by a hash of the
 source, the flags and the compiler, written to a temporary name and renamed so that concurrent
-processes never load a half-written file. Anything that fails (no compiler, no AVX-512, a
-non-Linux host, `POOLER_CPU_KERNELS=0`) returns None once, with one log line saying why, and the
-caller keeps its torch path.
+processes never load a half-written file. It is built for the best instruction set the CPU
+has: AVX-512 (16-float vectors, a 12x32 register tile) or AVX2 with FMA (8-float vectors, 3x32).
+Anything that fails (no compiler, neither instruction set, a non-Linux host,
+`POOLER_CPU_KERNELS=0`) returns None once, with one log line saying why, and the caller keeps
+its torch path.
 
 torch is imported before the library is loaded: the library asks for libgomp.so.1 and the
 dynamic loader then hands it torch's already-loaded OpenMP runtime, so both share one pool of
@@ -29,17 +31,32 @@ import torch  # noqa: F401  (first: see the module docstring)
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("encoder_cpu.c")
-_FLAGS = ["-O3", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mfma", "-fopenmp", "-fPIC",
-          "-shared", "-fno-math-errno"]
+_COMMON_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno"]
+# Instruction sets, best first: (name, CPU flags it needs, compiler flags). The source picks its
+# vector width and tile from __AVX512F__.
+_VARIANTS = [("avx512", ("avx512f", "avx512dq", "avx512vl", "fma"),
+              ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mfma"]),
+             ("avx2", ("avx2", "fma"), ["-mavx2", "-mfma"])]
+# "0" (or off/false/no) turns the kernels off; "avx2" picks that build even on an AVX-512 CPU
+# (how the tests check it); anything else picks the best the CPU has.
 DISABLE_ENV = "POOLER_CPU_KERNELS"
 
 
-def _cpu_has_avx512() -> bool:
+def _cpu_flags() -> set[str]:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return all(f" {flag}" in flags for flag in ("avx512f", "avx512dq", "avx512vl", "fma"))
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def _variant(choice: str) -> tuple[str, list[str]] | None:
+    flags = _cpu_flags()
+    for name, needs, cflags in _VARIANTS:
+        if choice in (name, "") and all(f in flags for f in needs):
+            return name, cflags
+    return None
 
 
 def _compiler() -> str | None:
@@ -55,21 +72,22 @@ def _cache_dirs() -> list[Path]:
             Path(tempfile.gettempdir()) / f"pooler-kernels-{os.getuid()}"]
 
 
-def _build(cc: str) -> Path:
+def _build(cc: str, cflags: list[str]) -> Path:
     error: OSError | None = None
     for folder in _cache_dirs():
         try:
-            return _build_in(cc, folder)
+            return _build_in(cc, cflags, folder)
         except OSError as e:
             error = e
     raise error
 
 
-def _build_in(cc: str, folder: Path) -> Path:
+def _build_in(cc: str, cflags: list[str], folder: Path) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True,
                              check=True).stdout
     source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode() + version.encode())
+    flags = _COMMON_FLAGS + cflags
+    digest = hashlib.sha256(source + " ".join(flags).encode() + version.encode())
     target = folder / f"encoder_cpu-{digest.hexdigest()[:16]}.so"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     owner = folder.stat()
@@ -80,7 +98,7 @@ def _build_in(cc: str, folder: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", tmp, "-lm"], capture_output=True,
+        subprocess.run([cc, *flags, str(_SOURCE), "-o", tmp, "-lm"], capture_output=True,
                        text=True, check=True)
         os.replace(tmp, target)
     finally:
@@ -92,18 +110,19 @@ def _build_in(cc: str, folder: Path) -> Path:
 @functools.lru_cache(maxsize=1)
 def encoder_kernels() -> ctypes.CDLL | None:
     """The compiled encoder_cpu.c, or None when it cannot be used here (logged once)."""
-    if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+    choice = os.environ.get(DISABLE_ENV, "").strip().lower()
+    if choice in ("0", "false", "off", "no"):
         return None
     why = None
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         why = f"{platform.system()}/{platform.machine()} is not Linux x86-64"
-    elif not _cpu_has_avx512():
-        why = "this CPU lacks AVX-512"
+    elif (variant := _variant(choice if choice == "avx2" else "")) is None:
+        why = "this CPU has neither AVX-512 nor AVX2 with FMA"
     elif (cc := _compiler()) is None:
         why = "no C compiler (set CC)"
     if why is None:
         try:
-            lib = ctypes.CDLL(str(_build(cc)))
+            lib = ctypes.CDLL(str(_build(cc, variant[1])))
         except (OSError, subprocess.CalledProcessError) as e:
             detail = getattr(e, "stderr", None) or str(e)
             why = f"the build failed: {detail.strip()[:500]}"
@@ -117,4 +136,6 @@ def encoder_kernels() -> ctypes.CDLL | None:
     lib.bert_scratch_floats.restype = ctypes.c_long
     lib.bert_layers.argtypes = [P, I, I, P, P, P, I, I, I, I, P, ctypes.c_float, I, P, I]
     lib.bert_layers.restype = None
+    lib.variant = variant[0]
+    log.debug("CPU encoder kernels: the %s build", variant[0])
     return lib

@@ -1,13 +1,15 @@
 /* A BERT-family encoder layer stack for a short step (one short query, or a few packed back
- * to back) on an x86-64 CPU with AVX-512, in fp32, in one call (pooler/kernels/bert_cpu.py is
- * the Python side; pooler/kernels/build.py compiles this file on first use).
+ * to back) on an x86-64 CPU with AVX-512 (or AVX2), in fp32, in one call
+ * (pooler/kernels/bert_cpu.py is the Python side; pooler/kernels/build.py compiles this file
+ * on first use for the best instruction set the CPU has).
  *
  * Why it exists: a short query (about 12 tokens) is bound by streaming the weights through a
  * small-M GEMM, 24 of them for MiniLM, plus ~60 small eager ops between them. oneDNN's GEMM at
  * M=12 runs well below what the core can do, and each eager op costs ~10-20 us of dispatch.
- * Here the GEMM is a 12x32 register tile over weights packed into 32-column panels (each weight
- * read once, contiguous), and everything between the GEMMs (attention, softmax, layer norm,
- * GELU, residual adds) runs inside the same OpenMP parallel region.
+ * Here the GEMM is a 12x32 register tile (3x32 on AVX2) over weights packed into 32-column
+ * panels (each weight read once per tile of rows, contiguous), and everything between the
+ * GEMMs (attention, softmax, layer norm, GELU, residual adds) runs inside the same OpenMP
+ * parallel region.
  *
  * Threads: the region runs on the OpenMP runtime torch already loaded (the .so asks for
  * libgomp.so.1, which the dynamic loader resolves to torch's copy), so torch's threads and
@@ -23,10 +25,18 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));  /* one zmm, any alignment */
-
-#define NR 32 /* panel width: two zmm of output columns */
+/* One vector register: 16 floats (zmm) on AVX-512, 8 (ymm) in the AVX2 build. */
+#ifdef __AVX512F__
+#define VW 16
 #define MR 12 /* rows per register tile: 12 x 2 accumulators + 2 weight vectors of 32 zmm */
+#else
+#define VW 8
+#define MR 3 /* 3 x 4 accumulators + weights and a broadcast in 16 ymm */
+#endif
+typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));  /* any alignment */
+
+#define NR 32 /* panel width: 32 output columns, NV vectors */
+#define NV (NR / VW)
 
 enum epilogue { EPI_NONE = 0, EPI_RESIDUAL = 1, EPI_GELU_ERF = 2, EPI_GELU_TANH = 3, EPI_RELU = 4 };
 
@@ -44,42 +54,42 @@ void pack_linear_weight(const float *w, float *out, int n, int k) {
             }
 }
 
-typedef int32_t v16i __attribute__((vector_size(64), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 
-static inline v16 vsplat(float v) { return (v16){v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
-static inline v16 vselect(v16i mask, v16 a, v16 b) { return (v16)((mask & (v16i)a) | (~mask & (v16i)b)); }
+static inline vf vsplat(float v) { return (vf){} + v; }
+static inline vf vselect(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
 
-/* exp on 16 lanes, ~2 ulp: 2^n * e^r with n = round(x / ln2), |r| <= ln2/2 and a degree-6
+/* exp on every lane, ~2 ulp: 2^n * e^r with n = round(x / ln2), |r| <= ln2/2 and a degree-6
  * Taylor series. Rounding by the 1.5 * 2^23 trick leaves n in the low mantissa bits. */
-static inline v16 vexp(v16 x) {
+static inline vf vexp(vf x) {
     x = vselect(x < -87.3f, vsplat(-87.3f), x);
     x = vselect(x > 88.3f, vsplat(88.3f), x);
     const float magic = 12582912.f; /* 1.5 * 2^23, bits 0x4B400000 */
-    v16 t = x * 1.44269504f + magic;
-    v16 n = t - magic;
-    v16 r = x - n * 0.693145752f - n * 1.42860677e-6f; /* ln2 split in two for exactness */
-    v16 p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 +
+    vf t = x * 1.44269504f + magic;
+    vf n = t - magic;
+    vf r = x - n * 0.693145752f - n * 1.42860677e-6f; /* ln2 split in two for exactness */
+    vf p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 +
             r * (1.f / 720))))));
-    v16i bits = (((v16i)t - 0x4B400000) + 127) << 23;
-    return p * (v16)bits;
+    vi bits = (((vi)t - 0x4B400000) + 127) << 23;
+    return p * (vf)bits;
 }
 
-/* erf on 16 lanes to ~1.5e-7 absolute (Abramowitz & Stegun 7.1.26), odd-symmetric. */
-static inline v16 verf(v16 x) {
-    v16i sign = (v16i)x & (int32_t)0x80000000;
-    v16 a = (v16)((v16i)x & 0x7fffffff);
-    v16 t = 1.f / (1.f + 0.3275911f * a);
-    v16 poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
+/* erf on every lane to ~1.5e-7 absolute (Abramowitz & Stegun 7.1.26), odd-symmetric. */
+static inline vf verf(vf x) {
+    vi sign = (vi)x & (int32_t)0x80000000;
+    vf a = (vf)((vi)x & 0x7fffffff);
+    vf t = 1.f / (1.f + 0.3275911f * a);
+    vf poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
                t * (-1.453152027f + t * 1.061405429f))));
-    v16 y = 1.f - poly * vexp(-a * a);
-    return (v16)((v16i)y | sign);
+    vf y = 1.f - poly * vexp(-a * a);
+    return (vf)((vi)y | sign);
 }
 
-static inline v16 activate(v16 y, int epi) {
+static inline vf activate(vf y, int epi) {
     if (epi == EPI_GELU_ERF)
         return 0.5f * y * (1.f + verf(y * 0.70710678f));
     if (epi == EPI_GELU_TANH) {
-        v16 u = 0.7978845608f * (y + 0.044715f * y * y * y);
+        vf u = 0.7978845608f * (y + 0.044715f * y * y * y);
         return 0.5f * y * (2.f - 2.f / (1.f + vexp(2.f * u))); /* 1 + tanh(u) */
     }
     if (epi == EPI_RELU)
@@ -87,10 +97,10 @@ static inline v16 activate(v16 y, int epi) {
     return y;
 }
 
-static inline float hsum(v16 v) {  /* lanes added in a fixed order: results are reproducible */
-    v16 a = v;
+static inline float hsum(vf v) {  /* lanes added in a fixed order: results are reproducible */
+    vf a = v;
     float s = 0.f;
-    for (int i = 0; i < 16; i++) s += a[i];
+    for (int i = 0; i < VW; i++) s += a[i];
     return s;
 }
 
@@ -100,39 +110,34 @@ static inline float hsum(v16 v) {  /* lanes added in a fixed order: results are 
 static inline __attribute__((always_inline)) void tile(
         int mr, const float *x, int k, const float *panel, const float *bias,
         const float *res, float *y, int ldy, int cols, int epi) {
-    v16 acc[MR][2];
-    v16 b0 = *(const v16 *)bias, b1 = *(const v16 *)(bias + 16);
-    for (int r = 0; r < mr; r++) { acc[r][0] = b0; acc[r][1] = b1; }
+    vf acc[12][NV];  /* rows < mr <= MR in use */
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = *(const vf *)(bias + v * VW);
     for (int kk = 0; kk < k; kk++) {
         /* the weights stream from memory: ask for them 4 KB ahead, into L2 (prefetcht2).
          * +17% on a memory-bound panel at one thread; 2 KB or 8 KB ahead, or into L1, lost. */
         __builtin_prefetch(panel + (size_t)(kk + 32) * NR, 0, 1);
         __builtin_prefetch(panel + (size_t)(kk + 32) * NR + 16, 0, 1);
-        v16 w0 = *(const v16 *)(panel + (size_t)kk * NR);
-        v16 w1 = *(const v16 *)(panel + (size_t)kk * NR + 16);
+        vf w[NV];
+        for (int v = 0; v < NV; v++) w[v] = *(const vf *)(panel + (size_t)kk * NR + v * VW);
         for (int r = 0; r < mr; r++) {
             float a = x[(size_t)r * k + kk];
-            acc[r][0] += a * w0;
-            acc[r][1] += a * w1;
+            for (int v = 0; v < NV; v++) acc[r][v] += a * w[v];
         }
     }
     for (int r = 0; r < mr; r++) {
-        v16 o0 = acc[r][0], o1 = acc[r][1];
         float *row = y + (size_t)r * ldy;
-        if (res && cols == NR) {  /* EPI_RESIDUAL */
-            o0 += *(const v16 *)(res + (size_t)r * ldy);
-            o1 += *(const v16 *)(res + (size_t)r * ldy + 16);
-        } else if (!res) {
-            o0 = activate(o0, epi);
-            o1 = activate(o1, epi);
+        for (int v = 0; v < NV; v++) {
+            if (res) {  /* EPI_RESIDUAL; a partial panel adds it below */
+                if (cols == NR) acc[r][v] += *(const vf *)(res + (size_t)r * ldy + v * VW);
+            } else
+                acc[r][v] = activate(acc[r][v], epi);
         }
         if (cols == NR) {
-            *(v16 *)row = o0;
-            *(v16 *)(row + 16) = o1;
+            for (int v = 0; v < NV; v++) *(vf *)(row + v * VW) = acc[r][v];
         } else {  /* the last, partial panel */
             float out[NR];
-            memcpy(out, &o0, 64);
-            memcpy(out + 16, &o1, 64);
+            memcpy(out, acc[r], sizeof out);
             for (int j = 0; j < cols; j++)
                 row[j] = out[j] + (res ? res[(size_t)r * ldy + j] : 0.f);
         }
@@ -154,7 +159,8 @@ static void gemm(const float *x, const float *packed, const float *bias, const f
             float *yr = y + (size_t)m0 * n + p * NR;
             const float *rr = res ? res + (size_t)m0 * n + p * NR : NULL;
             switch (mr) {
-#define TILE(R) case R: tile(R, xr, k, panel, bias + p * NR, rr, yr, n, cols, epi); break;
+#define TILE(R) \
+    case R: if (R <= MR) tile(R, xr, k, panel, bias + p * NR, rr, yr, n, cols, epi); break;
                 TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
                 TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
 #undef TILE
@@ -170,11 +176,11 @@ static void layer_norm(const float *in, float *out, int m, int h, const float *w
     for (int r = 0; r < m; r++) {
         const float *x = in + (size_t)r * h;
         float *y = out + (size_t)r * h;
-        v16 sum = vsplat(0.f), sq = vsplat(0.f);
-        for (int i = 0; i < h; i += 16) sum += *(const v16 *)(x + i);
+        vf sum = vsplat(0.f), sq = vsplat(0.f);
+        for (int i = 0; i < h; i += VW) sum += *(const vf *)(x + i);
         float mean = hsum(sum) / (float)h;
-        for (int i = 0; i < h; i += 16) {
-            v16 c = *(const v16 *)(x + i) - mean;
+        for (int i = 0; i < h; i += VW) {
+            vf c = *(const vf *)(x + i) - mean;
             sq += c * c;
         }
         float inv = 1.f / sqrtf(hsum(sq) / (float)h + eps);
@@ -189,7 +195,8 @@ static void layer_norm(const float *in, float *out, int m, int h, const float *w
  * bias added before the softmax (MPNet's relative positions). (sequence, head) pairs are
  * shared out; each thread
  * works in its own slice of `work` (attention_floats(m, d) floats): the head's keys transposed
- * to [d][keys rounded up to 16], so that scores, softmax and exp run 16 keys per vector op. */
+ * to [d][keys rounded up to whole vectors], so that scores, softmax and exp run a vector of
+ * keys per op. */
 static long attention_floats(int m, int d) { return (long)(d + m) * (m + 16); }
 
 static void attention(const float *qkv, float *ctx, float *work, int m, int h, int heads,
@@ -203,7 +210,7 @@ static void attention(const float *qkv, float *ctx, float *work, int m, int h, i
     for (int task = 0; task < seqs * heads; task++) {
         int sq = task / heads, hd = task % heads;
         int first = starts[sq], len = starts[sq + 1] - first, nk = keys[sq];
-        int nkp = (nk + 15) & ~15;
+        int nkp = (nk + VW - 1) & ~(VW - 1);
         const float *q = qkv + (size_t)first * ld + hd * d;
         const float *k = q + h, *v = q + 2 * h;
         for (int c = 0; c < d; c++) {
@@ -213,10 +220,10 @@ static void attention(const float *qkv, float *ctx, float *work, int m, int h, i
         for (int i = 0; i < len; i++) {
             const float *qi = q + (size_t)i * ld;
             float *si = sc + (size_t)i * nkp;
-            for (int jb = 0; jb < nkp; jb += 16) {  /* scores of 16 keys */
-                v16 acc = vsplat(0.f);
-                for (int c = 0; c < d; c++) acc += qi[c] * *(const v16 *)(kt + (size_t)c * nkp + jb);
-                *(v16 *)(si + jb) = acc * scale;
+            for (int jb = 0; jb < nkp; jb += VW) {  /* scores of VW keys */
+                vf acc = vsplat(0.f);
+                for (int c = 0; c < d; c++) acc += qi[c] * *(const vf *)(kt + (size_t)c * nkp + jb);
+                *(vf *)(si + jb) = acc * scale;
             }
             if (bias) {
                 const float *bi = bias[sq] + ((size_t)hd * len + i) * len;
@@ -224,19 +231,19 @@ static void attention(const float *qkv, float *ctx, float *work, int m, int h, i
             }
             float mx = -INFINITY;
             for (int j = 0; j < nk; j++) mx = si[j] > mx ? si[j] : mx;
-            v16 total = vsplat(0.f);
-            for (int jb = 0; jb < nkp; jb += 16) {
-                v16 e = vexp(*(const v16 *)(si + jb) - mx);
-                for (int j = nk - jb; j < 16; j++) e[j] = 0.f;  /* the padding keys */
-                *(v16 *)(si + jb) = e;
+            vf total = vsplat(0.f);
+            for (int jb = 0; jb < nkp; jb += VW) {
+                vf e = vexp(*(const vf *)(si + jb) - mx);
+                for (int j = nk - jb; j < VW; j++) e[j] = 0.f;  /* the padding keys */
+                *(vf *)(si + jb) = e;
                 total += e;
             }
             float inv = 1.f / hsum(total);
             float *o = ctx + (size_t)(first + i) * h + hd * d;
-            for (int c = 0; c < d; c += 16) {
-                v16 acc = vsplat(0.f);
-                for (int j = 0; j < nk; j++) acc += si[j] * *(const v16 *)(v + (size_t)j * ld + c);
-                *(v16 *)(o + c) = acc * inv;
+            for (int c = 0; c < d; c += VW) {
+                vf acc = vsplat(0.f);
+                for (int j = 0; j < nk; j++) acc += si[j] * *(const vf *)(v + (size_t)j * ld + c);
+                *(vf *)(o + c) = acc * inv;
             }
         }
     }

@@ -15,7 +15,7 @@ from pooler.models.mpnet import MPNetModel
 
 pytestmark = pytest.mark.skipif(
     encoder_kernels() is None,
-    reason="CPU encoder kernels unavailable here (needs Linux x86-64 with AVX-512 and a C "
+    reason="CPU encoder kernels unavailable here (needs Linux x86-64 with AVX-512 or AVX2 and a C "
            "compiler; see pooler/kernels/build.py)")
 
 
@@ -161,6 +161,23 @@ def fresh_build(monkeypatch):
 def test_switched_off_by_environment(fresh_build, monkeypatch):
     monkeypatch.setenv(fresh_build.DISABLE_ENV, "0")
     assert fresh_build.encoder_kernels() is None
+
+
+def test_the_avx2_build_matches_torch_layers(fresh_build, monkeypatch):
+    if not {"avx2", "fma"} <= fresh_build._cpu_flags():
+        pytest.skip("no AVX2 here")
+    monkeypatch.setenv(fresh_build.DISABLE_ENV, "avx2")
+    assert fresh_build.encoder_kernels().variant == "avx2"
+    model = _model()
+    with torch.inference_mode():
+        for lengths, unattended in (([1], None), ([13], None), ([bert_cpu.MAX_TOKENS], None),
+                                    ([4, 9], [0, 2])):
+            inputs = _inputs(lengths)
+            inputs.num_unattended = unattended
+            fused = bert_cpu.bert_layers_on_cpu(model, model.embed(inputs), inputs)
+            assert fused is not None
+            torch.testing.assert_close(fused, _torch_layers(model, inputs), rtol=1e-5,
+                                       atol=2e-5)
 
 
 def test_builds_into_an_empty_cache_folder(fresh_build, monkeypatch, tmp_path):
