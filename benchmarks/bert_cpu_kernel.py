@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,6 +30,7 @@ def main() -> int:
     prefer_short_openmp_spin(os.environ)
     import pooler.kernels.bert_cpu as bert_cpu
     import pooler.models.bert as bert
+    from pooler.bench.common import median_call_seconds
     from pooler.engine.llm import Engine
     from pooler.kernels.build import encoder_kernels
     from pooler.model_folder import DEFAULT_MODEL
@@ -43,16 +42,6 @@ def main() -> int:
     engine = Engine(DEFAULT_MODEL, num_threads=args.threads)
     sides = {"C kernel": bert_cpu.bert_layers_on_cpu, "torch": lambda *a: None}
 
-    def median_ms(text: str) -> float:
-        for _ in range(5):
-            engine.embed(text)
-        times = []
-        for _ in range(25):
-            start = time.perf_counter()
-            engine.embed(text)
-            times.append(time.perf_counter() - start)
-        return float(np.median(times)) * 1e3
-
     print(f"threads {args.threads}, kernel build {encoder_kernels().variant} "
           f"(POOLER_CPU_KERNELS=avx2 picks the AVX2 one), load average {os.getloadavg()[0]:.2f}")
     print("tokens | C kernel ms | torch ms | torch / C")
@@ -62,7 +51,8 @@ def main() -> int:
         for _ in range(args.rounds):
             for name, fn in sides.items():
                 bert.bert_layers_on_cpu = fn
-                best[name] = min(best[name], median_ms(text))
+                best[name] = min(best[name], 1e3 * median_call_seconds(
+                    lambda: engine.embed(text), 25, warmup=5))
         print(f"{length:6d} | {best['C kernel']:11.2f} | {best['torch']:8.2f} | "
               f"{best['torch'] / best['C kernel']:.2f}")
     return 0

@@ -41,18 +41,18 @@ _STATE = "_cpu_kernel_state"  # kept in the model's __dict__, like linear.py's p
 
 _LINEARS = ("qkv_proj", "o_proj", "up_proj", "down_proj")
 _NORMS = ("attn_norm", "mlp_norm")
+_PER_LAYER = 12  # tensors per layer (encoder_cpu.c's P_PER_LAYER), in its P_* order
 
 
 def _layer_tensors(layer: nn.Module) -> list[torch.Tensor] | None:
-    """The 12 tensors encoder_cpu.c takes per layer, or None when a module is not stock. Reads
-    the module dicts directly: nn.Module.__getattr__ made this ~0.3 ms per MiniLM call."""
+    """The _PER_LAYER tensors encoder_cpu.c takes per layer, or None when a module is not
+    stock. Reads the module dicts directly: nn.Module.__getattr__ made this ~0.3 ms per
+    MiniLM call."""
     modules = layer._modules
     if any(type(modules[name]) is not nn.Linear for name in _LINEARS) or any(
             type(modules[name]) is not nn.LayerNorm for name in _NORMS):
         return None
-    qkv, o, up, down, norm1, norm2 = (modules[name]._parameters for name in
-                                      ("qkv_proj", "o_proj", "up_proj", "down_proj",
-                                       "attn_norm", "mlp_norm"))
+    qkv, o, up, down, norm1, norm2 = (modules[name]._parameters for name in _LINEARS + _NORMS)
     tensors = [qkv["weight"], qkv["bias"], o["weight"], o["bias"], norm1["weight"],
                norm1["bias"], up["weight"], up["bias"], down["weight"], down["bias"],
                norm2["weight"], norm2["bias"]]
@@ -84,7 +84,7 @@ class _PackedLayers:
         self.sources = tensors  # keeps the key's ids unique while this state lives
         self.keep = []  # owns every buffer the pointer table points into
         tensors = [t.detach().float().contiguous() for t in tensors]
-        sizes = [-(-t.shape[0] // 32) * 32 * t.shape[1] if i % 12 in _WEIGHT_SLOTS else 0
+        sizes = [-(-t.shape[0] // 32) * 32 * t.shape[1] if i % _PER_LAYER in _WEIGHT_SLOTS else 0
                  for i, t in enumerate(tensors)]
         self.mapping, weights = _huge_page_floats(sum(sizes))
         pointers, used = [], 0
@@ -94,7 +94,7 @@ class _PackedLayers:
                 used += sizes[i]
                 lib.pack_linear_weight(t.data_ptr(), packed.data_ptr(), *t.shape)
                 t = packed
-            elif i % 12 in _BIAS_SLOTS:  # padded to whole panels
+            elif i % _PER_LAYER in _BIAS_SLOTS:  # padded to whole panels
                 padded = torch.zeros(-(-t.numel() // 32) * 32)
                 padded[:t.numel()] = t
                 t = padded
@@ -126,7 +126,7 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
     cfg = model.config
     m, h = x.shape
     heads, inter = cfg.num_attention_heads, cfg.intermediate_size
-    if h % 16 or (h // heads) % 16:  # the kernel's vector loops step 16 floats
+    if h % 16 or (h // heads) % 16:  # the kernel's vector loops step 16 floats (8 on AVX2)
         return None
     act = _ACTIVATIONS.get((cfg.hidden_act or "gelu").lower())
     lib = encoder_kernels() if act is not None else None

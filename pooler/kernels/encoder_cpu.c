@@ -34,6 +34,7 @@
 #define MR 3 /* 3 x 4 accumulators + weights and a broadcast in 16 ymm */
 #endif
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));  /* any alignment */
+typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 
 #define NR 32 /* panel width: 32 output columns, NV vectors */
 #define NV (NR / VW)
@@ -53,8 +54,6 @@ void pack_linear_weight(const float *w, float *out, int n, int k) {
                 out[((size_t)p * k + kk) * NR + j] = col < n ? w[(size_t)col * k + kk] : 0.f;
             }
 }
-
-typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 
 static inline vf vsplat(float v) { return (vf){} + v; }
 static inline vf vselect(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
@@ -98,9 +97,8 @@ static inline vf activate(vf y, int epi) {
 }
 
 static inline float hsum(vf v) {  /* lanes added in a fixed order: results are reproducible */
-    vf a = v;
     float s = 0.f;
-    for (int i = 0; i < VW; i++) s += a[i];
+    for (int i = 0; i < VW; i++) s += v[i];
     return s;
 }
 

@@ -82,6 +82,18 @@ class BertLayer(nn.Module):
         return self.mlp_norm(linear_add(self.down_proj, h, x))
 
 
+def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
+               position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """model.layers (BertLayers) over x [num_tokens, hidden]: a short step in one C call
+    (pooler/kernels/bert_cpu.py), anything else layer by layer. BERT, DistilBERT and MPNet."""
+    fused = bert_layers_on_cpu(model, x, inputs, position_bias)
+    if fused is not None:
+        return fused
+    for layer in model.layers:
+        x = layer(x, inputs, position_bias)
+    return x
+
+
 # HF parameter name (after the model prefix) -> (our name, slot in a fused q/k/v weight).
 _RENAMES = [
     (r"^embeddings\.LayerNorm\.(weight|bias)$", r"embed_norm.\1", None),
@@ -137,12 +149,7 @@ class BertModel(nn.Module):
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
         x = self.embed(inputs)
-        fused = bert_layers_on_cpu(self, x, inputs)  # a short step: one C call
-        if fused is not None:
-            return fused
-        for layer in self.layers:
-            x = layer(x, inputs)
-        return x
+        return run_layers(self, x, inputs)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy matching checkpoint tensors in; returns the checkpoint names consumed."""

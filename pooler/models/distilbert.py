@@ -15,8 +15,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from pooler.kernels.bert_cpu import bert_layers_on_cpu
-from pooler.models.bert import BertLayer
+from pooler.models.bert import BertLayer, run_layers
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_renamed_weights
 
@@ -68,12 +67,7 @@ class DistilBertModel(nn.Module):
         # token_type_ids, if the tokenizer made any, are ignored: DistilBERT has no such table.
         x = self.embed_norm(self.word_embeddings(inputs.input_ids)
                             + self.position_embeddings(inputs.positions))
-        fused = bert_layers_on_cpu(self, x, inputs)  # a short step: one C call
-        if fused is not None:
-            return fused
-        for layer in self.layers:
-            x = layer(x, inputs)
-        return x
+        return run_layers(self, x, inputs)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy matching checkpoint tensors in; returns the checkpoint names consumed."""

@@ -18,8 +18,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from pooler.kernels.bert_cpu import bert_layers_on_cpu
-from pooler.models.bert import BertLayer
+from pooler.models.bert import BertLayer, run_layers
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_renamed_weights
 
@@ -106,13 +105,7 @@ class MPNetModel(nn.Module):
         positions = inputs.positions + _PADDING_IDX + 1
         x = self.embed_norm(self.word_embeddings(inputs.input_ids)
                             + self.position_embeddings(positions))
-        bias = self.position_bias(inputs.seq_lens)
-        fused = bert_layers_on_cpu(self, x, inputs, bias)  # a short step: one C call
-        if fused is not None:
-            return fused
-        for layer in self.layers:
-            x = layer(x, inputs, bias)
-        return x
+        return run_layers(self, x, inputs, self.position_bias(inputs.seq_lens))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy matching checkpoint tensors in; returns the checkpoint names consumed."""
