@@ -7,6 +7,8 @@ import resource
 import time
 from importlib import metadata
 
+from pooler.cpu_features import cpu_features
+
 
 def measure_gemm_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
     """fp32 GFLOP/s of a square GEMM at `threads` threads: the practical FMA peak."""
@@ -55,30 +57,6 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile"]
-                    return " ".join(f for f in wanted if f in flags)
-    except OSError:
-        pass
-    return ""
-
-
 def _version(package: str) -> str:
     try:
         return metadata.version(package)
@@ -87,8 +65,9 @@ def _version(package: str) -> str:
 
 
 def machine_info() -> dict:
+    cpu = cpu_features()
     return {
-        "cpu": _cpu_name(), "cpu_flags": _cpu_flags(), "cores": os.cpu_count(),
+        "cpu": cpu.model, "cpu_kind": cpu.kind(), "cpu_flags": " ".join(cpu.named()), "cores": os.cpu_count(),
         "python": platform.python_version(), "torch": _version("torch"),
         "transformers": _version("transformers"),
         "sentence-transformers": _version("sentence-transformers"),

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch  # noqa: F401  (first: see the module docstring)
 
+from pooler.cpu_features import cpu_features
+
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("encoder_cpu.c")
@@ -42,17 +44,8 @@ _VARIANTS = [("avx512", ("avx512f", "avx512dq", "avx512vl", "fma"),
 DISABLE_ENV = "POOLER_CPU_KERNELS"
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
 def _variant(choice: str) -> tuple[str, list[str]] | None:
-    flags = _cpu_flags()
+    flags = cpu_features().flags
     for name, needs, cflags in _VARIANTS:
         if choice in (name, "") and all(f in flags for f in needs):
             return name, cflags
