@@ -1,0 +1,104 @@
+"""Never slower because of an option: a requested precision (int8, bfloat16) is timed against
+fp32 at load, on the step shapes the engine will run, and kept only where it wins on this CPU.
+
+Why at load and not from a table of CPU flags: the flags say which instructions exist, not
+whether torch/oneDNN/our kernels use them well for these shapes (on an AVX2-only Zen 3,
+`torch._int_mm` ran 37x slower than the fp32 GEMM it was meant to beat). A few forward passes
+per shape (tens of milliseconds on a small encoder) settle it on the machine itself.
+
+What happens when the candidate is not faster is the caller's `on_slower` policy:
+- "fallback" (default): run fp32 and log one line naming the CPU, its features and the timings.
+  A user who asked for speed gets the fastest path there is, and is told why.
+- "refuse": raise ValueError with the same facts (for deployments that must not silently change
+  numerics, e.g. an index built with int8 embeddings).
+- "off": skip the check and run what was asked (parity tests, memory-bound deployments).
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Sequence
+
+from pooler.cpu_features import CpuFeatures, cpu_features
+
+log = logging.getLogger(__name__)
+
+OnSlower = Literal["fallback", "refuse", "off"]
+ON_SLOWER_CHOICES: tuple[str, ...] = ("fallback", "refuse", "off")
+
+
+@dataclass(frozen=True)
+class ShapeCase:
+    """One step shape to time: a name for the log ("1x12 tokens", "8x128 tokens") and the two
+    forward passes to compare, each a no-argument callable that runs one step."""
+    name: str
+    candidate: Callable[[], object]
+    fp32: Callable[[], object]
+
+
+@dataclass(frozen=True)
+class PrecisionDecision:
+    requested: str                 # "int8", "bfloat16"
+    use_candidate: bool            # False: run fp32 instead
+    reason: str                    # one line for the log / the error
+    # (case name, candidate seconds, fp32 seconds) per timed shape; empty when not timed
+    timings: tuple[tuple[str, float, float], ...] = field(default_factory=tuple)
+
+    @property
+    def precision(self) -> str:
+        """What the engine runs: the requested precision or "float32"."""
+        return self.requested if self.use_candidate else "float32"
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of `repeats` calls after `warmup` untimed ones (first calls pack
+    weights and warm caches)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def decide(requested: str, cases: Sequence[ShapeCase], *, on_slower: OnSlower = "fallback",
+           cpu: CpuFeatures | None = None, supported: bool = True, unsupported_why: str = "",
+           measure: Callable[[Callable[[], object]], float] = median_seconds,
+           ) -> PrecisionDecision:
+    """Keep `requested` only if it is supported here and not slower than fp32 on every case.
+
+    `supported=False` (with `unsupported_why`) short-cuts the timing: the path cannot run on
+    this CPU at all. `measure` is replaceable so the rule is unit-tested with fake timings."""
+    if on_slower not in ON_SLOWER_CHOICES:
+        raise ValueError(f"on_slower must be one of {ON_SLOWER_CHOICES}, got {on_slower!r}.")
+    cpu = cpu or cpu_features()
+    if on_slower == "off":
+        return PrecisionDecision(requested, True, f"{requested}: check off, run as requested")
+    where = f"this CPU, {cpu.summary()}"
+    if not supported:
+        reason = f"{requested} has no path on {where}: {unsupported_why}"
+        return _settle(requested, False, reason, (), on_slower)
+    timings = tuple((c.name, measure(c.candidate), measure(c.fp32)) for c in cases)
+    slower = [(n, a, b) for n, a, b in timings if a > b]
+    shown = ", ".join(f"{n}: {a * 1e3:.2f} vs {b * 1e3:.2f} ms" for n, a, b in timings)
+    if not slower:
+        return PrecisionDecision(requested, True,
+                                 f"{requested} faster than float32 on {where} ({shown})", timings)
+    reason = (f"{requested} is slower than float32 on {where} ({shown}; {requested} vs "
+              f"float32)")
+    return _settle(requested, False, reason, timings, on_slower)
+
+
+def _settle(requested: str, ok: bool, reason: str, timings, on_slower: OnSlower
+            ) -> PrecisionDecision:
+    if on_slower == "refuse":
+        raise ValueError(f"{reason}. Drop the {requested} option to run float32, or pass "
+                         f"on_slower='off' (CLI: --precision-check off) to run {requested} "
+                         f"anyway.")
+    log.warning("%s; running float32 instead (on_slower='refuse' makes this an error, 'off' "
+                "runs %s anyway).", reason, requested)
+    return PrecisionDecision(requested, ok, reason, timings)

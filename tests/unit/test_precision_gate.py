@@ -1,0 +1,70 @@
+"""pooler/precision_gate.py: a requested precision is kept only where it is not slower than fp32,
+decided from timings (faked here) on every step shape."""
+import logging
+
+import pytest
+
+from pooler import precision_gate as gate
+from pooler.cpu_features import CpuFeatures
+
+AVX2 = CpuFeatures(model="AMD EPYC 7R13", arch="x86_64", flags=frozenset({"avx2", "fma"}))
+
+
+def _cases(*names):
+    return [gate.ShapeCase(n, candidate=lambda n=n: ("cand", n), fp32=lambda n=n: ("fp32", n))
+            for n in names]
+
+
+def _fake(times):
+    """measure() that returns times[(which, case)] for the callable's (which, case) result."""
+    return lambda fn: times[fn()]
+
+
+def test_kept_when_faster_on_every_shape():
+    d = gate.decide("int8", _cases("1x12", "8x128"), cpu=AVX2, measure=_fake({
+        ("cand", "1x12"): 0.002, ("fp32", "1x12"): 0.004,
+        ("cand", "8x128"): 0.010, ("fp32", "8x128"): 0.020}))
+    assert d.use_candidate and d.precision == "int8"
+    assert [t[0] for t in d.timings] == ["1x12", "8x128"]
+
+
+def test_falls_back_with_one_log_line_when_slower_on_any_shape(caplog):
+    with caplog.at_level(logging.WARNING, logger="pooler.precision_gate"):
+        d = gate.decide("int8", _cases("1x12", "8x128"), cpu=AVX2, measure=_fake({
+            ("cand", "1x12"): 0.080, ("fp32", "1x12"): 0.005,
+            ("cand", "8x128"): 0.010, ("fp32", "8x128"): 0.020}))
+    assert not d.use_candidate and d.precision == "float32"
+    [record] = caplog.records
+    assert "avx2" in record.message and "AVX2" in record.message   # names the CPU's features
+    assert "80.00 vs 5.00 ms" in record.message and "float32 instead" in record.message
+
+
+def test_refuses_when_the_user_insists():
+    with pytest.raises(ValueError, match=r"bfloat16 is slower than float32.*--precision-check"):
+        gate.decide("bfloat16", _cases("1x12"), cpu=AVX2, on_slower="refuse",
+                    measure=_fake({("cand", "1x12"): 0.02, ("fp32", "1x12"): 0.01}))
+
+
+def test_unsupported_is_decided_without_timing():
+    def never(fn):
+        raise AssertionError("must not time an unsupported path")
+    d = gate.decide("bfloat16", _cases("1x12"), cpu=AVX2, supported=False,
+                    unsupported_why="no AVX512_BF16 or AMX", measure=never)
+    assert not d.use_candidate and "no AVX512_BF16 or AMX" in d.reason
+
+
+def test_off_runs_what_was_asked_without_timing():
+    d = gate.decide("int8", _cases("1x12"), cpu=AVX2, on_slower="off",
+                    measure=lambda fn: pytest.fail("timed"))
+    assert d.use_candidate and d.timings == ()
+
+
+def test_bad_policy_names_the_choices():
+    with pytest.raises(ValueError, match="fallback.*refuse.*off"):
+        gate.decide("int8", _cases("1x12"), cpu=AVX2, on_slower="always")
+
+
+def test_median_seconds_times_the_callable():
+    calls = []
+    assert gate.median_seconds(lambda: calls.append(1), repeats=3, warmup=2) >= 0
+    assert len(calls) == 5
