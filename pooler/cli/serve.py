@@ -8,6 +8,8 @@ signal exits at once (pooler/server/shutdown.py). Slow clients are bounded by
 """
 from __future__ import annotations
 
+import argparse
+import errno
 import logging
 import os
 import socket
@@ -45,7 +47,8 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind; the default accepts local connections only, "
                         "use 0.0.0.0 to expose the server (then set --api-key) (default: %(default)s)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    p.add_argument("--port", type=port_number, default=8000,
+                   help="TCP port, 1-65535 (default: %(default)s)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--served-model-name", default=None,
@@ -209,17 +212,48 @@ def run_ray(args) -> int:
     return 0
 
 
+def port_number(text: str) -> int:
+    """argparse type for --port: an integer in 1-65535 (bind() would raise OverflowError)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is out of range: a TCP port is 1-65535")
+    return port
+
+
 def check_port(host: str, port: int) -> None:
-    """Fail in a second, before the model loads, when the address cannot be bound."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
+    """Fail in a second, before torch is imported or the model loads, when the address cannot
+    be bound, with the reason in words: a host name that does not resolve, an address this
+    machine does not have, a privileged port, or a port in use."""
+    try:
+        # the address uvicorn will bind: the first one getaddrinfo gives, as asyncio does
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot listen on {host}:{port}: the host {host!r} does not resolve "
+                         f"({exc.strerror or exc}). Pass --host an address of this machine "
+                         "(127.0.0.1 for local clients, 0.0.0.0 for every interface) or a "
+                         "name that resolves to one.") from None
+    with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
-            probe.bind((host, port))
+            probe.bind(address)
         except OSError as exc:
-            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}. Another "
-                             "server may be using the port: stop it or pick another with "
-                             "--port.") from None
+            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}. "
+                             f"{_bind_hint(exc.errno, host, port)}") from None
+
+
+def _bind_hint(errno_code: int | None, host: str, port: int) -> str:
+    if errno_code == errno.EADDRINUSE:
+        return "Another server is using the port: stop it or pick another with --port."
+    if errno_code == errno.EADDRNOTAVAIL:
+        return (f"No interface of this machine has the address {host}: use 127.0.0.1, "
+                "0.0.0.0, or one of this machine's addresses with --host.")
+    if errno_code == errno.EACCES and port < 1024:
+        return "Ports below 1024 need root: pick one from 1024 up with --port."
+    return "Pick another --host or --port."
 
 
 def warn_if_exposed(host: str, api_key: str | None) -> None:
@@ -230,6 +264,12 @@ def warn_if_exposed(host: str, api_key: str | None) -> None:
 
 
 def run(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Before anything imports torch (seconds): a wrong address fails at once.
+    check_port(args.host, args.port)
+    warn_if_exposed(args.host, args.api_key)
+
     import uvicorn
 
     from pooler.server.connection_limits import (accept_backlog, fit_connection_cap,
@@ -237,10 +277,6 @@ def run(args) -> int:
                                                  raise_fd_limit)
     from pooler.server.shutdown import GracefulServer, uvicorn_backstop
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    check_port(args.host, args.port)
-    warn_if_exposed(args.host, args.api_key)
     if args.ray:
         return run_ray(args)
     install_log_rate_limit()

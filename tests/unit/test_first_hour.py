@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -41,20 +42,50 @@ def test_cuda_on_cpu_only_torch_is_a_clear_error():
         Engine(device="tpu")
 
 
-def test_serve_checks_the_port_before_loading_the_model(monkeypatch, capsys):
-    def must_not_load(args):
-        raise AssertionError("the model was loaded before the port was checked")
-
-    monkeypatch.setattr(serve, "build_app", must_not_load)
+def test_serve_checks_the_port_before_importing_torch():
+    """The port-in-use check runs before torch is imported (the import alone takes seconds),
+    so a fresh interpreter shows it; the model is never loaded."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        started = time.perf_counter()
-        assert main(["serve", "--port", str(port)]) == 2
-    assert time.perf_counter() - started < 5
+        probe = ("import sys; from pooler.cli.main import main; "
+                 f"rc = main(['serve', '--port', '{port}']); "
+                 "print(rc, 'torch' in sys.modules)")
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                              timeout=60)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Another server is using the port" in done.stderr and "--port" in done.stderr
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "0", "http"])
+def test_serve_port_out_of_range_is_an_argparse_error(port, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--port", port])
+    assert info.value.code == 2
     err = capsys.readouterr().err
-    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    assert "argument --port" in err and "1-65535" in err and "Traceback" not in err
+
+
+def test_serve_names_a_host_that_does_not_resolve(monkeypatch, capsys):
+    monkeypatch.setattr(serve, "build_app", _must_not_load)
+    assert main(["serve", "--host", "nosuchhost.invalid", "--port", "8000"]) == 2
+    err = capsys.readouterr().err
+    assert "the host 'nosuchhost.invalid' does not resolve" in err
+    assert "--host" in err and "Another server" not in err
+
+
+def test_serve_names_an_address_this_machine_lacks(monkeypatch, capsys):
+    monkeypatch.setattr(serve, "build_app", _must_not_load)
+    # TEST-NET-1 (RFC 5737): documentation-only, never assigned to an interface
+    assert main(["serve", "--host", "192.0.2.1", "--port", "8000"]) == 2
+    err = capsys.readouterr().err
+    assert "No interface of this machine has the address 192.0.2.1" in err
+
+
+def _must_not_load(args):
+    raise AssertionError("the model was loaded before the address was checked")
 
 
 def test_exposed_host_without_api_key_warns(caplog):
