@@ -139,7 +139,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
     app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
     app.add_middleware(QueueGateMiddleware, admission=state.token_admission)
     if settings.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key, routes=app.router.routes)
     app.add_middleware(BodyTimeoutMiddleware, timeout=settings.body_timeout,
                        gate=state.shutdown, metrics=metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -1,18 +1,21 @@
 """`--api-key`: every route but the health checks (/health, /ping, GET /) needs
-`Authorization: Bearer KEY` (pure ASGI)."""
+`Authorization: Bearer KEY` (pure ASGI). The 401 is shaped as the route's own errors are (vLLM,
+TEI, Cohere or OpenAI shape), so a client's error handling sees the body it expects."""
 from __future__ import annotations
 
 import hmac
 
-from pooler.server.errors import error_body
+from pooler.server.dialects import error_payload, route_dialects
 
 OPEN_PATHS = frozenset({"/health", "/ping"})
 
 
 class APIKeyMiddleware:
-    def __init__(self, app, api_key: str):
+    def __init__(self, app, api_key: str, routes=()):
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
+        self._routes = routes  # the app's route table, read at the first 401 (all added by then)
+        self._dialects: dict[str, str] | None = None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or (
@@ -27,8 +30,11 @@ class APIKeyMiddleware:
         if not hmac.compare_digest(supplied, self._expected):
             message = ("Missing API key: send 'Authorization: Bearer <key>'." if not supplied
                        else "Invalid API key.")
-            return await send_json(send, 401, error_body(401, message, None, "invalid_api_key"),
-                                   {"www-authenticate": "Bearer"})
+            if self._dialects is None:
+                self._dialects = route_dialects(self._routes)
+            body = error_payload(self._dialects.get(scope["path"], "openai"), 401, message,
+                                 "Unauthorized", "invalid_api_key")
+            return await send_json(send, 401, body, {"www-authenticate": "Bearer"})
         return await self.app(scope, receive, send)
 
 

@@ -82,6 +82,8 @@ async def cohere_errors(run) -> Response:
 
 
 class CohereRoute(APIRoute):
+    dialect = "cohere"  # pooler/server/dialects.py
+
     def get_route_handler(self):
         handler = super().get_route_handler()
 

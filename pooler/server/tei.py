@@ -93,6 +93,7 @@ async def tei_errors(run: Callable[[], Awaitable[Response]]) -> Response:
 
 class TEIRoute(APIRoute):
     """Every error a TEI route raises (body validation included) leaves in TEI's shape."""
+    dialect = "tei"  # pooler/server/dialects.py
 
     def get_route_handler(self):
         handler = super().get_route_handler()

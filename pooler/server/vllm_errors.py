@@ -38,12 +38,17 @@ def use_tei_errors(request: Request) -> None:
     request.scope[_DIALECT_KEY] = "tei"
 
 
+def vllm_error_body(status: int, message: str, param: str | None = None,
+                    err_type: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message,
+                      "type": err_type or _TYPES.get(status, "BadRequestError"),
+                      "param": param, "code": status}}
+
+
 def vllm_error(status: int, message: str, param: str | None = None,
                err_type: str | None = None, headers: dict[str, str] | None = None,
                extra: dict[str, Any] | None = None) -> JSONResponse:
-    body: dict[str, Any] = {"error": {"message": message,
-                                      "type": err_type or _TYPES.get(status, "BadRequestError"),
-                                      "param": param, "code": status}}
+    body = vllm_error_body(status, message, param, err_type)
     if extra:
         body.update(extra)
     return JSONResponse(body, status_code=status, headers=headers)
@@ -69,6 +74,8 @@ def too_long_message(exc: InputTooLongError) -> str:
 class VLLMRoute(APIRoute):
     """An APIRoute whose errors leave in vLLM's shape (FastAPI's documented way to handle one
     router's errors differently)."""
+
+    dialect = "vllm"  # pooler/server/dialects.py
 
     def get_route_handler(self):
         handler = super().get_route_handler()

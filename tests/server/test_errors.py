@@ -129,3 +129,26 @@ def test_api_key(engine, serve_app):
         assert len(ok.embeddings.create(model=app.state.pooler.model_name, input="a").data) == 1
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{url}/v1", api_key="nope").models.list()
+
+
+def test_401_body_takes_the_route_protocol_shape(engine, serve_app):
+    """Every 401 is compact JSON in the shape its route's other errors have: vLLM's (`code` the
+    HTTP status as an integer), TEI's {"error", "error_type"}, Cohere's {"message"}, OpenAI's."""
+    with serve_app(engine, ServerSettings(api_key="s3cret")) as (url, app):
+        with httpx.Client(base_url=url) as c:
+            vllm = c.post("/pooling", json={"input": "a"})
+            assert vllm.status_code == 401 and vllm.headers["www-authenticate"] == "Bearer"
+            assert vllm.json() == {"error": {"message": "Missing API key: send 'Authorization: "
+                                                        "Bearer <key>'.",
+                                             "type": "UnauthorizedError", "param": None,
+                                             "code": 401}}
+            tei = c.post("/embed", json={"inputs": "a"}, headers={"authorization": "Bearer x"})
+            assert tei.status_code == 401
+            assert tei.json() == {"error": "Invalid API key.", "error_type": "Unauthorized"}
+            cohere = c.post("/v2/embed", json={"texts": ["a"], "input_type": "search_query"})
+            assert cohere.status_code == 401 and set(cohere.json()) == {"message"}
+            # /v1/embeddings answers vLLM's error shape (as vLLM's server does)
+            assert assert_error(c.post("/v1/embeddings", json={"input": "a"}), 401)["code"] == 401
+            assert assert_error(c.get("/v1/models"), 401)["code"] == "invalid_api_key"
+            for r in (vllm, tei, cohere):
+                assert b"\n" not in r.content  # one line, as every other error body

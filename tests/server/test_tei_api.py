@@ -315,7 +315,14 @@ def test_embed_sparse_and_root_on_a_splade_model(splade):
     for got, want in zip(body, engine.embed_sparse(["hello world", "a"])):
         assert [g["index"] for g in got] == [int(i) for i in want.indices]
         np.testing.assert_allclose([g["value"] for g in got], want.values, atol=1e-5)
-    assert ok(c.post("/", json={"inputs": ["hello world", "a"]}), "/embed_sparse") == body
+    # POST / answers as /embed_sparse. Same indices; values equal up to float rounding, since
+    # the step's thread count (pooler/cpu_contention.py) may differ between two calls on a
+    # busy machine and with it the order of a GEMM's partial sums.
+    root = ok(c.post("/", json={"inputs": ["hello world", "a"]}), "/embed_sparse")
+    assert [[g["index"] for g in r] for r in root] == [[g["index"] for g in r] for r in body]
+    for got, want in zip(root, body):
+        np.testing.assert_allclose([g["value"] for g in got], [g["value"] for g in want],
+                                   rtol=1e-6, atol=1e-6)
     info = c.get("/info").json()
     validate("Info", info)
     assert info["model_type"] == {"embedding": {"pooling": "splade"}}

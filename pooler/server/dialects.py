@@ -1,0 +1,50 @@
+"""Which protocol a path speaks, for answers written before routing (a middleware's 401).
+
+Each API family's routes are built with its own route class (VLLMRoute, TEIRoute, CohereRoute),
+which names its dialect in a `dialect` class attribute; plain routes speak the OpenAI/pooler
+shape. A middleware that answers before the route runs looks the request up in the app's route
+table and shapes its error as that route would have.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+Dialect = Literal["openai", "vllm", "tei", "cohere"]
+
+
+def route_dialects(routes) -> dict[str, Dialect]:
+    """{path: dialect} for every route in an app's route table, first route of a path winning
+    as in routing. Routers included with include_router may sit behind a wrapper that keeps
+    the original router (newer FastAPI): its routes are read through it, with its prefix."""
+    table: dict[str, Dialect] = {}
+    for prefix, route in _flat(routes, ""):
+        path = getattr(route, "path", None)
+        if path is not None:
+            table.setdefault(prefix + path, getattr(route, "dialect", "openai"))
+    return table
+
+
+def _flat(routes, prefix: str):
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            context = getattr(route, "include_context", None)
+            yield from _flat(inner.routes, prefix + (getattr(context, "prefix", "") or ""))
+        else:
+            yield prefix, route
+
+
+def error_payload(dialect: Dialect, status: int, message: str, kind: str,
+                  openai_code: str | None = None) -> dict:
+    """An error body in the dialect's shape. `kind` is the short error kind TEI and vLLM name
+    ("Unauthorized"); the OpenAI shape keeps pooler's machine-readable `openai_code`."""
+    from pooler.server.errors import error_body
+    from pooler.server.vllm_errors import vllm_error_body
+
+    if dialect == "vllm":
+        return vllm_error_body(status, message)
+    if dialect == "tei":
+        return {"error": message, "error_type": kind}
+    if dialect == "cohere":
+        return {"message": message}
+    return error_body(status, message, None, openai_code)
