@@ -158,9 +158,23 @@ def download_model(repo_id: str, revision: str | None = None) -> Path:
             f"Model {repo_id!r} is neither a local folder nor a repository on {url} (a private "
             "repository needs HF_TOKEN).") from exc
     except LocalEntryNotFoundError as exc:
-        reason = ("HF_HUB_OFFLINE=1 forbids downloading it; unset HF_HUB_OFFLINE to download"
-                  if offline else f"{url} could not be reached")
-        raise ModelUnavailable(
-            f"Model {where} is not in the Hugging Face cache ({cache_dir}), and {reason}.") from exc
+        if offline:
+            raise ModelUnavailable(
+                f"Model {where} is not in the Hugging Face cache ({cache_dir}), and "
+                "HF_HUB_OFFLINE=1 forbids downloading it; unset HF_HUB_OFFLINE to "
+                "download.") from exc
+        raise ModelUnavailable(f"Could not download {where}: {url} could not be reached. "
+                               f"{_unreachable_hint(cache_dir)}") from exc
+    except (httpx.ConnectError, httpx.TimeoutException) as exc:
+        raise ModelUnavailable(f"Could not download {where}: {url} could not be reached "
+                               f"({exc}). {_unreachable_hint(cache_dir)}") from exc
     except (HfHubHTTPError, httpx.HTTPError) as exc:
         raise ModelUnavailable(f"Could not download {where} from {url}: {exc}") from exc
+
+
+def _unreachable_hint(cache_dir: Path) -> str:
+    """The next step when the hub cannot be reached (no network, a proxy, a firewall)."""
+    return ("Next: pass a local model folder instead of a hub name (download it on a "
+            "machine with access and copy it here), set HF_ENDPOINT to a mirror this machine "
+            "can reach, or, if the model was downloaded here before, set HF_HUB_OFFLINE=1 to "
+            f"use the Hugging Face cache ({cache_dir}).")

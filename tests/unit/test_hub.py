@@ -50,10 +50,14 @@ def hub(model_folder):
 @pytest.fixture
 def online(hub, tmp_path, monkeypatch):
     """The environment a user sets: HF_ENDPOINT at the fake, a fresh cache, online."""
+    return _go_online(hub.url, tmp_path, monkeypatch)
+
+
+def _go_online(url, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
     cache = tmp_path / "hf-cache"
-    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_ENDPOINT", url)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
@@ -141,6 +145,25 @@ def test_interrupted_download_resumes_with_range(hub, online, model_folder):
     kept = (len(data) - 1024) // DOWNLOAD_CHUNK_SIZE * DOWNLOAD_CHUNK_SIZE
     assert kept > 0
     assert hub.gets("model.safetensors") == [None, f"bytes={kept}-"]
+
+
+def test_unreachable_hub_says_what_to_do_next(tmp_path, monkeypatch):
+    """No network (here: a closed port on 127.0.0.1) ends with the next steps, not just the
+    socket error."""
+    import socket
+
+    from pooler.model_folder import resolve_model_path
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    cache = _go_online(f"http://127.0.0.1:{port}", tmp_path, monkeypatch)
+    with pytest.raises(FileNotFoundError) as info:
+        resolve_model_path("BAAI/bge-small-en-v1.5")
+    message = str(info.value)
+    assert f"http://127.0.0.1:{port} could not be reached" in message
+    for step in ("local model folder", "HF_ENDPOINT", "HF_HUB_OFFLINE=1", str(cache)):
+        assert step in message, step
 
 
 def test_offline_mode_uses_warm_cache_and_never_connects(hub, online, monkeypatch, model_folder):
