@@ -102,9 +102,14 @@ def read_texts(args: argparse.Namespace) -> list[str]:
     if args.input in (None, "-"):
         if args.input is None and sys.stdin.isatty():
             raise ValueError("no input: pass texts as arguments, --input FILE, or pipe stdin.")
-        return list(parse_lines(sys.stdin))
-    with open(args.input, encoding="utf-8") as f:
-        return list(parse_lines(f))
+        texts, source = list(parse_lines(sys.stdin)), "standard input"
+    else:
+        with open(args.input, encoding="utf-8") as f:
+            texts, source = list(parse_lines(f)), f"--input {args.input}"
+    if not texts:
+        raise ValueError(f"{source} had no lines of text (blank lines are skipped): give one "
+                         "text per line, or pass the texts as arguments.")
+    return texts
 
 
 def parse_lines(lines: Iterable[str]) -> Iterable[str]:

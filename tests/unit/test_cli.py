@@ -40,3 +40,16 @@ def test_bad_jsonl_is_a_clear_error(tmp_path, capsys):
     src.write_text('{"txt": "no text field"}\n')
     assert main(["embed", "--input", str(src)]) == 2
     assert "line 1: JSON line needs a string 'text' field" in capsys.readouterr().err
+
+
+def test_empty_input_file_names_the_file(tmp_path, capsys, monkeypatch):
+    src = tmp_path / "empty.txt"
+    src.write_text("\n  \n")
+    for command in ("embed", "classify", "ner", "sparse"):
+        assert main([command, "--input", str(src)]) == 2
+        err = capsys.readouterr().err
+        assert f"--input {src} had no lines of text" in err, (command, err)
+    import io
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert main(["embed", "--input", "-"]) == 2
+    assert "standard input had no lines of text" in capsys.readouterr().err
