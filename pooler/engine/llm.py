@@ -631,8 +631,11 @@ class Engine:
         options = SparseOptions(pooling=pooling, top_k=top_k, threshold=threshold).validated()
         if self.model_config.head != "mlm":
             raise ValueError(
-                f"embed_sparse needs a masked-LM model (*ForMaskedLM, e.g. a SPLADE model); "
-                f"{self.model_config.architecture} has no vocabulary head.")
+                f"embed_sparse needs a masked-LM model (*ForMaskedLM, e.g. a SPLADE model such "
+                f"as naver/splade-cocondenser-ensembledistil); this model "
+                f"({self.model_config.architecture}) has no vocabulary head. Load such a "
+                "model: Engine('path/or/hub-name') in Python, `pooler sparse --model PATH` on "
+                "the command line, or serve it with `pooler serve PATH` (/embed_sparse).")
         static = self._static_query_encoder() if query else None
         if static is not None:
             texts = normalize_inputs(inputs)

@@ -29,4 +29,5 @@ def test_cli_sparse_rejects_a_model_without_mlm_head(tmp_path, capsys):
     build_modernbert(tmp_path / "base", "ModernBertModel")
     code = main(["sparse", "--model", str(tmp_path / "base"), "--device", "cpu", "text"])
     assert code == 2
-    assert "masked-LM" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "masked-LM" in err and "pooler sparse --model PATH" in err
