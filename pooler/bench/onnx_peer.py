@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pooler.bench.common import cache_root, cached_folder
+from pooler.install_hint import install_command
 
 FP32_FILE = "model.onnx"
 INT8_FILE = "model_int8.onnx"
@@ -32,7 +33,6 @@ INT8_FILE = "model_int8.onnx"
 OUTPUT_NAME = "last_hidden_state"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                     "vocab.txt", "config.json")
-INSTALL_HINT = "pip install 'pooler[bench-peers]'"
 
 
 def missing_packages(*names: str) -> list[str]:
@@ -43,7 +43,7 @@ def skip_reason(*packages: str) -> str | None:
     """Why an ONNX side cannot run here (a package is missing), or None."""
     missing = missing_packages(*packages)
     if missing:
-        return f"needs {', '.join(missing)} ({INSTALL_HINT})"
+        return f"needs {', '.join(missing)} ({install_command('bench-peers')})"
     return None
 
 

@@ -9,6 +9,7 @@ import sys
 
 from pooler.cli.common import (add_engine_args, add_truncation_arg, engine_from_args,
                                split_labels)
+from pooler.install_hint import install_command
 
 
 def add_parser(sub) -> None:
@@ -17,8 +18,8 @@ def add_parser(sub) -> None:
         description="Run every row of a corpus through the model and write Parquet part files "
                     "(id + outputs) into the --output directory. Re-running the same command "
                     "resumes after the last completed part. Rows that cannot be used (null, "
-                    "empty or non-text) go to an errors file. Needs pyarrow: "
-                    "pip install 'pooler[batch]' ('pooler[ray]' for --ray).")
+                    "empty or non-text) go to an errors file. Needs pyarrow (the [batch] extra; "
+                    "[ray] for --ray).")
     add_engine_args(p, task=False)
     p.add_argument("--task", default="embed",
                    choices=["embed", "sparse", "token_embed", "classify", "ner"],
@@ -56,7 +57,7 @@ def add_parser(sub) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="delete what OUTPUT holds and start again")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ray = p.add_argument_group("Ray Data (pip install 'pooler[ray]')")
+    ray = p.add_argument_group("Ray Data (pooler's [ray] extra)")
     ray.add_argument("--ray", action="store_true",
                      help="run as a Ray Data pipeline with one engine per actor")
     ray.add_argument("--ray-address", default=None,
@@ -125,4 +126,5 @@ def _require_pyarrow() -> None:
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        raise ValueError("pooler batch needs pyarrow: pip install 'pooler[batch]'.") from None
+        raise ValueError("pooler batch needs pyarrow (pooler's [batch] extra). Install it "
+                         f"with: {install_command('batch')}") from None

@@ -93,7 +93,7 @@ def add_parser(sub) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn and pooler log level (default: %(default)s)")
-    ray = p.add_argument_group("Ray Serve (pip install 'pooler[ray]'; see docs/scale-out.md)")
+    ray = p.add_argument_group("Ray Serve (pooler's [ray] extra; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true",
                      help="serve the same app as a Ray Serve deployment, one Engine per replica")
     ray.add_argument("--ray-address", default=None,
@@ -196,7 +196,10 @@ def run_ray(args) -> int:
     try:
         from pooler.ray.serve import parse_autoscale, run_serve, serve_app
     except ImportError as exc:
-        raise ValueError(f"--ray needs Ray Serve: pip install 'pooler[ray]' ({exc}).") from None
+        from pooler.install_hint import install_command
+
+        raise ValueError(f"--ray needs Ray Serve ({exc}); pooler's [ray] extra has it. Install "
+                         f"it with: {install_command('ray')}") from None
     specs = model_specs(args)
     if len(specs) > 1:
         raise ValueError("--ray serves one model; run one deployment per model.")

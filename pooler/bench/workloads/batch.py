@@ -19,6 +19,7 @@ import numpy as np
 from pooler.bench import corpus
 from pooler.bench.common import save_array, token_lens
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
+from pooler.install_hint import install_command
 
 
 def _texts(opts: BenchOptions) -> list[str]:
@@ -122,7 +123,7 @@ def _skip(opts: BenchOptions) -> str | None:
         import pyarrow  # noqa: F401
         import ray  # noqa: F401
     except ImportError:
-        return "needs pip install 'pooler[ray]'"
+        return f"needs Ray ({install_command('ray')})"
     return None
 
 
