@@ -25,6 +25,14 @@ class ServerSettings:
     # rate: tokens/s x max_queue_seconds (pooler/server/limits.py, TokenAdmission).
     max_queue_tokens: int | None = None
     max_queue_seconds: float = 5.0
+    # Operating (README "Operating pooler"): /metrics on a port of its own, TEI's gRPC API,
+    # OpenTelemetry traces over OTLP, one JSON log line per request. Off when None / False.
+    prometheus_port: int | None = None
+    grpc_port: int | None = None
+    listen_host: str = "127.0.0.1"       # where those extra ports listen (the server's --host)
+    otlp_endpoint: str | None = None
+    otlp_service_name: str = "pooler"
+    log_requests: bool = False           # one log record per request (--log-format json)
 
     def __post_init__(self):
         for name in ("max_input_items", "max_payload_bytes", "max_queue", "max_workers",
