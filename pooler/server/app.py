@@ -90,6 +90,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
                   description="Embeddings, reranking, classification, NER and sparse vectors "
                               "behind OpenAI-, Cohere/Jina-, vLLM- and TEI-compatible routes.")
     app.state.pooler = state
+    app.state.tracer = tracer
     install_error_handlers(app)
 
     @app.exception_handler(ValidationError)
