@@ -46,3 +46,30 @@ class ServerSettings:
             raise ValueError(f"long_input must be 'truncate' or 'chunk', got {self.long_input!r}.")
         if self.graceful_timeout < 0:
             raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}.")
+        for name in ("prometheus_port", "grpc_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 <= port <= 65535:
+                raise ValueError(f"{name} must be a TCP port (0-65535), got {port}.")
+        if self.grpc_port is not None:
+            require_ops_extra("--grpc-port", ("grpc", "grpc_health", "grpc_reflection",
+                                              "google.protobuf"))
+        if self.otlp_endpoint:
+            require_ops_extra("--otlp-endpoint", ("opentelemetry.sdk",
+                                                  "opentelemetry.exporter.otlp.proto.grpc",
+                                                  "opentelemetry.exporter.otlp.proto.http"))
+
+
+def require_ops_extra(flag: str, modules: tuple[str, ...]) -> None:
+    """A clear error, before any model loads, when a flag needs the `ops` extra."""
+    from importlib.util import find_spec
+
+    missing = []
+    for module in modules:
+        try:
+            found = find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is absent
+            found = False
+        if not found:
+            missing.append(module)
+    if missing:
+        raise ValueError(f"{flag} needs {', '.join(missing)}: pip install 'pooler[ops]'.")
