@@ -90,6 +90,24 @@ def add_parser(sub) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn and pooler log level (default: %(default)s)")
+    ops = p.add_argument_group("operating (README: Operating pooler; gRPC and OTLP need "
+                               "pip install 'pooler[ops]')")
+    ops.add_argument("--log-format", default="text", choices=["text", "json"],
+                     help="json: one JSON object per line for every log record, and one per "
+                          "request (request id, route, status, tokens, durations) in place "
+                          "of the access log, as TEI's --json-output (default: %(default)s)")
+    ops.add_argument("--prometheus-port", type=int, default=None,
+                     help="also serve /metrics on this port (same --host, no API key), as "
+                          "TEI's --prometheus-port; /metrics stays on --port too")
+    ops.add_argument("--grpc-port", type=int, default=None,
+                     help="also serve TEI's gRPC API (tei.v1 with health and reflection) on "
+                          "this port, on the same engine")
+    ops.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                     help="export OpenTelemetry traces (a span per request with tokenize, "
+                          "queue and inference children) over OTLP: http://HOST:4317 for "
+                          "gRPC, or a URL ending in /v1/traces for HTTP; off by default")
+    ops.add_argument("--otlp-service-name", default="pooler",
+                     help="the traces' service.name (default: %(default)s)")
     ray = p.add_argument_group("Ray Serve (pip install 'pooler[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true",
                      help="serve the same app as a Ray Serve deployment, one Engine per replica")
@@ -120,7 +138,18 @@ def _settings(args):
         body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
         max_connections=args.max_connections, show_model_path=args.show_model_path,
         long_input=args.long_input, max_queue_tokens=args.max_queue_tokens,
-        max_queue_seconds=args.max_queue_seconds)
+        max_queue_seconds=args.max_queue_seconds,
+        prometheus_port=args.prometheus_port, grpc_port=args.grpc_port,
+        listen_host=args.host, otlp_endpoint=args.otlp_endpoint,
+        otlp_service_name=args.otlp_service_name, log_requests=args.log_format == "json")
+
+
+def _one_model_only(settings, how: str) -> None:
+    """The extra listeners belong to one app: refuse them where there would be several."""
+    for flag, value in (("--grpc-port", settings.grpc_port),
+                        ("--prometheus-port", settings.prometheus_port)):
+        if value is not None:
+            raise ValueError(f"{flag} serves one model's app; it is not available {how}.")
 
 
 def build_app(args):
@@ -138,6 +167,7 @@ def build_app(args):
     from pooler.server.multi_model import ModelRouter, ServedModel, resident_mb
 
     settings = _settings(args)
+    _one_model_only(settings, "with several models (their /metrics routes stay)")
     served = []
     for spec in specs:
         options = {**engine_kwargs(args), **spec}
@@ -198,6 +228,7 @@ def run_ray(args) -> int:
     if len(specs) > 1:
         raise ValueError("--ray serves one model; run one deployment per model.")
     args.model = specs[0]["model"]
+    _one_model_only(_settings(args), "with --ray")
     kwargs = engine_kwargs(args)
     app = serve_app(kwargs.pop("model"), replicas=args.replicas,
                     autoscale=parse_autoscale(args.autoscale),
@@ -237,8 +268,14 @@ def run(args) -> int:
                                                  raise_fd_limit)
     from pooler.server.shutdown import GracefulServer, uvicorn_backstop
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    json_logs = getattr(args, "log_format", "text") == "json"
+    if json_logs:
+        from pooler.server.json_logs import configure
+
+        configure(args.log_level)
+    else:
+        logging.basicConfig(level=args.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_port(args.host, args.port)
     warn_if_exposed(args.host, args.api_key)
     if args.ray:
@@ -257,7 +294,10 @@ def run(args) -> int:
         backlog=accept_backlog(fd_limit),
         http=guarded_h11_protocol(cap, settings.header_timeout, state.metrics),
         timeout_keep_alive=settings.keep_alive_timeout,
-        timeout_graceful_shutdown=uvicorn_backstop(settings.graceful_timeout))
+        timeout_graceful_shutdown=uvicorn_backstop(settings.graceful_timeout),
+        # JSON: uvicorn's records go to the JSON root handler; the per-request record
+        # replaces its access log.
+        **({"log_config": None, "access_log": False} if json_logs else {}))
     server = GracefulServer(config, gate, settings.graceful_timeout)
     server.run()
     if server.signalled:
