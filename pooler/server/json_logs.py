@@ -37,7 +37,7 @@ class JSONFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return json.dumps(entry, default=str, ensure_ascii=False, separators=(",", ":"))
 
 
 def configure(level: str) -> None:
