@@ -153,3 +153,28 @@ def test_predict_counts_on_a_classifier(classifier_server):
                      "te_request_success": 1, "vllm:request_success_total": 2}
     assert after.value("te_request_failure", err="model_type") - \
         before.value("te_request_failure", err="model_type") == 1
+
+
+def test_several_models_keep_the_names_with_a_model_label(engine):
+    """The multi-model router merges each app's /metrics: TEI's counters keep their bare
+    names and TYPE lines, every sample gains `model`."""
+    import asyncio
+
+    from pooler.server.app import create_app
+    from pooler.server.multi_model import ModelRouter, ServedModel
+
+    served = [ServedModel(name, create_app(engine, ServerSettings(served_model_name=name),
+                                           owns_engine=False), memory_mb=1.0)
+              for name in ("a", "b")]
+
+    async def scrape_router():
+        transport = httpx.ASGITransport(app=ModelRouter(served))
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            return (await client.get("/metrics")).text
+
+    m = Scrape(asyncio.run(scrape_router()))
+    assert m.types["te_request_count"] == "counter"
+    assert "te_request_count_total" not in m.types
+    assert m.types["vllm:request_success_total"] == "counter"
+    assert {ls["model"] for ls in m.labels("vllm:num_requests_waiting")} == {"a", "b"}
+    assert {ls["model_name"] for ls in m.labels("vllm:num_requests_waiting")} == {"a", "b"}
