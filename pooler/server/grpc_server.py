@@ -148,14 +148,16 @@ def _metadata(scope: dict, chars: int, started: float) -> pb.Metadata:
     call = scope.get("pooler.call")
     outputs = call.finished if call is not None else []
     timed = [o.timing for o in outputs if o.timing is not None]
-    mean = (lambda f: int(sum(f(t) for t in timed) / len(timed) * 1e9)) if timed else \
-        (lambda f: 0)
+
+    def mean_ns(seconds: list[float]) -> int:  # TEI reports a batch's means
+        return int(sum(seconds) / len(seconds) * 1e9) if seconds else 0
+
     return pb.Metadata(
         compute_chars=chars, compute_tokens=sum(o.num_tokens for o in outputs),
         total_time_ns=int((time.perf_counter() - started) * 1e9),
         tokenization_time_ns=int((call.tokenize_seconds if call else 0.0) * 1e9),
-        queue_time_ns=mean(lambda t: t.queue_seconds),
-        inference_time_ns=mean(lambda t: t.inference_seconds))
+        queue_time_ns=mean_ns([t.queue_seconds for t in timed]),
+        inference_time_ns=mean_ns([t.inference_seconds for t in timed]))
 
 
 async def _unary(context, run: Callable[[], Awaitable[Any]]):

@@ -132,7 +132,7 @@ def test_reflection_lists_and_describes_tei(embedder):
     assert "EmbedSparseStream" in {m.name for s in described.service for m in s.method}
 
 
-# ---- Embed -----------------------------------------------------------------------------------------
+# ---- Embed -------------------------------------------------------------------------------------
 def test_embed_equals_http(embedder):
     for kwargs, body in (({}, {}), ({"normalize": False}, {"normalize": False}),
                          ({"dimensions": 16}, {"dimensions": 16})):
