@@ -116,3 +116,25 @@ def test_a_bad_endpoint_is_a_clear_error(engine):
 
     with pytest.raises(ValueError, match="--otlp-endpoint must be a URL"):
         create_app(engine, ServerSettings(otlp_endpoint="localhost:4317"), owns_engine=False)
+
+
+def test_grpc_calls_join_the_callers_trace_from_metadata(engine, serve_app, collector):
+    from pooler.server import tei_pb2 as pb, tei_pb2_grpc as pb_grpc
+
+    sink, endpoint = collector
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    settings = ServerSettings(otlp_endpoint=endpoint, grpc_port=0)
+    with serve_app(engine, settings) as (url, app):
+        with grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}") as channel:
+            pb_grpc.EmbedStub(channel).Embed(
+                pb.EmbedRequest(inputs="traced over grpc"),
+                metadata=[("traceparent", f"00-{trace_id}-b7ad6b7169203331-01")])
+        assert app.state.tracer.force_flush()
+        found = spans_of(sink, trace_id, 4)
+    by_name = {s.name: s for _, s in found}
+    assert set(by_name) == {"tei.v1.Embed/Embed", "tokenize", "queue", "inference"}
+    root = by_name["tei.v1.Embed/Embed"]
+    assert root.parent_span_id.hex() == "b7ad6b7169203331"
+    assert {a.key: a.value.string_value for a in root.attributes}["rpc.system"] == "grpc"
+    assert all(by_name[c].parent_span_id == root.span_id
+               for c in ("tokenize", "queue", "inference"))
