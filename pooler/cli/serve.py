@@ -93,6 +93,24 @@ def add_parser(sub) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn and pooler log level (default: %(default)s)")
+    ops = p.add_argument_group("operating (README: Operating pooler; gRPC and OTLP need "
+                               "pooler's [ops] extra)")
+    ops.add_argument("--log-format", default="text", choices=["text", "json"],
+                     help="json: one JSON object per line for every log record, and one per "
+                          "request (request id, route, status, tokens, durations) in place "
+                          "of the access log, as TEI's --json-output (default: %(default)s)")
+    ops.add_argument("--prometheus-port", type=port_number, default=None,
+                     help="also serve /metrics on this port (same --host, no API key), as "
+                          "TEI's --prometheus-port; /metrics stays on --port too")
+    ops.add_argument("--grpc-port", type=port_number, default=None,
+                     help="also serve TEI's gRPC API (tei.v1 with health and reflection) on "
+                          "this port, on the same engine")
+    ops.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                     help="export OpenTelemetry traces (a span per request with tokenize, "
+                          "queue and inference children) over OTLP: http://HOST:4317 for "
+                          "gRPC, or a URL ending in /v1/traces for HTTP; off by default")
+    ops.add_argument("--otlp-service-name", default="pooler",
+                     help="the traces' service.name (default: %(default)s)")
     ray = p.add_argument_group("Ray Serve (pooler's [ray] extra; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true",
                      help="serve the same app as a Ray Serve deployment, one Engine per replica")
@@ -123,7 +141,18 @@ def _settings(args):
         body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
         max_connections=args.max_connections, show_model_path=args.show_model_path,
         long_input=args.long_input, max_queue_tokens=args.max_queue_tokens,
-        max_queue_seconds=args.max_queue_seconds)
+        max_queue_seconds=args.max_queue_seconds,
+        prometheus_port=args.prometheus_port, grpc_port=args.grpc_port,
+        listen_host=args.host, otlp_endpoint=args.otlp_endpoint,
+        otlp_service_name=args.otlp_service_name, log_requests=args.log_format == "json")
+
+
+def _one_model_only(settings, how: str) -> None:
+    """The extra listeners belong to one app: refuse them where there would be several."""
+    for flag, value in (("--grpc-port", settings.grpc_port),
+                        ("--prometheus-port", settings.prometheus_port)):
+        if value is not None:
+            raise ValueError(f"{flag} serves one model's app; it is not available {how}.")
 
 
 def build_app(args):
@@ -141,6 +170,7 @@ def build_app(args):
     from pooler.server.multi_model import ModelRouter, ServedModel, resident_mb
 
     settings = _settings(args)
+    _one_model_only(settings, "with several models (their /metrics routes stay)")
     served = []
     for spec in specs:
         options = {**engine_kwargs(args), **spec}
@@ -204,6 +234,7 @@ def run_ray(args) -> int:
     if len(specs) > 1:
         raise ValueError("--ray serves one model; run one deployment per model.")
     args.model = specs[0]["model"]
+    _one_model_only(_settings(args), "with --ray")
     kwargs = engine_kwargs(args)
     app = serve_app(kwargs.pop("model"), replicas=args.replicas,
                     autoscale=parse_autoscale(args.autoscale),
@@ -226,7 +257,7 @@ def port_number(text: str) -> int:
     return port
 
 
-def check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int, flag: str = "--port") -> None:
     """Fail in a second, before torch is imported or the model loads, when the address cannot
     be bound, with the reason in words: a host name that does not resolve, an address this
     machine does not have, a privileged port, or a port in use."""
@@ -245,18 +276,18 @@ def check_port(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}. "
-                             f"{_bind_hint(exc.errno, host, port)}") from None
+                             f"{_bind_hint(exc.errno, host, port, flag)}") from None
 
 
-def _bind_hint(errno_code: int | None, host: str, port: int) -> str:
+def _bind_hint(errno_code: int | None, host: str, port: int, flag: str) -> str:
     if errno_code == errno.EADDRINUSE:
-        return "Another server is using the port: stop it or pick another with --port."
+        return f"Another server is using the port: stop it or pick another with {flag}."
     if errno_code == errno.EADDRNOTAVAIL:
         return (f"No interface of this machine has the address {host}: use 127.0.0.1, "
                 "0.0.0.0, or one of this machine's addresses with --host.")
     if errno_code == errno.EACCES and port < 1024:
-        return "Ports below 1024 need root: pick one from 1024 up with --port."
-    return "Pick another --host or --port."
+        return f"Ports below 1024 need root: pick one from 1024 up with {flag}."
+    return f"Pick another --host or {flag}."
 
 
 def warn_if_exposed(host: str, api_key: str | None) -> None:
@@ -267,10 +298,22 @@ def warn_if_exposed(host: str, api_key: str | None) -> None:
 
 
 def run(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before anything imports torch (seconds): a wrong address fails at once.
     check_port(args.host, args.port)
+    for flag in ("--grpc-port", "--prometheus-port"):
+        extra = getattr(args, flag[2:].replace("-", "_"), None)
+        if extra is not None:
+            if extra == args.port:
+                raise ValueError(f"{flag} {extra} is the HTTP --port: pick another port.")
+            check_port(args.host, extra, flag)
+    json_logs = getattr(args, "log_format", "text") == "json"
+    if json_logs:
+        from pooler.server.json_logs import configure
+
+        configure(args.log_level)
+    else:
+        logging.basicConfig(level=args.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     warn_if_exposed(args.host, args.api_key)
 
     import uvicorn
@@ -296,7 +339,10 @@ def run(args) -> int:
         backlog=accept_backlog(fd_limit),
         http=guarded_h11_protocol(cap, settings.header_timeout, state.metrics),
         timeout_keep_alive=settings.keep_alive_timeout,
-        timeout_graceful_shutdown=uvicorn_backstop(settings.graceful_timeout))
+        timeout_graceful_shutdown=uvicorn_backstop(settings.graceful_timeout),
+        # JSON: uvicorn's records go to the JSON root handler; the per-request record
+        # replaces its access log.
+        **({"log_config": None, "access_log": False} if json_logs else {}))
     server = GracefulServer(config, gate, settings.graceful_timeout)
     server.run()
     if server.signalled:

@@ -12,12 +12,13 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from collections import Counter
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pooler.engine.core import EngineCore
-from pooler.engine.request import Request, RequestOutput
+from pooler.engine.request import Request, RequestOutput, RequestTiming
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ StepListener = Callable[[int, int, float], None]
 # Called once per finished request with the seconds from its creation (Request.arrival_time,
 # just before submit) to the start of the step that computed it: inbox + scheduler wait.
 QueueListener = Callable[[float], None]
+# Called once per finished request (failed ones too: `error` set), its `timing` filled in.
+FinishListener = Callable[[RequestOutput], None]
 
 
 @dataclass
@@ -43,10 +46,14 @@ class CallContext:
     """Per-call facts a caller (the HTTP server) hands to Engine methods without new
     parameters: every Engine method that reaches run_processed honours `cancel`, calls
     `admit(num_tokens)` before it submits (the server's token admission: it raises to refuse),
-    and _run_texts adds its tokenization time to `tokenize_seconds`."""
+    and _run_texts adds its tokenization time to `tokenize_seconds`. run_processed counts
+    the inputs it submits by task (`submitted`) and keeps the outputs that came back
+    (`finished`, with their timing): the server's metrics, logs and traces read them."""
     cancel: threading.Event | None = None
     tokenize_seconds: float = 0.0
     admit: Callable[[int], None] | None = None
+    submitted: Counter = field(default_factory=Counter)
+    finished: list[RequestOutput] = field(default_factory=list)
 
 
 # Steps the throughput estimate averages over (a few seconds of work on a CPU).
@@ -67,6 +74,7 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self.step_listeners: list[StepListener] = []
         self.queue_listeners: list[QueueListener] = []
+        self.finish_listeners: list[FinishListener] = []
         # Tokens submitted and not yet finished (inbox + waiting + running), any thread.
         self._queued_tokens = 0
         self._queued_lock = threading.Lock()
@@ -213,6 +221,7 @@ class EngineLoop:
                 self._fail_running("internal error in the engine step")
                 continue
             elapsed = time.perf_counter() - start
+            finished_at = time.monotonic()
             if outputs:
                 tokens = sum(o.num_tokens for o in outputs)
                 self._recent_steps.append((tokens, elapsed))
@@ -223,6 +232,9 @@ class EngineLoop:
                 if submitted is not None:
                     for listener in self.queue_listeners:
                         listener(max(0.0, started_at - submitted))
+                    output.timing = RequestTiming(submitted, started_at, finished_at)
+                    for listener in self.finish_listeners:
+                        listener(output)
                 self._resolve(output)
 
     def _notify_idle(self) -> None:

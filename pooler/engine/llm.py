@@ -773,6 +773,8 @@ class Engine:
                             special_tokens_mask=processed[i].special_tokens_mask,
                             num_prompt_tokens=processed[i].num_prompt_tokens, priority=priority)
                     for i in order]
+        if call is not None:
+            call.submitted.update(p.task for p in params)
         show = use_tqdm if use_tqdm is not None else len(processed) >= _TQDM_MIN_INPUTS
         # A disabled tqdm still costs ~40 us to build: skip it for the one-query calls.
         progress = tqdm(total=len(processed), desc="pooling", unit="input") if show \
@@ -782,14 +784,16 @@ class Engine:
                 results = self._wait_on_loop(requests, bar, cancel)
             else:
                 results = self._step_until_done(requests, bar)
+        ordered = [results[r] for r in request_ids]
+        for output, p in zip(ordered, params):
+            output.extra = {"task": p.task}
+        if call is not None:
+            call.finished.extend(ordered)
         failures = [(i, results[r].error) for i, r in enumerate(request_ids) if results[r].error]
         if failures and raise_on_error:
             index, error = failures[0]
             raise RuntimeError(f"{len(failures)} of {len(request_ids)} inputs failed; "
                                f"input {index}: {error}")
-        ordered = [results[r] for r in request_ids]
-        for output, p in zip(ordered, params):
-            output.extra = {"task": p.task}
         return ordered
 
     def drop_cached_queries(self, keys: list[str]) -> None:

@@ -54,6 +54,23 @@ class Request:
 
 
 @dataclass
+class RequestTiming:
+    """When a request was submitted to the engine loop, and when the step that computed it
+    started and finished (time.monotonic() seconds)."""
+    submitted: float
+    started: float
+    finished: float
+
+    @property
+    def queue_seconds(self) -> float:
+        return max(0.0, self.started - self.submitted)
+
+    @property
+    def inference_seconds(self) -> float:
+        return max(0.0, self.finished - self.started)
+
+
+@dataclass
 class RequestOutput:
     """What the engine core returns for a finished request. `data` is a CPU tensor or None."""
     request_id: str
@@ -62,3 +79,6 @@ class RequestOutput:
     error: str | None = None
     status: RequestStatus = RequestStatus.FINISHED
     extra: dict[str, Any] = field(default_factory=dict)
+    # Set by the engine loop (for the server's metrics and traces); None when the caller
+    # stepped the engine itself.
+    timing: RequestTiming | None = None

@@ -49,6 +49,13 @@ def create_app(engine, settings: ServerSettings | None = None, *,
     settings = settings or ServerSettings()
     metrics = ServerMetrics()
     state = ServerState(engine, settings, metrics)
+    metrics.add_peer_metrics(state.model_name, engine.model_config.max_model_len)
+    tracer = _add_request_observers(metrics, settings, state.model_name)
+
+    def scrape() -> tuple[bytes, str]:
+        metrics.observe_engine(engine)
+        metrics.draining.set(1 if state.shutdown.draining else 0)
+        return metrics.render()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -56,6 +63,8 @@ def create_app(engine, settings: ServerSettings | None = None, *,
         if metrics.on_step not in loop.step_listeners:
             loop.step_listeners.append(metrics.on_step)
             loop.queue_listeners.append(metrics.on_queued)
+            loop.finish_listeners.append(metrics.on_finished)
+        side_servers = await _start_side_servers(app, settings, scrape)
         state.ready = True
         logger.info("pooler serving %s (tasks %s)", state.model_name,
                     sorted(engine.supported_tasks))
@@ -63,8 +72,13 @@ def create_app(engine, settings: ServerSettings | None = None, *,
             yield
         finally:
             state.ready = False
+            for stop in side_servers:
+                await stop()
+            if tracer is not None:
+                tracer.shutdown()  # sends the spans still buffered
             loop.step_listeners.remove(metrics.on_step)
             loop.queue_listeners.remove(metrics.on_queued)
+            loop.finish_listeners.remove(metrics.on_finished)
             if owns_engine:
                 await asyncio.get_running_loop().run_in_executor(
                     None, engine.shutdown, _ENGINE_STOP_SECONDS)
@@ -76,6 +90,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
                   description="Embeddings, reranking, classification, NER and sparse vectors "
                               "behind OpenAI-, Cohere/Jina-, vLLM- and TEI-compatible routes.")
     app.state.pooler = state
+    app.state.tracer = tracer
     install_error_handlers(app)
 
     @app.exception_handler(ValidationError)
@@ -127,9 +142,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
         "description": "Prometheus text exposition format",
         "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def prometheus_metrics():
-        metrics.observe_engine(engine)
-        metrics.draining.set(1 if state.shutdown.draining else 0)
-        body, content_type = metrics.render()
+        body, content_type = scrape()
         return Response(body, media_type=content_type)
 
     # The last added runs first: count everything (401s too), bound the time to send a body,
@@ -144,3 +157,42 @@ def create_app(engine, settings: ServerSettings | None = None, *,
                        gate=state.shutdown, metrics=metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+def _add_request_observers(metrics: ServerMetrics, settings: ServerSettings, model_name: str):
+    """Traces and the per-request JSON log, when asked for (nothing is built otherwise).
+    Returns the tracer (to flush at shutdown) or None."""
+    tracer = None
+    if settings.otlp_endpoint:
+        from pooler.server.tracing import RequestTracer
+
+        tracer = RequestTracer(settings.otlp_endpoint, settings.otlp_service_name, model_name)
+        metrics.request_observers.append(tracer.on_request)
+    if settings.log_requests:
+        from pooler.server.json_logs import log_request
+
+        metrics.request_observers.append(log_request)
+    return tracer
+
+
+async def _start_side_servers(app: FastAPI, settings: ServerSettings, scrape) -> list:
+    """--prometheus-port and --grpc-port listeners; returns their async stop functions."""
+    stops = []
+    if settings.prometheus_port is not None:
+        from pooler.server.metrics import serve_metrics_port
+
+        server = serve_metrics_port(settings.listen_host, settings.prometheus_port, scrape)
+        app.state.prometheus_port = server.server_address[1]  # the real one when asked for 0
+
+        async def stop_metrics_port():
+            await asyncio.get_running_loop().run_in_executor(None, server.shutdown)
+            server.server_close()
+
+        stops.append(stop_metrics_port)
+        logger.info("Prometheus metrics on http://%s:%d/metrics", settings.listen_host,
+                    server.server_address[1])
+    if settings.grpc_port is not None:
+        from pooler.server.grpc_server import start_grpc_server
+
+        stops.append(await start_grpc_server(app, settings.listen_host, settings.grpc_port))
+    return stops

@@ -12,24 +12,61 @@ Gauges read at each scrape (`observe_engine`), for operators and for admission c
   scored, bytes of cached query vectors). Zero when idle: anything else is a leak.
 Connections (see connection_limits.py): open connections, connections refused at the cap,
 clients cut for sending headers or body too slowly.
+
+TEI's and vLLM's names live in the same registry (peer_metrics.py). Every finished HTTP request
+goes, as a `FinishedRequest`, to the `request_observers` (those names, the tracer, the JSON
+request log): with none registered, nothing is built.
 """
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
-                               Histogram, generate_latest)
+                               Histogram)
 
 from pooler.server.errors import CLIENT_CLOSED_REQUEST
+from pooler.server.peer_metrics import PeerMetrics, is_inference_route, render_text
+
+logger = logging.getLogger(__name__)
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
+@dataclass
+class FinishedRequest:
+    """One answered HTTP request, as the observers see it."""
+    scope: dict[str, Any]   # the ASGI scope: headers, route, and what respond() left there
+    method: str
+    route: str              # the route template ("unmatched" for unknown paths)
+    status: int
+    started_ns: int         # time.time_ns() on arrival (for spans)
+    started_monotonic: float  # time.monotonic() on arrival (the engine timings' clock)
+    seconds: float          # arrival to the last byte of the answer
+
+    @property
+    def call(self):
+        """The engine CallContext of the request (None: it never reached the engine)."""
+        return self.scope.get("pooler.call")
+
+    @property
+    def num_items(self) -> int | None:
+        return self.scope.get("pooler.num_items")
+
+    def wall_ns(self, monotonic: float) -> int:
+        """An engine timestamp (time.monotonic()) as time.time_ns()."""
+        return self.started_ns + int((monotonic - self.started_monotonic) * 1e9)
+
+
 class ServerMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
+        self.peer: PeerMetrics | None = None
+        self.request_observers: list[Callable[[FinishedRequest], None]] = []
         r = self.registry
         self.requests = Counter("pooler_http_requests", "HTTP requests by route and status",
                                 ["method", "route", "status"], registry=r)
@@ -93,11 +130,36 @@ class ServerMetrics:
                               "1 while the server shuts down (stopped accepting work)",
                               registry=r)
 
+    def add_peer_metrics(self, model_name: str, max_model_len: int) -> PeerMetrics:
+        """Register TEI's and vLLM's names (once) and count inference requests under them."""
+        if self.peer is None:
+            self.peer = PeerMetrics(self.registry, model_name, max_model_len)
+            self.request_observers.append(self._count_peer_request)
+        return self.peer
+
+    def _count_peer_request(self, done: FinishedRequest) -> None:
+        # 401s never reach a handler (TEI checks the key before its routes count anything).
+        if done.status != 401 and is_inference_route(done.method, done.route):
+            self.peer.on_request(done.status, done.seconds, done.call, done.num_items)
+
+    def finish(self, done: FinishedRequest) -> None:
+        for observer in self.request_observers:
+            try:
+                observer(done)
+            except Exception:  # metrics, traces and logs never break an answer
+                logger.exception("request observer %r failed", observer)
+
     # ---- engine loop listeners (called from the loop thread) ----------------------------
     def on_step(self, num_requests: int, num_tokens: int, seconds: float) -> None:
         self.batch_requests.observe(num_requests)
         self.batch_tokens.observe(num_tokens)
         self.inference_time.observe(seconds)
+        if self.peer is not None:
+            self.peer.on_step(num_requests, num_tokens, seconds)
+
+    def on_finished(self, output) -> None:
+        if self.peer is not None:
+            self.peer.on_finished(output)
 
     def on_queued(self, seconds: float) -> None:
         self.queue_time.observe(seconds)
@@ -111,6 +173,8 @@ class ServerMetrics:
         self.engine_requests_running.set(stats.running)
         self.engine_tokens_waiting.set(stats.waiting_tokens)
         self.engine_tokens_running.set(stats.running_tokens)
+        if self.peer is not None:
+            self.peer.observe_queue(stats.waiting, stats.running)
         pooling_runner = getattr(engine.core.model_runner, "pooling_runner", None)
         cache = getattr(pooling_runner, "late_interaction", None)
         if cache is not None:  # the transformers fallback runner has no ColBERT cache
@@ -119,7 +183,7 @@ class ServerMetrics:
             self.li_cached_bytes.set(cache.cached_bytes)
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return render_text(self.registry), CONTENT_TYPE_LATEST
 
 
 class MetricsMiddleware:
@@ -133,6 +197,7 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
+        started_ns, started_monotonic = time.time_ns(), time.monotonic()
         status = {"code": None}
         client_left = False
 
@@ -157,8 +222,13 @@ class MetricsMiddleware:
                 status["code"] = CLIENT_CLOSED_REQUEST if client_left else 500
             label = _route_label(scope)
             labels = (scope["method"], label, str(status["code"]))
+            seconds = time.perf_counter() - start
             self.metrics.requests.labels(*labels).inc()
-            self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)
+            self.metrics.latency.labels(*labels).observe(seconds)
+            if self.metrics.request_observers:
+                self.metrics.finish(FinishedRequest(
+                    scope, scope["method"], label, status["code"], started_ns,
+                    started_monotonic, seconds))
 
 
 def _route_label(scope) -> str:
@@ -178,3 +248,29 @@ def _route_label(scope) -> str:
             known = frozenset()
         app._pooler_route_paths = known
     return scope["path"] if known and scope.get("path") in known else "unmatched"
+
+
+def serve_metrics_port(host: str, port: int, scrape: Callable[[], tuple[bytes, str]]):
+    """`--prometheus-port`: GET /metrics (any path, as TEI's listener) on a port of its own, in a
+    daemon thread, so a scraper needs no API key and never queues behind inference traffic.
+    Returns the server (call .shutdown() to stop it)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body, content_type = scrape()
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # scrapes every few seconds: keep them out of the logs
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="pooler-metrics-port",
+                     daemon=True).start()
+    return server

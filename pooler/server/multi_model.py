@@ -13,9 +13,11 @@ import json
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+
+from pooler.server.peer_metrics import render_text
 
 # The task a route serves, for requests that name no model (the first model with it wins).
 _ROUTE_TASKS = {
@@ -182,7 +184,7 @@ class ModelRouter:
                                       sample.value, sample.timestamp, sample.exemplar)
         registry = CollectorRegistry()
         registry.register(_Families(list(merged.values())))
-        body = generate_latest(registry)
+        body = render_text(registry)  # TEI's counters keep their names (no _total)
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
         await send({"type": "http.response.body", "body": body})

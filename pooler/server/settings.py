@@ -25,6 +25,14 @@ class ServerSettings:
     # rate: tokens/s x max_queue_seconds (pooler/server/limits.py, TokenAdmission).
     max_queue_tokens: int | None = None
     max_queue_seconds: float = 5.0
+    # Operating (README "Operating pooler"): /metrics on a port of its own, TEI's gRPC API,
+    # OpenTelemetry traces over OTLP, one JSON log line per request. Off when None / False.
+    prometheus_port: int | None = None
+    grpc_port: int | None = None
+    listen_host: str = "127.0.0.1"       # where those extra ports listen (the server's --host)
+    otlp_endpoint: str | None = None
+    otlp_service_name: str = "pooler"
+    log_requests: bool = False           # one log record per request (--log-format json)
 
     def __post_init__(self):
         for name in ("max_input_items", "max_payload_bytes", "max_queue", "max_workers",
@@ -38,3 +46,33 @@ class ServerSettings:
             raise ValueError(f"long_input must be 'truncate' or 'chunk', got {self.long_input!r}.")
         if self.graceful_timeout < 0:
             raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}.")
+        for name in ("prometheus_port", "grpc_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 <= port <= 65535:
+                raise ValueError(f"{name} must be a TCP port (0-65535), got {port}.")
+        if self.grpc_port is not None:
+            require_ops_extra("--grpc-port", ("grpc", "grpc_health", "grpc_reflection",
+                                              "google.protobuf"))
+        if self.otlp_endpoint:
+            require_ops_extra("--otlp-endpoint", ("opentelemetry.sdk",
+                                                  "opentelemetry.exporter.otlp.proto.grpc",
+                                                  "opentelemetry.exporter.otlp.proto.http"))
+
+
+def require_ops_extra(flag: str, modules: tuple[str, ...]) -> None:
+    """A clear error, before any model loads, when a flag needs the `ops` extra."""
+    from importlib.util import find_spec
+
+    missing = []
+    for module in modules:
+        try:
+            found = find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is absent
+            found = False
+        if not found:
+            missing.append(module)
+    if missing:
+        from pooler.install_hint import install_command
+
+        raise ValueError(f"{flag} needs {', '.join(missing)} (pooler's [ops] extra): "
+                         f"{install_command('ops')}")

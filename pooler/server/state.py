@@ -150,6 +150,8 @@ class ServerState:
             raise
         self.metrics.inputs_in_flight.set(self.admission.in_flight)
         call = CallContext(cancel=threading.Event(), admit=tokens.admit)
+        # For the metrics, traces and logs written when the answer is sent (metrics.py).
+        request.scope["pooler.call"], request.scope["pooler.num_items"] = call, num_items
 
         def work() -> bytes | Response:
             if call.cancel.is_set():  # cancelled while queued for a worker thread

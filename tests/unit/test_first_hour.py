@@ -97,3 +97,19 @@ def test_exposed_host_without_api_key_warns(caplog):
         serve.warn_if_exposed("0.0.0.0", "secret")
         serve.warn_if_exposed("127.0.0.1", None)
     assert caplog.text == ""
+
+
+def test_serve_checks_the_grpc_and_prometheus_ports_too(monkeypatch, capsys):
+    monkeypatch.setattr(serve, "build_app", _must_not_load)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", "18123", "--grpc-port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--grpc-port" in err
+    assert main(["serve", "--port", "18123", "--prometheus-port", "18123"]) == 2
+    assert "--prometheus-port 18123 is the HTTP --port" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--grpc-port", "70000"])
+    assert "argument --grpc-port" in capsys.readouterr().err
