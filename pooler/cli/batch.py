@@ -112,19 +112,25 @@ def _chunk_rows(args) -> int:
     return args.chunk_rows or (512 if args.task == "token_embed" else 4096)
 
 
-def _run_ray(args) -> int:
+def ray_job_kwargs(args) -> dict:
+    """run_ray_batch's arguments for these command-line options."""
     from pooler.cli.common import engine_kwargs
+
+    return dict(input=args.input, input_format=args.input_format, output=args.output,
+                errors=args.errors, engine_kwargs=engine_kwargs(args),
+                options=task_options(args), text_column=args.text_column,
+                id_column=args.id_column, replicas=args.replicas,
+                num_cpus=args.num_cpus_per_replica, num_gpus=args.num_gpus_per_replica,
+                batch_size=args.batch_size, chunk_rows=_chunk_rows(args),
+                address=args.ray_address, overwrite=args.overwrite,
+                stall_timeout=args.stall_timeout, progress=not args.no_progress)
+
+
+def _run_ray(args) -> int:
     from pooler.ray.job import JobStalled, run_ray_batch
 
     try:
-        report = run_ray_batch(
-            input=args.input, input_format=args.input_format, output=args.output,
-            errors=args.errors, engine_kwargs=engine_kwargs(args), options=task_options(args),
-            text_column=args.text_column, id_column=args.id_column, replicas=args.replicas,
-            num_cpus=args.num_cpus_per_replica, num_gpus=args.num_gpus_per_replica,
-            batch_size=args.batch_size, chunk_rows=_chunk_rows(args),
-            address=args.ray_address, overwrite=args.overwrite,
-            stall_timeout=args.stall_timeout, progress=not args.no_progress)
+        report = run_ray_batch(**ray_job_kwargs(args))
     except JobStalled as exc:
         print(f"pooler batch: error: {exc}", file=sys.stderr)
         return 1
