@@ -83,11 +83,13 @@ def run_ray_batch(*, input: str, output: str, engine_kwargs: dict, options: Task
                            num_gpus=num_gpus, task_room=TASK_ROOM, task_cpus=TASK_CPUS)
         done = out.done_ids()
         ds = read_corpus(input, input_format, [id_column, text_column], plan.task_cpus)
+        task_args = {} if plan.task_cpus is None else {"num_cpus": plan.task_cpus}
         ds = ds.map_batches(
-            _prepare, batch_format="pyarrow", batch_size=batch_size,
+            _prepare, batch_format="pyarrow", batch_size=None,
             fn_kwargs={"id_column": id_column, "text_column": text_column,
-                       "done": [ray.put(done)] if len(done) else []},
-            **({} if plan.task_cpus is None else {"num_cpus": plan.task_cpus}))
+                       "done": [ray.put(done)] if len(done) else []}, **task_args)
+        # Blocks of one batch each, so that every actor gets work even from a one-block input.
+        ds = _repartition(ds, batch_size, plan.task_cpus)
         model = engine_kwargs["model"]
         rest = {k: v for k, v in engine_kwargs.items() if k != "model" and v is not None}
         result = embed_dataset(ds, model=model, text_column=text_column, replicas=replicas,
@@ -106,6 +108,25 @@ def run_ray_batch(*, input: str, output: str, engine_kwargs: dict, options: Task
             "resumed_rows": len(done), "written_rows": written, "parts": out.part_count(),
             "cluster_cpus": plan.cluster_cpus, "plan": plan.describe(),
             "seconds": time.perf_counter() - started}
+
+
+def _repartition(ds, rows: int, task_cpus: float | None):
+    """`ds.repartition(target_num_rows_per_block=rows)` whose tasks ask `task_cpus`.
+
+    Ray Data 2.60's repartition takes no resource argument and its tasks ask a whole CPU,
+    which a cluster full of engine actors does not have; its logical operator carries the
+    remote args, so set them there (ray is pinned to 2.60 in pyproject.toml; the single-node
+    test in tests/ray runs this path). With equal args, Ray fuses it into the prepare step."""
+    ds = ds.repartition(target_num_rows_per_block=rows)
+    if task_cpus is not None:
+        op = ds._logical_plan.dag
+        if type(op).__name__ != "StreamingRepartition" or \
+                not isinstance(getattr(op, "ray_remote_args", None), dict):
+            raise RuntimeError(f"this Ray Data ({type(op).__name__}) does not let pooler size "
+                               "its repartition tasks; use ray 2.60 (pip install "
+                               "'pooler[ray]').")
+        op.ray_remote_args["num_cpus"] = task_cpus
+    return ds
 
 
 def _prepare(batch: pa.Table, id_column: str, text_column: str, done: list) -> pa.Table:
