@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import psutil
 import pytest
 
 from pooler.engine.llm import Engine
@@ -32,15 +31,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _parent(pid: str) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state": the ppid
+
+
 def replica_pids(server: subprocess.Popen) -> list[int]:
-    """The Serve replica processes started by this server (its Ray runs under it)."""
+    """The Serve replica processes started by this server (its Ray runs under it), from /proc:
+    other Ray instances on the machine have replicas too."""
+    parents = {int(p): _parent(p) for p in os.listdir("/proc") if p.isdigit()}
     pids = []
-    for child in psutil.Process(server.pid).children(recursive=True):
-        try:
-            if "ServeReplica" in " ".join(child.cmdline()):
-                pids.append(child.pid)
-        except psutil.Error:
+    for pid in parents:
+        ancestor = parents.get(pid)
+        while ancestor not in (None, 0, 1, server.pid):
+            ancestor = parents.get(ancestor)
+        if ancestor != server.pid:
             continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"ServeReplica" in cmdline:
+            pids.append(pid)
     return pids
 
 
@@ -54,6 +69,8 @@ def embed(client: httpx.Client, texts: list[str]) -> tuple[np.ndarray, str]:
 def server(tiny_embedder, tmp_path):
     if (os.cpu_count() or 1) < 2:
         pytest.skip("two replicas of one CPU need two CPUs")
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("finds the replica processes in /proc (Linux)")
     port = free_port()
     log = open(tmp_path / "serve.log", "wb")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
