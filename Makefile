@@ -2,7 +2,8 @@
 #   make demo   create .venv with pooler and the default model only, embed a few sentences
 #   make test   create .venv, install pooler and the reference libraries, run the tests
 #   make test-quick  the same without the tests marked slow (CI runs make test)
-#   make test-ray  add the Ray extra, run the tests on a local two-node Ray cluster (CI runs both)
+#   make test-ray  add the Ray extra, run the Ray tests (a local two-node cluster, and one-node
+#                  Rays with the machine's CPUs) (CI runs both)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

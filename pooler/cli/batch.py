@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--errors", default=None,
                    help="JSONL file of rejected rows (default: OUTPUT/_errors.jsonl)")
     p.add_argument("--chunk-rows", type=int, default=None,
-                   help="rows per part file (default: 4096; 512 for token_embed)")
+                   help="rows per part file (default: 4096; 512 for token_embed; with --ray "
+                        "about that many)")
     p.add_argument("--precision", default="float32",
                    choices=["float32", "float16", "int8", "binary"],
                    help="dense vector storage: int8 = round(clip(x,-1,1)*127), binary = sign "
@@ -70,6 +71,9 @@ def add_parser(sub) -> None:
                      help="GPUs per actor, e.g. 1 (default: %(default)s)")
     ray.add_argument("--batch-size", type=int, default=1024,
                      help="rows per map_batches call (default: %(default)s)")
+    ray.add_argument("--stall-timeout", type=float, default=600.0, metavar="SECONDS",
+                     help="stop with an error when the job makes no progress (no block read, "
+                          "computed or written) for this long (default: %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -92,9 +96,8 @@ def run(args) -> int:
         return _run_ray(args)
     from pooler.batch.job import BatchSpec, run_batch
 
-    chunk_rows = args.chunk_rows or (512 if args.task == "token_embed" else 4096)
     spec = BatchSpec(input=args.input, model=args.model, text_column=args.text_column,
-                     id_column=args.id_column, chunk_rows=chunk_rows,
+                     id_column=args.id_column, chunk_rows=_chunk_rows(args),
                      input_format=args.input_format, options=task_options(args))
     report = run_batch(spec, args.output, lambda: engine_from_args(args),
                        errors_file=args.errors, progress=not args.no_progress,
@@ -106,19 +109,38 @@ def run(args) -> int:
     return 0
 
 
-def _run_ray(args) -> int:
-    from pooler.cli.common import engine_kwargs
-    from pooler.ray.data import run_ray_batch
+def _chunk_rows(args) -> int:
+    return args.chunk_rows or (512 if args.task == "token_embed" else 4096)
 
-    report = run_ray_batch(
-        input=args.input, input_format=args.input_format, output=args.output,
-        errors=args.errors, engine_kwargs=engine_kwargs(args), options=task_options(args),
-        text_column=args.text_column, id_column=args.id_column, replicas=args.replicas,
-        num_cpus=args.num_cpus_per_replica, num_gpus=args.num_gpus_per_replica,
-        batch_size=args.batch_size, address=args.ray_address, overwrite=args.overwrite)
-    print(f"wrote {report['rows']} rows to {args.output}; {report['errors']} rejected rows "
-          f"in {report['errors_file']} ({report['seconds']:.1f}s, {args.replicas} replicas)",
-          file=sys.stderr)
+
+def ray_job_kwargs(args) -> dict:
+    """run_ray_batch's arguments for these command-line options."""
+    from pooler.cli.common import engine_kwargs
+
+    return dict(input=args.input, input_format=args.input_format, output=args.output,
+                errors=args.errors, engine_kwargs=engine_kwargs(args),
+                options=task_options(args), text_column=args.text_column,
+                id_column=args.id_column, replicas=args.replicas,
+                num_cpus=args.num_cpus_per_replica, num_gpus=args.num_gpus_per_replica,
+                batch_size=args.batch_size, chunk_rows=_chunk_rows(args),
+                address=args.ray_address, overwrite=args.overwrite,
+                stall_timeout=args.stall_timeout, progress=not args.no_progress)
+
+
+def _run_ray(args) -> int:
+    from pooler.ray.job import JobStalled, run_ray_batch
+
+    try:
+        report = run_ray_batch(**ray_job_kwargs(args))
+    except JobStalled as exc:
+        print(f"pooler batch: error: {exc}", file=sys.stderr)
+        return 1
+    resumed = f", {report['resumed_rows']} rows from an earlier run kept" \
+        if report["resumed_rows"] else ""
+    print(f"wrote {report['written_rows']} rows to {args.output} ({report['parts']} parts"
+          f"{resumed}); {report['errors']} rejected rows in {report['errors_file']} "
+          f"({report['seconds']:.1f}s, {args.replicas} replicas on {report['cluster_cpus']:g} "
+          f"CPUs: {report['plan']})", file=sys.stderr)
     return 0
 
 

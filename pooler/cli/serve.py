@@ -241,8 +241,11 @@ def run_ray(args) -> int:
                     target_ongoing_requests=args.target_ongoing_requests,
                     num_cpus=args.num_cpus_per_replica, num_gpus=args.num_gpus_per_replica,
                     engine_kwargs=kwargs, settings=_settings(args))
+    autoscale = parse_autoscale(args.autoscale)
     run_serve(app, host=args.host, port=args.port, address=args.ray_address,
-              request_timeout_s=args.request_timeout)
+              request_timeout_s=args.request_timeout,
+              replicas=max(autoscale[0], 1) if autoscale else args.replicas,
+              num_cpus=args.num_cpus_per_replica, num_gpus=args.num_gpus_per_replica)
     return 0
 
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 
 def __getattr__(name: str):
-    if name in ("embed_dataset", "EngineBatchPredictor", "run_ray_batch"):
+    if name in ("embed_dataset", "EngineBatchPredictor"):
         from pooler.ray import data
 
         return getattr(data, name)
+    if name in ("run_ray_batch", "JobStalled"):
+        from pooler.ray import job
+
+        return getattr(job, name)
     if name in ("serve_app", "PoolerDeployment", "app_builder"):
         from pooler.ray import serve
 

@@ -141,11 +141,25 @@ def app_builder(args: dict[str, str]):
 
 
 def run_serve(app, *, host: str, port: int, address: str | None = None,
-              request_timeout_s: float | None = 300) -> None:
-    """Start Serve's HTTP proxy on host:port and run `app` until interrupted."""
+              request_timeout_s: float | None = 300, replicas: int = 1,
+              num_cpus: float = 1.0, num_gpus: float = 0.0) -> None:
+    """Start Serve's HTTP proxy on host:port and run `app` until interrupted.
+
+    address: the cluster to join; None starts a local Ray on this machine. replicas /
+    num_cpus / num_gpus: what `app` starts with, checked against the cluster first: Serve
+    would otherwise wait forever for replicas that cannot be placed."""
     import ray
 
-    ray.init(address=address, ignore_reinit_error=True)
+    from pooler.ray.resources import cluster_nodes, plan_actors
+
+    ray.init(address=address or "local", ignore_reinit_error=True, include_dashboard=False)
+    try:
+        # Serve's controller and proxies ask no CPU: the replicas may take them all.
+        plan_actors(*cluster_nodes(), replicas=replicas, num_cpus=num_cpus, num_gpus=num_gpus,
+                    task_room=0)
+    except ValueError:
+        ray.shutdown()
+        raise
     serve.start(http_options={"host": host, "port": port,
                               "request_timeout_s": request_timeout_s})
     try:

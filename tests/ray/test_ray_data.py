@@ -100,3 +100,56 @@ def test_killed_actor_is_retried_and_rows_come_out_once(ray_cluster, tiny_embedd
     by_id = {r["id"]: r["embedding"] for r in got}
     want = np.stack([o.embedding for o in engine.embed(texts)])
     np.testing.assert_allclose(np.stack([by_id[i] for i in range(120)]), want, atol=1e-5)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_killed_driver_resumes_with_every_row_once(ray_cluster, tiny_embedder, engine,
+                                                  tmp_path):
+    """SIGKILL the driver of `pooler batch --ray` once some part files exist; the same command
+    again keeps those files and writes each remaining row once."""
+    import subprocess
+    import time
+
+    texts = corpus_texts(240, seed=14)
+    source = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"doc": [f"d{i}" for i in range(240)], "text": texts}), source,
+                   row_group_size=40)
+    out = tmp_path / "out"
+    args = ["--model", str(tiny_embedder), "--input", str(source), "--id-column", "doc",
+            "--output", str(out), "--ray", "--ray-address", ray_cluster.address,
+            "--replicas", "2", "--batch-size", "10", "--chunk-rows", "20", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), os.environ.get("PYTHONPATH", "")])}
+    # The same job with each batch 0.3 s slower, so that it is killed midway.
+    driver = subprocess.Popen([sys.executable, "-m", "tests.ray.job_driver", "slow", *args],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while len(list(out.glob("part-*.parquet"))) < 2:
+        assert driver.poll() is None, driver.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no part file in 300 s"
+        time.sleep(0.05)
+    driver.kill()
+    driver.wait()
+    first = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
+    first_rows = sum(pq.ParquetFile(out / n).metadata.num_rows for n in first)
+    assert 0 < first_rows < 240, first_rows
+
+    assert main(["batch", *args]) == 0
+    for name, data in first.items():  # the killed run's parts are kept as they were
+        assert (out / name).read_bytes() == data
+    got = pq.read_table(out).to_pylist()
+    ids = sorted(int(r["id"][1:]) for r in got)
+    assert ids == list(range(240))  # none lost, none twice
+    by_id = {r["id"]: r["embedding"] for r in got}
+    want = np.stack([o.embedding for o in engine.embed(texts)])
+    np.testing.assert_allclose([by_id[f"d{i}"] for i in range(240)], want, atol=1e-5)
+    # A finished job run again computes nothing and keeps its output.
+    before = {p.name for p in out.glob("part-*.parquet")}
+    assert main(["batch", *args]) == 0
+    assert {p.name for p in out.glob("part-*.parquet")} == before
+    # Other settings on the same output are refused.
+    assert main(["batch", *[a if a != "float32" else a for a in args], "--task",
+                 "token_embed"]) == 2

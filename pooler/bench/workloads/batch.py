@@ -73,7 +73,7 @@ def _ray(replicas: int):
         import ray
 
         from pooler.batch.columns import TaskOptions
-        from pooler.ray.data import run_ray_batch
+        from pooler.ray.job import run_ray_batch
 
         threads = max(1, opts.threads // replicas)
         # One logical CPU more than the actors take, for Ray Data's read and write tasks.
