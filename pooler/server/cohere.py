@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.server import quantized
 from pooler.server.errors import ERROR_RESPONSES, APIError, bad_request, validation_message
+from pooler.server.protocol import NullMeansUnset
 from pooler.server.state import ServerState
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
@@ -34,7 +35,7 @@ _PROMPT_NAMES = {"search_query": ("query", "search_query"),
                  "classification": ("classification",), "clustering": ("clustering",)}
 
 
-class _Request(BaseModel):
+class _Request(NullMeansUnset):
     model_config = ConfigDict(extra="ignore")
 
 

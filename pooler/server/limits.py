@@ -61,21 +61,25 @@ class QueueGateMiddleware:
     """Refuse a POST at once, from its Content-Length, when the token queue has no room for
     it (TokenAdmission.would_refuse): under a burst, reading and parsing hundreds of large
     bodies would itself keep the event loop (and /health) busy for seconds. Handlers still
-    reserve and check the exact count; this only turns the obvious refusals away early."""
+    reserve and check the exact count; this only turns the obvious refusals away early.
+    `shapes` (refusals.RefusalShapes) says which paths are gated (not the tokenizer routes)
+    and shapes each refusal as the route's protocol does."""
 
-    def __init__(self, app, admission: "TokenAdmission"):
+    def __init__(self, app, admission: "TokenAdmission", shapes):
         self.app = app
         self.admission = admission
+        self.shapes = shapes
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope.get("method") == "POST":
+        if scope["type"] == "http" and scope.get("method") == "POST" \
+                and self.shapes.gated(scope["path"]):
             for name, value in scope.get("headers", ()):
                 if name == b"content-length" and value.isdigit():
                     error = self.admission.would_refuse(int(value))
                     if error is not None:
-                        return await send_json(send, error.status, error_body(
-                            error.status, error.message, None, error.code),
-                            headers=error.headers)
+                        response = self.shapes.response(scope.get("app"), scope["path"],
+                                                        error)
+                        return await response(scope, receive, send)
                     break
         return await self.app(scope, receive, send)
 
@@ -112,14 +116,17 @@ class TokenAdmission:
                 max(one step's token budget, measured tokens/s x --max-queue-seconds)
     where tokens/s is the engine's rate over its last steps (EngineLoop.tokens_per_second),
     so the limit follows the machine: a busy or throttled CPU admits less. Before the first
-    step is measured the limit is FALLBACK_STEPS step budgets. A request arriving when nothing
-    is in flight is always admitted (one large request must not be refused forever).
+    step is measured the rate is taken as one step budget per FALLBACK_STEP_SECONDS. A
+    request arriving when nothing is in flight is always admitted (one large request must not
+    be refused forever).
     An admitted request is thus answered within about max_queue_seconds plus its own compute
     time; everything beyond gets an immediate 503 whose Retry-After is the time the queue
     takes to drain at the measured rate.
     """
 
-    FALLBACK_STEPS = 4
+    # Before any step is measured: a full step is assumed to take this long (a CPU's order of
+    # magnitude; the first measured step replaces the guess).
+    FALLBACK_STEP_SECONDS = 1.0
     # JSON bytes per token for the early estimate: English WordPiece runs ~4-5 characters per
     # token, so this overestimates plain text a little; token-id bodies (~6 bytes per id)
     # are underestimated and settled by the exact count.
@@ -139,7 +146,7 @@ class TokenAdmission:
             return self.max_queue_tokens
         rate = self.rate()
         if rate is None:
-            return self.FALLBACK_STEPS * self.step_budget
+            rate = self.step_budget / self.FALLBACK_STEP_SECONDS
         return max(self.step_budget, int(rate * self.max_queue_seconds))
 
     def reserve_estimate(self, body_bytes: int) -> int:

@@ -102,7 +102,52 @@ def narrow_openapi(spec: dict, engine) -> dict:
     _narrow_catch_alls(spec, facts)
     if not facts["cross_encoder"]:
         _drop_tei_rerank(spec)
+    _nullable_optionals(spec)
     return spec
+
+
+def _nullable_optionals(spec: dict) -> None:
+    """Request bodies take null for any optional field, meaning unset (protocol.py,
+    drop_nulls): say so in the spec, for every schema a request body reaches."""
+    schemas = spec.get("components", {}).get("schemas", {})
+    seen: set[int] = set()
+
+    def visit(node):
+        if isinstance(node, list):
+            for item in node:
+                visit(item)
+            return
+        if not isinstance(node, dict) or id(node) in seen:
+            return
+        seen.add(id(node))
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            visit(schemas.get(ref.rsplit("/", 1)[-1]))
+        required = set(node.get("required", []))
+        for name, prop in list(node.get("properties", {}).items()):
+            if name not in required and isinstance(prop, dict) and not _allows_null(prop):
+                node["properties"][name] = prop = _or_null(prop)
+        for value in node.values():
+            if isinstance(value, (dict, list)):
+                visit(value)
+
+    for item in spec.get("paths", {}).values():
+        for operation in item.values():
+            if isinstance(operation, dict):
+                visit(operation.get("requestBody", {}))
+
+
+def _allows_null(prop: dict) -> bool:
+    if not prop or prop.get("type") == "null":
+        return True
+    return any(_allows_null(o) for o in prop.get("anyOf", []) + prop.get("oneOf", [])
+               if isinstance(o, dict))
+
+
+def _or_null(prop: dict) -> dict:
+    kept = {k: prop[k] for k in ("default", "description", "title") if k in prop}
+    inner = {k: v for k, v in prop.items() if k not in kept}
+    return {"anyOf": [inner, {"type": "null"}], **kept}
 
 
 def _drop_tei_rerank(spec: dict) -> None:
@@ -251,6 +296,11 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             low = 1 if facts["cross_encoder"] else facts["min_truncation"]
             for node in _integer_nodes(prop):
                 node["minimum"] = max(node.get("minimum", low), low)
+        elif name == "window_overlap":  # /embed_chunks: fewer tokens than a window holds
+            for node in _integer_nodes(prop):
+                node["minimum"] = 0
+                if facts["max_len"]:
+                    node["maximum"] = facts["max_len"] - facts["min_truncation"]
         elif name == "max_tokens":  # Cohere's truncate_prompt_tokens
             for node in _integer_nodes(prop):
                 node["minimum"] = facts["min_truncation"]
@@ -269,7 +319,7 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                     node["anyOf"] = text
         elif name == "messages" and not facts["chat"]:
             _set_null(prop)  # no chat template in the model: chats need one
-        elif name == "document":  # /embed_chunks
+        elif name in ("document", "input"):  # /embed_chunks; vLLM refuses an empty prompt
             for node in _walk(prop):
                 if node.get("type") == "string":
                     node["minLength"] = 1
@@ -314,9 +364,10 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     if scoring and not facts["cross_encoder"]:
         if "raw_scores" in properties:
             properties["raw_scores"] = {"type": "boolean", "enum": [False], "default": False}
-        if "use_activation" in properties:
-            properties["use_activation"] = {"anyOf": [{"type": "boolean", "enum": [True]},
-                                                      {"type": "null"}], "default": None}
+        for alias in ("use_activation", "activation"):
+            if alias in properties:
+                properties[alias] = {"anyOf": [{"type": "boolean", "enum": [True]},
+                                               {"type": "null"}], "default": None}
     # Scoring without left truncation: only the default direction is promised there.
     if not facts["score_directions"] and "truncation_direction" in properties and (
             {"query", "queries", "text_1"} & set(properties)):

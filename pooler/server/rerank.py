@@ -110,8 +110,10 @@ def _document_texts(documents) -> list[str]:
 
 
 async def rerank_vllm(body: RerankRequest, request: Request):
+    # `model` may be any name: Cohere's and Jina's clients must send their own (e.g.
+    # "rerank-v3.5"), and TEI serves /rerank whatever it says. With several models the
+    # router picks by it (404 for a name it does not serve).
     state = get_state(request)
-    state.check_model(body.model)
     check_priority(body)
     not_served = _not_served(state, request.url.path)
     if not_served is not None:

@@ -30,6 +30,9 @@ from pooler.server.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
 from pooler.server.shutdown import ShutdownGate
 
+# Threads for the tokenizer-only routes: tokenizing a request takes milliseconds.
+TOKENIZER_WORKERS = 4
+
 
 class ServerState:
     def __init__(self, engine, settings: ServerSettings, metrics: ServerMetrics):
@@ -52,6 +55,10 @@ class ServerState:
             settings.max_queue_seconds, settings.max_queue_tokens)
         self.executor = ThreadPoolExecutor(settings.max_workers,
                                            thread_name_prefix="pooler-http")
+        # Requests that need no model step (/tokenize, /detokenize, /decode) run here: they
+        # never wait behind model calls for a thread, nor count against the model's queue.
+        self.tokenizer_executor = ThreadPoolExecutor(TOKENIZER_WORKERS,
+                                                     thread_name_prefix="pooler-tokenize")
         self.ready = False
         self.started_at = time.time()
         self.shutdown = ShutdownGate()
@@ -132,14 +139,17 @@ class ServerState:
 
     # ---- running work -------------------------------------------------------------------
     async def respond(self, request: Request, num_items: int, field: str,
-                      compute: Callable[[], Any]) -> Response:
+                      compute: Callable[[], Any], model_step: bool = True) -> Response:
         """Admit `num_items` inputs, run `compute` (blocking: Engine calls + building the
         body) in a worker thread, and answer with its JSON. A client that disconnects first
         has its queued engine requests aborted and gets nothing (logged as 499); when the
         graceful shutdown time runs out first, the same abort happens and the client gets
-        503 with Retry-After (see shutdown.py)."""
+        503 with Retry-After (see shutdown.py). model_step=False (the tokenizer routes):
+        nothing is admitted and the work runs on the tokenizer threads."""
         if self.shutdown.expired:
             raise self.shutdown.refusal()
+        if not model_step:
+            return await self._respond_tokenizer_only(compute)
         body_bytes = request.headers.get("content-length", "0")
         tokens = Reservation(self.token_admission,
                              int(body_bytes) if body_bytes.isdigit() else 0)
@@ -199,6 +209,13 @@ class ServerState:
                 self.metrics.tokenize_time.observe(call.tokenize_seconds)
         if isinstance(body, Response):
             return body
+        return Response(body, media_type="application/json")
+
+
+    async def _respond_tokenizer_only(self, compute: Callable[[], Any]) -> Response:
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(self.tokenizer_executor,
+                                          lambda: _to_json(compute()))
         return Response(body, media_type="application/json")
 
 

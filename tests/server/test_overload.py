@@ -16,7 +16,7 @@ from pooler.server.settings import ServerSettings
 def test_token_limit_rule():
     rate = [None]
     adm = TokenAdmission(step_budget=2048, rate=lambda: rate[0], max_queue_seconds=5.0)
-    assert adm.limit() == TokenAdmission.FALLBACK_STEPS * 2048  # before any measured step
+    assert adm.limit() == 2048 * 5  # before any measured step: a step budget per second
     rate[0] = 3000.0
     assert adm.limit() == 15000                                  # tokens/s x seconds
     rate[0] = 100.0
