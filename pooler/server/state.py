@@ -52,7 +52,10 @@ class ServerState:
         self.token_admission = TokenAdmission(
             engine.config.scheduler_config.max_num_batched_tokens,
             getattr(engine, "tokens_per_second", lambda: None),
-            settings.max_queue_seconds, settings.max_queue_tokens)
+            settings.max_queue_seconds, settings.max_queue_tokens,
+            small_request_slots=settings.small_request_slots,
+            small_request_tokens=settings.small_request_inputs
+            * engine.model_config.max_model_len)
         self.executor = ThreadPoolExecutor(settings.max_workers,
                                            thread_name_prefix="pooler-http")
         # Requests that need no model step (/tokenize, /detokenize, /decode) run here: they
@@ -152,7 +155,8 @@ class ServerState:
             return await self._respond_tokenizer_only(compute)
         body_bytes = request.headers.get("content-length", "0")
         tokens = Reservation(self.token_admission,
-                             int(body_bytes) if body_bytes.isdigit() else 0)
+                             int(body_bytes) if body_bytes.isdigit() else 0,
+                             small=num_items <= self.settings.small_request_inputs)
         try:
             self.admission.admit(num_items, field)
         except APIError:

@@ -17,7 +17,8 @@ LIMIT = 50
 @pytest.fixture(scope="module")
 def full(engine, serve_app):
     """A server whose token queue is full: every model request is refused."""
-    with serve_app(engine, ServerSettings(max_queue_tokens=LIMIT)) as (url, app):
+    settings = ServerSettings(max_queue_tokens=LIMIT, small_request_slots=0)
+    with serve_app(engine, settings) as (url, app):
         admission = app.state.pooler.token_admission
         admission.in_flight += LIMIT  # as if other clients held the whole queue
         try:
@@ -105,13 +106,34 @@ def test_shutdown_refusal_on_a_tei_route_is_unhealthy_with_retry_after():
 
 
 def test_steady_closed_loop_load_is_answered_in_full(engine, serve_app):
-    """Default settings: 16 closed-loop clients x 4 requests of 1-8 texts (one in eight
-    past the model's length), all answered. 64 clients: the bench."""
+    """16 closed-loop clients x 4 requests of 1-8 texts (one in eight past the model's
+    length), all answered, even with a token limit far below what they hold (the floor);
+    64 clients: the bench."""
     from pooler.bench.burst import steady
 
-    with serve_app(engine, ServerSettings()) as (url, app):
+    settings = ServerSettings(max_queue_tokens=1000)
+    with serve_app(engine, settings) as (url, app):
         result = asyncio.run(steady(url, clients=16, requests=4, max_texts=8, timeout=120))
         summary = result.summary()
         assert summary["statuses"] == {"200": 64}, summary
-        assert app.state.pooler.token_admission.in_flight == 0
+        admission = app.state.pooler.token_admission
+        assert admission.in_flight == 0 and admission.requests == 0
 
+
+
+def test_floor_keeps_refusing_large_requests(engine, serve_app):
+    """A request of more than --small-request-inputs inputs meets the token limit even while
+    the floor has room."""
+    settings = ServerSettings(max_queue_tokens=LIMIT)
+    with serve_app(engine, settings) as (url, app):
+        admission = app.state.pooler.token_admission
+        admission.in_flight += LIMIT
+        try:
+            with httpx.Client(base_url=url, timeout=60) as c:
+                r = c.post("/v1/embeddings", json={"input": ["a few words"] * 9})
+                assert r.status_code == 503, r.text
+                r = c.post("/v1/embeddings", json={"input": ["a few words"] * 8})
+                assert r.status_code == 200, r.text
+        finally:
+            admission.in_flight -= LIMIT
+        assert admission.in_flight == 0 and admission.requests == 0
