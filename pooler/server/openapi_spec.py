@@ -123,7 +123,8 @@ def _nullable_optionals(spec: dict) -> None:
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
             visit(schemas.get(ref.rsplit("/", 1)[-1]))
-        required = set(node.get("required", []))
+        required = node.get("required")  # a list on a schema (a bool on a requestBody)
+        required = set(required) if isinstance(required, list) else set()
         for name, prop in list(node.get("properties", {}).items()):
             if name not in required and isinstance(prop, dict) and not _allows_null(prop):
                 node["properties"][name] = prop = _or_null(prop)
