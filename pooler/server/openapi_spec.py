@@ -329,7 +329,10 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             # chunks: spans inside the document. JSON Schema cannot tie either to the other
             # values, so the spec shows the form that always holds: unset (server defaults).
             _set_null(prop)
-        elif name in ("top_n", "max_batch_size"):
+        elif name == "top_n":  # 0: every document (vLLM)
+            for node in _integer_nodes(prop):
+                node["minimum"] = 0
+        elif name == "max_batch_size":
             for node in _integer_nodes(prop):
                 node["minimum"] = max(node.get("minimum", 1), 1)
         elif name == "priority":  # only 0 unless priority scheduling is on (vllm_common.py)

@@ -52,7 +52,8 @@ def _scoring_options(state: ServerState, body) -> dict[str, Any]:
     if body.max_tokens_per_doc is not None and body.max_tokens_per_doc <= 0:
         raise bad_request(f"max_tokens_per_doc must be a positive integer, got "
                           f"{body.max_tokens_per_doc}.", "max_tokens_per_doc")
-    truncate = body.truncate if body.truncate is not None else limit is not None
+    # truncate_prompt_tokens asks for truncation (vLLM), whatever `truncate` says.
+    truncate = True if limit is not None else bool(body.truncate)
     options: dict[str, Any] = {"truncate": truncate,
                                "truncate_prompt_tokens": None if limit == -1 else limit}
     if body.use_activation is not None:

@@ -120,6 +120,11 @@ class ServerState:
                 raise bad_request("truncate_prompt_tokens must be a positive integer or -1, "
                                   f"got {value}.", name)
             out[name] = value
+        if "truncate_prompt_tokens" in body.model_fields_set \
+                and body.truncate_prompt_tokens is not None and "truncate" in out:
+            # vLLM's truncate_prompt_tokens asks for truncation (-1: at the model's maximum):
+            # it wins over `truncate: false`, which refuses over-long inputs only without it.
+            out["truncate"] = True
         return out
 
     def call(self, method: str, *args, **kwargs):

@@ -159,6 +159,10 @@ class ScoreRequest(_Scoring):
 
     @model_validator(mode="after")
     def _one_spelling(self):
+        for name in ("queries", "documents", "items", "data_1", "data_2", "text_1", "text_2"):
+            if getattr(self, name) == []:  # refused even when another spelling is used
+                raise FieldError(f"'{name}' is empty: pass at least one text, or leave it "
+                                 "out.", name)
         given = [(a, b) for a, b in (("queries", "documents"), ("queries", "items"),
                                      ("data_1", "data_2"), ("text_1", "text_2"))
                  if getattr(self, a) is not None and getattr(self, b) is not None]
