@@ -147,6 +147,10 @@ async def _embed(body: CohereEmbedRequest, request: Request, version: str):
     truncation = {"truncate": body.truncate != "NONE",
                   "truncation_direction": "left" if body.truncate == "START" else "right"}
     if body.max_tokens is not None:
+        if body.max_tokens < state.min_truncation():
+            raise bad_request(f"max_tokens must be at least {state.min_truncation()} (a text "
+                              "keeps its special tokens plus one), got "
+                              f"{body.max_tokens}.", "max_tokens")
         truncation["truncate_prompt_tokens"] = body.max_tokens
     prompt_name = _prompt_name(state, body.input_type)
 

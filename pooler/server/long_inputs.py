@@ -7,11 +7,11 @@ import uuid
 from typing import Literal, Optional
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 
 from pooler.engine.long_inputs import check_overlap
 from pooler.server.errors import ERROR_RESPONSES, bad_request
-from pooler.server.protocol import NullMeansUnset
+from pooler.server.protocol import NullMeansUnset, StrictInt  # JSON integers: 5 and 5.0
 from pooler.server.state import ServerState
 
 router = APIRouter(tags=["pooler"])

@@ -199,10 +199,23 @@ def _narrow_catch_alls(spec: dict, facts: dict) -> None:
             _set_null(properties["truncation_side"])
         if "truncation_direction" in properties:
             _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
+    elif pooling and "embed" in facts["tasks"]:
+        # The embeddings handler takes such a body first, whatever its `task` says.
+        invocation = copy.deepcopy(pooling)
+        if "task" in invocation.get("properties", {}):
+            invocation["properties"]["task"] = {"anyOf": [{"type": "string"},
+                                                          {"type": "null"}]}
+    root_inputs = [{"type": "string"},
+                   {"type": "array", "items": {"type": "string"}, "minItems": 1}]
+    if facts["default_task"] == "embed" and facts["vocab"]:
+        # /embed (and /embed_sparse) take token ids too
+        ids = {"type": "integer", "minimum": 0, "maximum": facts["vocab"] - 1}
+        root_inputs += [{"type": "array", "items": ids, "minItems": 1},
+                        {"type": "array", "minItems": 1,
+                         "items": {"type": "array", "items": ids, "minItems": 1}}]
     bodies = {"/invocations": invocation,
               "/": {"type": "object", "required": ["inputs"], "properties": {"inputs": {
-                  "anyOf": [{"type": "string"},
-                            {"type": "array", "items": {"type": "string"}, "minItems": 1}]}}}}
+                  "anyOf": root_inputs}}}}
     schemas = spec.get("components", {}).get("schemas", {})
     for path, body in bodies.items():
         if "$ref" in body and body["$ref"].rsplit("/", 1)[-1] not in schemas:

@@ -52,6 +52,14 @@ def _scoring_options(state: ServerState, body) -> dict[str, Any]:
     if body.max_tokens_per_doc is not None and body.max_tokens_per_doc <= 0:
         raise bad_request(f"max_tokens_per_doc must be a positive integer, got "
                           f"{body.max_tokens_per_doc}.", "max_tokens_per_doc")
+    cross_encoder = state.engine.model_config.colbert is None \
+        and "classify" in state.engine.supported_tasks
+    if body.max_tokens_per_doc is not None and not cross_encoder \
+            and body.max_tokens_per_doc < state.min_truncation():
+        # A bi-encoder encodes the document alone, its special tokens included.
+        raise bad_request(f"max_tokens_per_doc must be at least {state.min_truncation()} on "
+                          "this model (a document keeps its special tokens plus one), got "
+                          f"{body.max_tokens_per_doc}.", "max_tokens_per_doc")
     # truncate_prompt_tokens asks for truncation (vLLM), whatever `truncate` says.
     truncate = True if limit is not None else bool(body.truncate)
     options: dict[str, Any] = {"truncate": truncate,

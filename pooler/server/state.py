@@ -127,6 +127,13 @@ class ServerState:
             out["truncate"] = True
         return out
 
+    def min_truncation(self) -> int:
+        """The fewest tokens a truncation may cut a text to: its special tokens plus one."""
+        try:
+            return self.engine.tokenizer.num_special_tokens_to_add(pair=False) + 1
+        except Exception:  # a tokenizer without the count: one token
+            return 1
+
     def call(self, method: str, *args, **kwargs):
         """Call Engine.method with the kwargs its signature takes. Methods from other branches
         may lack some options: `use_tqdm` and options left at None are then dropped; an option

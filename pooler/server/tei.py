@@ -460,7 +460,9 @@ async def decode(body: TEIDecodeRequest, request: Request):
     if not body.ids:
         raise empty("ids")
     batches = body.ids if isinstance(body.ids[0], list) else [body.ids]
-    for ids in batches:
+    for i, ids in enumerate(batches):
+        if not ids:
+            raise empty(f"ids[{i}]")
         check_token_ids(state, ids, "ids")
 
     def compute():

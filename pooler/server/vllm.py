@@ -204,6 +204,7 @@ async def tokenize(request: Request, body: dict[str, Any] = Body(...)):
     req = TokenizeRequest.model_validate(body)
     state = get_state(request)
     state.check_model(req.model)
+    check_priority(req)
     tokenizer = state.engine.tokenizer
     if req.messages is not None:
         ids = chat_token_ids(state, req, bool(req.add_special_tokens))
@@ -225,6 +226,9 @@ async def tokenize(request: Request, body: dict[str, Any] = Body(...)):
 async def detokenize(body: DetokenizeRequest, request: Request):
     state = get_state(request)
     state.check_model(body.model)
+    check_priority(body)
+    if not body.tokens:
+        raise bad_request("'tokens' is empty: pass at least one token id.", "tokens")
     tei.check_token_ids(state, body.tokens, "tokens")
 
     def compute():
