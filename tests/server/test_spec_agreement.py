@@ -63,3 +63,42 @@ def test_empty_input_text_is_outside_the_spec(spec):
 
     walk(props)
     assert strings and all(s.get("minLength") == 1 for s in strings)
+
+
+@pytest.mark.parametrize("route,body,param", [
+    ("/detokenize", {"tokens": []}, "tokens"),
+    ("/tokenize", {"prompt": "a", "priority": 1}, "priority"),
+    ("/rerank", {"query": "q", "documents": ["a b c"], "max_tokens_per_doc": 1},
+     "max_tokens_per_doc"),
+    ("/v2/embed", {"texts": ["a b c"], "max_tokens": 1}, "max_tokens"),
+    ("/v1/score", {"data_1": "a", "data_2": "b", "text_2": []}, "text_2"),
+])
+def test_schema_violating_requests_are_refused(client, route, body, param):
+    """Found by negative_data_rejection on the embedder: each now a 400 naming the field."""
+    r = client.post(route, json=body)
+    assert r.status_code == 400, r.text
+    payload = r.json()
+    if "error" in payload:
+        assert payload["error"]["param"] == param
+    else:  # Cohere's {"message"}
+        assert param in payload["message"]
+
+
+def test_decode_refuses_an_empty_id_list(client):
+    r = client.post("/decode", json={"ids": [[101], []]})
+    assert r.status_code == 400 and r.json()["error_type"] == "Empty"
+
+
+def test_integral_float_dimensions_on_embed_chunks(client):
+    r = client.post("/embed_chunks", json={"document": "One. Two.", "dimensions": 64.0})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"][0]["embedding"]) == 64
+
+
+def test_root_spec_takes_token_ids_on_an_embedder(client, spec):
+    r = client.post("/", json={"inputs": [101, 7592, 102]})
+    assert r.status_code == 200, r.text
+    options = spec["paths"]["/"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"]["properties"]["inputs"]["anyOf"]
+    assert any(o.get("type") == "array" and o["items"].get("type") == "integer"
+               for o in options)
