@@ -72,6 +72,13 @@ def add_parser(sub) -> None:
     p.add_argument("--max-queue-seconds", type=float, default=d.max_queue_seconds,
                    help="with the derived token limit: admit about this many seconds of work "
                         "(default: %(default)s)")
+    p.add_argument("--small-request-inputs", type=int, default=d.small_request_inputs,
+                   help="a request of at most this many inputs is small: see "
+                        "--small-request-slots (default: %(default)s)")
+    p.add_argument("--small-request-slots", type=int, default=d.small_request_slots,
+                   help="small requests are queued past the token limit while at most this "
+                        "many requests are in flight, so steady closed-loop clients are never "
+                        "refused; 0 turns this off (default: %(default)s)")
     p.add_argument("--max-workers", type=int, default=d.max_workers,
                    help="threads that tokenize and wait on the engine for HTTP requests (default: %(default)s)")
     p.add_argument("--graceful-timeout", type=float, default=d.graceful_timeout,
@@ -144,7 +151,9 @@ def _settings(args):
         max_queue_seconds=args.max_queue_seconds,
         prometheus_port=args.prometheus_port, grpc_port=args.grpc_port,
         listen_host=args.host, otlp_endpoint=args.otlp_endpoint,
-        otlp_service_name=args.otlp_service_name, log_requests=args.log_format == "json")
+        otlp_service_name=args.otlp_service_name, log_requests=args.log_format == "json",
+        small_request_inputs=args.small_request_inputs,
+        small_request_slots=args.small_request_slots)
 
 
 def _one_model_only(settings, how: str) -> None:

@@ -199,7 +199,8 @@ class Engine:
         special = item.special_tokens_mask or [0] * len(item.prompt_token_ids)
         max_len = self.model_config.max_model_len
         windows = long_inputs.split_into_windows(
-            item, max_len, max_len // 4 if window_overlap is None else window_overlap)
+            item, max_len, max_len // 4 if window_overlap is None else window_overlap,
+            "window_overlap")
         results = self.run_processed(windows.inputs, [token_params] * len(windows.inputs),
                                      priority, use_tqdm)
         # Token vectors of the document's content tokens, each from its best window.

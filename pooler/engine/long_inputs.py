@@ -33,19 +33,24 @@ class Windows:
     num_prefix: int  # special tokens before the content (e.g. [CLS]) in every window
 
 
-def check_overlap(overlap: int, max_length: int, num_special: int) -> int:
+def check_overlap(overlap: int, max_length: int, num_special: int,
+                  option: str = "chunk_overlap") -> int:
+    """`option`: the caller's name of the overlap (embed's chunk_overlap, embed_chunks'
+    window_overlap), so the error names what the user passed."""
     room = max_length - num_special
     if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
-        raise ValueError(f"chunk_overlap must be a non-negative integer, got {overlap!r}.")
+        raise ValueError(f"{option} must be a non-negative integer, got {overlap!r}.")
     if overlap >= room:
-        raise ValueError(f"chunk_overlap={overlap} must be smaller than the tokens a window "
+        raise ValueError(f"{option}={overlap} must be smaller than the tokens a window "
                          f"holds ({room} = max length {max_length} - {num_special} special "
                          "tokens).")
     return overlap
 
 
-def split_into_windows(item: ProcessedInput, max_length: int, overlap: int) -> Windows:
-    """Cut one tokenized input into windows of at most `max_length` tokens."""
+def split_into_windows(item: ProcessedInput, max_length: int, overlap: int,
+                       option: str = "chunk_overlap") -> Windows:
+    """Cut one tokenized input into windows of at most `max_length` tokens (`option`: the
+    overlap's name in errors)."""
     ids = item.prompt_token_ids
     special = item.special_tokens_mask or [0] * len(ids)
     prefix = 0
@@ -56,7 +61,7 @@ def split_into_windows(item: ProcessedInput, max_length: int, overlap: int) -> W
         suffix += 1
     content = ids[prefix:len(ids) - suffix]
     room = max_length - prefix - suffix
-    check_overlap(overlap, max_length, prefix + suffix)
+    check_overlap(overlap, max_length, prefix + suffix, option)
     types = item.token_type_ids
     spans, inputs = [], []
     start = 0

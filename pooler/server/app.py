@@ -26,6 +26,7 @@ from pooler.server.limits import PayloadLimitMiddleware, QueueGateMiddleware
 from pooler.server.metrics import MetricsMiddleware, ServerMetrics
 from pooler.server.openapi_spec import narrow_openapi
 from pooler.server.protocol import InfoResponse
+from pooler.server.refusals import RefusalShapes
 from pooler.server.state import ServerSettings, ServerState
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
             # Handlers have all returned; a worker thread still running is finishing a
             # cancelled engine call and ends within one poll.
             state.executor.shutdown(wait=False, cancel_futures=True)
+            state.tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="pooler", version=_version(), lifespan=lifespan,
                   description="Embeddings, reranking, classification, NER and sparse vectors "
@@ -150,7 +152,8 @@ def create_app(engine, settings: ServerSettings | None = None, *,
     # the body's size, then reject invalid text.
     app.add_middleware(InvalidTextMiddleware)
     app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
-    app.add_middleware(QueueGateMiddleware, admission=state.token_admission)
+    app.add_middleware(QueueGateMiddleware, admission=state.token_admission,
+                       shapes=RefusalShapes())
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key, routes=app.router.routes)
     app.add_middleware(BodyTimeoutMiddleware, timeout=settings.body_timeout,

@@ -19,20 +19,20 @@ from pydantic import BaseModel, StrictFloat, StrictInt, StrictStr
 
 from pooler.bge_m3_layout import check_outputs, check_weights
 from pooler.server.errors import ERROR_RESPONSES, bad_request
-from pooler.server.protocol import Inputs
+from pooler.server.protocol import Inputs, NullMeansUnset
 from pooler.server.state import ServerState, usage
 
 router = APIRouter(tags=["BGE-M3"])
 
 
-class BGEM3EmbedRequest(BaseModel):
+class BGEM3EmbedRequest(NullMeansUnset):
     input: Inputs
     outputs: list[StrictStr] = ["dense", "sparse", "colbert"]
     model: Optional[StrictStr] = None
     truncate: bool = True
 
 
-class BGEM3ScoreRequest(BaseModel):
+class BGEM3ScoreRequest(NullMeansUnset):
     queries: Union[StrictStr, list[StrictStr]]
     documents: Union[StrictStr, list[StrictStr]]
     weights: Optional[list[Union[StrictFloat, StrictInt]]] = None

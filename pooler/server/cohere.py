@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.server import quantized
 from pooler.server.errors import ERROR_RESPONSES, APIError, bad_request, validation_message
+from pooler.server.protocol import NullMeansUnset
 from pooler.server.state import ServerState
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
@@ -34,7 +35,7 @@ _PROMPT_NAMES = {"search_query": ("query", "search_query"),
                  "classification": ("classification",), "clustering": ("clustering",)}
 
 
-class _Request(BaseModel):
+class _Request(NullMeansUnset):
     model_config = ConfigDict(extra="ignore")
 
 
@@ -148,6 +149,10 @@ async def _embed(body: CohereEmbedRequest, request: Request, version: str):
     truncation = {"truncate": body.truncate != "NONE",
                   "truncation_direction": "left" if body.truncate == "START" else "right"}
     if body.max_tokens is not None:
+        if body.max_tokens < state.min_truncation():
+            raise bad_request(f"max_tokens must be at least {state.min_truncation()} (a text "
+                              "keeps its special tokens plus one), got "
+                              f"{body.max_tokens}.", "max_tokens")
         truncation["truncate_prompt_tokens"] = body.max_tokens
     prompt_name = _prompt_name(state, body.input_type)
 

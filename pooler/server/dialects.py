@@ -1,4 +1,5 @@
-"""Which protocol a path speaks, for answers written before routing (a middleware's 401).
+"""Which protocol a path speaks, for answers written before routing (a middleware's 401, the
+queue gate's 503/429 in pooler/server/refusals.py).
 
 Each API family's routes are built with its own route class (VLLMRoute, TEIRoute, CohereRoute),
 which names its dialect in a `dialect` class attribute; plain routes speak the OpenAI/pooler
@@ -10,6 +11,9 @@ from __future__ import annotations
 from typing import Literal
 
 Dialect = Literal["openai", "vllm", "tei", "cohere"]
+# Paths on a router of another family that answer in their own shape: TEI's OpenAI alias
+# /embeddings lives on the vLLM router (it shares the /v1/embeddings handler) but speaks TEI.
+_PATH_DIALECTS: dict[str, Dialect] = {"/embeddings": "tei"}
 
 
 def route_dialects(routes) -> dict[str, Dialect]:
@@ -20,7 +24,8 @@ def route_dialects(routes) -> dict[str, Dialect]:
     for prefix, route in _flat(routes, ""):
         path = getattr(route, "path", None)
         if path is not None:
-            table.setdefault(prefix + path, getattr(route, "dialect", "openai"))
+            path = prefix + path
+            table.setdefault(path, _PATH_DIALECTS.get(path, getattr(route, "dialect", "openai")))
     return table
 
 

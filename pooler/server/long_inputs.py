@@ -7,15 +7,17 @@ import uuid
 from typing import Literal, Optional
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 
-from pooler.server.errors import ERROR_RESPONSES
+from pooler.engine.long_inputs import check_overlap
+from pooler.server.errors import ERROR_RESPONSES, bad_request
+from pooler.server.protocol import NullMeansUnset, StrictInt  # JSON integers: 5 and 5.0
 from pooler.server.state import ServerState
 
 router = APIRouter(tags=["pooler"])
 
 
-class EmbedChunksRequest(BaseModel):
+class EmbedChunksRequest(NullMeansUnset):
     model_config = ConfigDict(extra="forbid")
     document: StrictStr
     model: Optional[StrictStr] = None
@@ -54,6 +56,8 @@ async def embed_chunks(body: EmbedChunksRequest, request: Request):
     state.check_model(body.model)
     state.require("embed_chunks", "token_embed", "late chunking")
     state.check_dimensions(body.dimensions)
+    if body.window_overlap is not None:
+        _check_window_overlap(state, body.window_overlap)
 
     def compute():
         chunks = state.call("embed_chunks", body.document,
@@ -70,3 +74,13 @@ async def embed_chunks(body: EmbedChunksRequest, request: Request):
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     return await state.respond(request, 1, "document", compute)
+
+
+def _check_window_overlap(state: ServerState, overlap: int) -> None:
+    """400 naming window_overlap before any work is admitted (the engine's own check)."""
+    engine = state.engine
+    try:
+        specials = engine.tokenizer.num_special_tokens_to_add(pair=False)
+        check_overlap(overlap, engine.model_config.max_model_len, specials, "window_overlap")
+    except ValueError as exc:
+        raise bad_request(str(exc), "window_overlap") from None

@@ -4,10 +4,13 @@ from __future__ import annotations
 import time
 import uuid
 
-from fastapi import APIRouter, Request
+from typing import Any
+
+from fastapi import APIRouter, Body, Request
 
 from pooler.gliner import (LabelsTooLongError, gliner_options_error, labels_required_error,
                            misplaced_options, normalize_labels, token_options_error)
+from pooler.server import tei
 from pooler.server.errors import ERROR_RESPONSES, bad_request
 from pooler.server.protocol import NERRequest, NERResponse
 from pooler.server.state import ServerState
@@ -28,7 +31,27 @@ def _entity(e) -> dict:
     return out
 
 
-@router.post("/ner", response_model=NERResponse, responses=ERROR_RESPONSES)
+# huggingface_hub's token_classification body: {inputs: text, parameters: {...}}.
+_PIPELINE_BODY = {"type": "object", "required": ["inputs"], "properties": {
+    "inputs": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+    "parameters": {"type": "object", "properties": {
+        "aggregation_strategy": {"enum": ["none", "simple", "first", "average", "max"]},
+        "ignore_labels": {"type": "array", "items": {"type": "string"}}}}}}
+_NER_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"anyOf": [NERRequest.model_json_schema(), _PIPELINE_BODY]}}}}}
+
+
+@router.post("/ner", response_model=NERResponse, responses=ERROR_RESPONSES,
+             openapi_extra=_NER_BODY)
+async def ner_route(request: Request, body: dict[str, Any] = Body(...)):
+    """pooler's {input, ...} -> {data: [{entities}]}; a body with `inputs` instead is
+    huggingface_hub's token_classification (InferenceClient(base_url=".../ner")), answered
+    as transformers' pipeline answers: [{entity_group, score, word, start, end}]."""
+    if "inputs" in body and "input" not in body:
+        return await tei.tei_errors(lambda: tei.entities(body, request))
+    return await ner(NERRequest.model_validate(body), request)
+
+
 async def ner(body: NERRequest, request: Request):
     """Entities with character offsets, e.g. {entity_group: "PER", word: "Ada", start: 0,
     end: 3, score: 0.99}. A token-classification model: its own labels, tokens grouped as

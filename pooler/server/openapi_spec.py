@@ -102,7 +102,53 @@ def narrow_openapi(spec: dict, engine) -> dict:
     _narrow_catch_alls(spec, facts)
     if not facts["cross_encoder"]:
         _drop_tei_rerank(spec)
+    _nullable_optionals(spec)
     return spec
+
+
+def _nullable_optionals(spec: dict) -> None:
+    """Request bodies take null for any optional field, meaning unset (protocol.py,
+    drop_nulls): say so in the spec, for every schema a request body reaches."""
+    schemas = spec.get("components", {}).get("schemas", {})
+    seen: set[int] = set()
+
+    def visit(node):
+        if isinstance(node, list):
+            for item in node:
+                visit(item)
+            return
+        if not isinstance(node, dict) or id(node) in seen:
+            return
+        seen.add(id(node))
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            visit(schemas.get(ref.rsplit("/", 1)[-1]))
+        required = node.get("required")  # a list on a schema (a bool on a requestBody)
+        required = set(required) if isinstance(required, list) else set()
+        for name, prop in list(node.get("properties", {}).items()):
+            if name not in required and isinstance(prop, dict) and not _allows_null(prop):
+                node["properties"][name] = prop = _or_null(prop)
+        for value in node.values():
+            if isinstance(value, (dict, list)):
+                visit(value)
+
+    for item in spec.get("paths", {}).values():
+        for operation in item.values():
+            if isinstance(operation, dict):
+                visit(operation.get("requestBody", {}))
+
+
+def _allows_null(prop: dict) -> bool:
+    if not prop or prop.get("type") == "null":
+        return True
+    return any(_allows_null(o) for o in prop.get("anyOf", []) + prop.get("oneOf", [])
+               if isinstance(o, dict))
+
+
+def _or_null(prop: dict) -> dict:
+    kept = {k: prop[k] for k in ("default", "description", "title") if k in prop}
+    inner = {k: v for k, v in prop.items() if k not in kept}
+    return {"anyOf": [inner, {"type": "null"}], **kept}
 
 
 def _drop_tei_rerank(spec: dict) -> None:
@@ -153,10 +199,23 @@ def _narrow_catch_alls(spec: dict, facts: dict) -> None:
             _set_null(properties["truncation_side"])
         if "truncation_direction" in properties:
             _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
+    elif pooling and "embed" in facts["tasks"]:
+        # The embeddings handler takes such a body first, whatever its `task` says.
+        invocation = copy.deepcopy(pooling)
+        if "task" in invocation.get("properties", {}):
+            invocation["properties"]["task"] = {"anyOf": [{"type": "string"},
+                                                          {"type": "null"}]}
+    root_inputs = [{"type": "string"},
+                   {"type": "array", "items": {"type": "string"}, "minItems": 1}]
+    if facts["default_task"] == "embed" and facts["vocab"]:
+        # /embed (and /embed_sparse) take token ids too
+        ids = {"type": "integer", "minimum": 0, "maximum": facts["vocab"] - 1}
+        root_inputs += [{"type": "array", "items": ids, "minItems": 1},
+                        {"type": "array", "minItems": 1,
+                         "items": {"type": "array", "items": ids, "minItems": 1}}]
     bodies = {"/invocations": invocation,
               "/": {"type": "object", "required": ["inputs"], "properties": {"inputs": {
-                  "anyOf": [{"type": "string"},
-                            {"type": "array", "items": {"type": "string"}, "minItems": 1}]}}}}
+                  "anyOf": root_inputs}}}}
     schemas = spec.get("components", {}).get("schemas", {})
     for path, body in bodies.items():
         if "$ref" in body and body["$ref"].rsplit("/", 1)[-1] not in schemas:
@@ -251,6 +310,11 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             low = 1 if facts["cross_encoder"] else facts["min_truncation"]
             for node in _integer_nodes(prop):
                 node["minimum"] = max(node.get("minimum", low), low)
+        elif name == "window_overlap":  # /embed_chunks: fewer tokens than a window holds
+            for node in _integer_nodes(prop):
+                node["minimum"] = 0
+                if facts["max_len"]:
+                    node["maximum"] = facts["max_len"] - facts["min_truncation"]
         elif name == "max_tokens":  # Cohere's truncate_prompt_tokens
             for node in _integer_nodes(prop):
                 node["minimum"] = facts["min_truncation"]
@@ -269,7 +333,7 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                     node["anyOf"] = text
         elif name == "messages" and not facts["chat"]:
             _set_null(prop)  # no chat template in the model: chats need one
-        elif name == "document":  # /embed_chunks
+        elif name in ("document", "input"):  # /embed_chunks; vLLM refuses an empty prompt
             for node in _walk(prop):
                 if node.get("type") == "string":
                     node["minLength"] = 1
@@ -278,7 +342,10 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             # chunks: spans inside the document. JSON Schema cannot tie either to the other
             # values, so the spec shows the form that always holds: unset (server defaults).
             _set_null(prop)
-        elif name in ("top_n", "max_batch_size"):
+        elif name == "top_n":  # 0: every document (vLLM)
+            for node in _integer_nodes(prop):
+                node["minimum"] = 0
+        elif name == "max_batch_size":
             for node in _integer_nodes(prop):
                 node["minimum"] = max(node.get("minimum", 1), 1)
         elif name == "priority":  # only 0 unless priority scheduling is on (vllm_common.py)
@@ -314,9 +381,10 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     if scoring and not facts["cross_encoder"]:
         if "raw_scores" in properties:
             properties["raw_scores"] = {"type": "boolean", "enum": [False], "default": False}
-        if "use_activation" in properties:
-            properties["use_activation"] = {"anyOf": [{"type": "boolean", "enum": [True]},
-                                                      {"type": "null"}], "default": None}
+        for alias in ("use_activation", "activation"):
+            if alias in properties:
+                properties[alias] = {"anyOf": [{"type": "boolean", "enum": [True]},
+                                               {"type": "null"}], "default": None}
     # Scoring without left truncation: only the default direction is promised there.
     if not facts["score_directions"] and "truncation_direction" in properties and (
             {"query", "queries", "text_1"} & set(properties)):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr,
+                      model_validator)
 
 
 def _json_integer(value: Any) -> Any:
@@ -31,7 +32,26 @@ TextInputs = Union[StrictStr, list[StrictStr]]
 Precision = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 
 
-class _Request(BaseModel):
+def drop_nulls(cls: type[BaseModel], data: Any) -> Any:
+    """An explicit null for an optional field means the field is unset (its default), as
+    OpenAI's and vLLM's clients send it ("top_n": null); a required field stays required."""
+    if isinstance(data, dict):
+        fields = cls.model_fields
+        return {k: v for k, v in data.items()
+                if not (v is None and k in fields and not fields[k].is_required())}
+    return data
+
+
+class NullMeansUnset(BaseModel):
+    """Request bodies: null for an optional field is its default (drop_nulls)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_unset(cls, data):
+        return drop_nulls(cls, data)
+
+
+class _Request(NullMeansUnset):
     model_config = ConfigDict(extra="ignore")
 
 

@@ -52,7 +52,16 @@ def _scoring_options(state: ServerState, body) -> dict[str, Any]:
     if body.max_tokens_per_doc is not None and body.max_tokens_per_doc <= 0:
         raise bad_request(f"max_tokens_per_doc must be a positive integer, got "
                           f"{body.max_tokens_per_doc}.", "max_tokens_per_doc")
-    truncate = body.truncate if body.truncate is not None else limit is not None
+    cross_encoder = state.engine.model_config.colbert is None \
+        and "classify" in state.engine.supported_tasks
+    if body.max_tokens_per_doc is not None and not cross_encoder \
+            and body.max_tokens_per_doc < state.min_truncation():
+        # A bi-encoder encodes the document alone, its special tokens included.
+        raise bad_request(f"max_tokens_per_doc must be at least {state.min_truncation()} on "
+                          "this model (a document keeps its special tokens plus one), got "
+                          f"{body.max_tokens_per_doc}.", "max_tokens_per_doc")
+    # truncate_prompt_tokens asks for truncation (vLLM), whatever `truncate` says.
+    truncate = True if limit is not None else bool(body.truncate)
     options: dict[str, Any] = {"truncate": truncate,
                                "truncate_prompt_tokens": None if limit == -1 else limit}
     if body.use_activation is not None:
@@ -110,8 +119,10 @@ def _document_texts(documents) -> list[str]:
 
 
 async def rerank_vllm(body: RerankRequest, request: Request):
+    # `model` may be any name: Cohere's and Jina's clients must send their own (e.g.
+    # "rerank-v3.5"), and TEI serves /rerank whatever it says. With several models the
+    # router picks by it (404 for a name it does not serve).
     state = get_state(request)
-    state.check_model(body.model)
     check_priority(body)
     not_served = _not_served(state, request.url.path)
     if not_served is not None:

@@ -24,7 +24,14 @@ class ServerSettings:
     # The queue in tokens (503 above): a fixed number, or None to derive it from the measured
     # rate: tokens/s x max_queue_seconds (pooler/server/limits.py, TokenAdmission).
     max_queue_tokens: int | None = None
-    max_queue_seconds: float = 5.0
+    # 20 s: a request admitted at the bound is answered (its own compute added) before a 60 s
+    # client time-out on a 2-CPU machine (figures: README, "Admission"; the bench:
+    # python -m pooler.bench.burst).
+    max_queue_seconds: float = 20.0
+    # The steady-load floor (limits.py, TokenAdmission part 2): requests of at most this many
+    # inputs are admitted past the time bound while at most this many requests are in flight.
+    small_request_inputs: int = 8
+    small_request_slots: int = 64
     # Operating (README "Operating pooler"): /metrics on a port of its own, TEI's gRPC API,
     # OpenTelemetry traces over OTLP, one JSON log line per request. Off when None / False.
     prometheus_port: int | None = None
@@ -37,11 +44,14 @@ class ServerSettings:
     def __post_init__(self):
         for name in ("max_input_items", "max_payload_bytes", "max_queue", "max_workers",
                      "header_timeout", "body_timeout", "keep_alive_timeout",
-                     "max_connections", "max_queue_seconds"):
+                     "max_connections", "max_queue_seconds", "small_request_inputs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
         if self.max_queue_tokens is not None and self.max_queue_tokens <= 0:
             raise ValueError(f"max_queue_tokens must be positive, got {self.max_queue_tokens}.")
+        if self.small_request_slots < 0:
+            raise ValueError("small_request_slots must be >= 0 (0 turns the floor off), got "
+                             f"{self.small_request_slots}.")
         if self.long_input not in ("truncate", "chunk"):
             raise ValueError(f"long_input must be 'truncate' or 'chunk', got {self.long_input!r}.")
         if self.graceful_timeout < 0:

@@ -30,6 +30,9 @@ from pooler.server.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
 from pooler.server.shutdown import ShutdownGate
 
+# Threads for the tokenizer-only routes: tokenizing a request takes milliseconds.
+TOKENIZER_WORKERS = 4
+
 
 class ServerState:
     def __init__(self, engine, settings: ServerSettings, metrics: ServerMetrics):
@@ -49,9 +52,16 @@ class ServerState:
         self.token_admission = TokenAdmission(
             engine.config.scheduler_config.max_num_batched_tokens,
             getattr(engine, "tokens_per_second", lambda: None),
-            settings.max_queue_seconds, settings.max_queue_tokens)
+            settings.max_queue_seconds, settings.max_queue_tokens,
+            small_request_slots=settings.small_request_slots,
+            small_request_tokens=settings.small_request_inputs
+            * engine.model_config.max_model_len)
         self.executor = ThreadPoolExecutor(settings.max_workers,
                                            thread_name_prefix="pooler-http")
+        # Requests that need no model step (/tokenize, /detokenize, /decode) run here: they
+        # never wait behind model calls for a thread, nor count against the model's queue.
+        self.tokenizer_executor = ThreadPoolExecutor(TOKENIZER_WORKERS,
+                                                     thread_name_prefix="pooler-tokenize")
         self.ready = False
         self.started_at = time.time()
         self.shutdown = ShutdownGate()
@@ -110,7 +120,19 @@ class ServerState:
                 raise bad_request("truncate_prompt_tokens must be a positive integer or -1, "
                                   f"got {value}.", name)
             out[name] = value
+        if "truncate_prompt_tokens" in body.model_fields_set \
+                and body.truncate_prompt_tokens is not None and "truncate" in out:
+            # vLLM's truncate_prompt_tokens asks for truncation (-1: at the model's maximum):
+            # it wins over `truncate: false`, which refuses over-long inputs only without it.
+            out["truncate"] = True
         return out
+
+    def min_truncation(self) -> int:
+        """The fewest tokens a truncation may cut a text to: its special tokens plus one."""
+        try:
+            return self.engine.tokenizer.num_special_tokens_to_add(pair=False) + 1
+        except Exception:  # a tokenizer without the count: one token
+            return 1
 
     def call(self, method: str, *args, **kwargs):
         """Call Engine.method with the kwargs its signature takes. Methods from other branches
@@ -132,17 +154,21 @@ class ServerState:
 
     # ---- running work -------------------------------------------------------------------
     async def respond(self, request: Request, num_items: int, field: str,
-                      compute: Callable[[], Any]) -> Response:
+                      compute: Callable[[], Any], model_step: bool = True) -> Response:
         """Admit `num_items` inputs, run `compute` (blocking: Engine calls + building the
         body) in a worker thread, and answer with its JSON. A client that disconnects first
         has its queued engine requests aborted and gets nothing (logged as 499); when the
         graceful shutdown time runs out first, the same abort happens and the client gets
-        503 with Retry-After (see shutdown.py)."""
+        503 with Retry-After (see shutdown.py). model_step=False (the tokenizer routes):
+        nothing is admitted and the work runs on the tokenizer threads."""
         if self.shutdown.expired:
             raise self.shutdown.refusal()
+        if not model_step:
+            return await self._respond_tokenizer_only(compute)
         body_bytes = request.headers.get("content-length", "0")
         tokens = Reservation(self.token_admission,
-                             int(body_bytes) if body_bytes.isdigit() else 0)
+                             int(body_bytes) if body_bytes.isdigit() else 0,
+                             small=num_items <= self.settings.small_request_inputs)
         try:
             self.admission.admit(num_items, field)
         except APIError:
@@ -201,6 +227,13 @@ class ServerState:
                 self.metrics.tokenize_time.observe(call.tokenize_seconds)
         if isinstance(body, Response):
             return body
+        return Response(body, media_type="application/json")
+
+
+    async def _respond_tokenizer_only(self, compute: Callable[[], Any]) -> Response:
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(self.tokenizer_executor,
+                                          lambda: _to_json(compute()))
         return Response(body, media_type="application/json")
 
 

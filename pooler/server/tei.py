@@ -40,14 +40,16 @@ class TEIError(Exception):
     STATUS = {"Empty": 400, "Validation": 422, "Tokenizer": 422, "Backend": 424,
               "Overloaded": 429, "Unhealthy": 503}
 
-    def __init__(self, error_type: str, message: str):
+    def __init__(self, error_type: str, message: str,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.error_type = error_type
         self.message = message
+        self.headers = headers  # Retry-After on refusals
 
     def response(self) -> JSONResponse:
         return JSONResponse({"error": self.message, "error_type": self.error_type},
-                            status_code=self.STATUS[self.error_type])
+                            status_code=self.STATUS[self.error_type], headers=self.headers)
 
 
 def empty(field: str) -> TEIError:
@@ -66,7 +68,9 @@ def as_tei_error(exc: Exception) -> TEIError | None:
         if exc.code == "too_many_inputs":
             return TEIError("Validation", exc.message)
         if exc.code == "queue_full":
-            return TEIError("Overloaded", f"Model is overloaded: {exc.message}")
+            return TEIError("Overloaded", f"Model is overloaded: {exc.message}", exc.headers)
+        if exc.status == 503:  # shutting down: TEI's Unhealthy, with the retry hint
+            return TEIError("Unhealthy", exc.message, exc.headers)
         if exc.code == "unsupported_task":
             return TEIError("Backend", exc.message)
         if exc.status in (400, 404, 422):
@@ -377,9 +381,19 @@ async def _predict(body: TEIPredictRequest, request: Request):
     return await state.respond(request, len(texts), "inputs", compute)
 
 
-@router.post("/predict", response_model=list, responses=_TEI_ERRORS)
-async def predict(body: TEIPredictRequest, request: Request):
-    return await _predict(body, request)
+_PREDICT_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": TEIPredictRequest.model_json_schema()}}}}
+
+
+@router.post("/predict", response_model=list, responses=_TEI_ERRORS,
+             openapi_extra=_PREDICT_BODY)
+async def predict(request: Request, body: dict[str, Any] = Body(...)):
+    """TEI's {inputs, raw_scores, truncate} -> [{score, label}] best first (a list of those
+    for a batch). One text with `parameters` is huggingface_hub's text_classification (its
+    InferenceClient(base_url=".../predict")), answered as on POST /: [[{label, score}]]."""
+    if isinstance(body.get("inputs"), str) and isinstance(body.get("parameters"), dict):
+        return await _pipeline_classify(body, request)
+    return await _predict(TEIPredictRequest.model_validate(body), request)
 
 
 async def _similarity(body: TEISimilarityRequest, request: Request):
@@ -433,7 +447,7 @@ async def _tokenize(body: TEITokenizeRequest, request: Request):
             out.append(tokens)
         return out
 
-    return await state.respond(request, len(texts), "inputs", compute)
+    return await state.respond(request, len(texts), "inputs", compute, model_step=False)
 
 
 async def tokenize_tei(body: dict | TEITokenizeRequest, request: Request) -> Response:
@@ -447,14 +461,16 @@ async def decode(body: TEIDecodeRequest, request: Request):
     if not body.ids:
         raise empty("ids")
     batches = body.ids if isinstance(body.ids[0], list) else [body.ids]
-    for ids in batches:
+    for i, ids in enumerate(batches):
+        if not ids:
+            raise empty(f"ids[{i}]")
         check_token_ids(state, ids, "ids")
 
     def compute():
         return [state.engine.tokenizer.decode(ids, skip_special_tokens=body.skip_special_tokens)
                 for ids in batches]
 
-    return await state.respond(request, len(batches), "ids", compute)
+    return await state.respond(request, len(batches), "ids", compute, model_step=False)
 
 
 # ---- POST / (the Inference API route) and health ---------------------------------------------
@@ -494,7 +510,7 @@ async def root(request: Request, body: dict[str, Any] = Body(...)):
             return await _pipeline_classify(body, request)
         return await _predict(TEIPredictRequest.model_validate(body), request)
     if route == "ner":
-        return await _entities(body, request)
+        return await entities(body, request)
     if route == "embed_sparse":
         return await embed_sparse(TEISparseRequest.model_validate(body), request)
     return await _embed(TEIEmbedRequest.model_validate(body), request)
@@ -530,7 +546,7 @@ async def _pipeline_classify(body: dict, request: Request):
     return Response(json.dumps([ranked[:top_k]]), media_type="application/json")
 
 
-async def _entities(body: dict, request: Request):
+async def entities(body: dict, request: Request):
     """huggingface_hub's token_classification: {inputs: text} -> [{entity_group, score, word,
     start, end}] (a list of those per text for a batch)."""
     state = get_state(request)

@@ -60,9 +60,11 @@ def _encoded_body(prefix: str, state: ServerState, body, arrays: list, num_token
 @router.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ENCODED_RESPONSES)
 async def create_embeddings(body: EmbeddingRequest, request: Request):
     """OpenAI's embeddings request plus vLLM's options (messages, use_activation,
-    add_special_tokens, embed_dtype, endianness, truncate_prompt_tokens, ...)."""
+    add_special_tokens, embed_dtype, endianness, truncate_prompt_tokens, ...).
+    `model` may be any name, as on TEI's /v1/embeddings: a client set up for another server
+    ("tei", "text-embedding-3-small") works unchanged on this single-model server (with
+    several models, the router picks by it and answers 404 for a name it does not serve)."""
     state = get_state(request)
-    state.check_model(body.model)
     check_priority(body)
     require_task(state, "embed", "embeddings")
     items, add_special = prompt_inputs(state, body)
@@ -202,6 +204,7 @@ async def tokenize(request: Request, body: dict[str, Any] = Body(...)):
     req = TokenizeRequest.model_validate(body)
     state = get_state(request)
     state.check_model(req.model)
+    check_priority(req)
     tokenizer = state.engine.tokenizer
     if req.messages is not None:
         ids = chat_token_ids(state, req, bool(req.add_special_tokens))
@@ -216,20 +219,23 @@ async def tokenize(request: Request, body: dict[str, Any] = Body(...)):
                 "token_strs": [tokenizer.id_to_token(t) for t in tokens]
                 if req.return_token_strs else None}
 
-    return await state.respond(request, 1, "prompt", compute)
+    return await state.respond(request, 1, "prompt", compute, model_step=False)
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=ERROR_RESPONSES)
 async def detokenize(body: DetokenizeRequest, request: Request):
     state = get_state(request)
     state.check_model(body.model)
+    check_priority(body)
+    if not body.tokens:
+        raise bad_request("'tokens' is empty: pass at least one token id.", "tokens")
     tei.check_token_ids(state, body.tokens, "tokens")
 
     def compute():
         return {"prompt": state.engine.tokenizer.decode(body.tokens,
                                                        skip_special_tokens=False)}
 
-    return await state.respond(request, 1, "tokens", compute)
+    return await state.respond(request, 1, "tokens", compute, model_step=False)
 
 
 def _invocation_handlers(state: ServerState) -> list[tuple[type, Any]]:

@@ -118,4 +118,10 @@ def prompt_inputs(state: ServerState, body) -> tuple[list, bool]:
         return [chat_token_ids(state, body, bool(body.add_special_tokens), chat)
                 for chat in body.conversations()], True
     add_special = body.add_special_tokens is not False
-    return state.inputs(body.input, "input"), add_special
+    items = state.inputs(body.input, "input")
+    empty = next((i for i, item in enumerate(items) if isinstance(item, str) and not item), None)
+    if empty is not None:  # vLLM (and OpenAI) refuse an empty prompt
+        where = "'input'" if isinstance(body.input, str) else f"input[{empty}]"
+        raise bad_request(f"{where} is an empty string: pass text to embed (an empty prompt "
+                          "has no tokens to pool).", "input")
+    return items, add_special

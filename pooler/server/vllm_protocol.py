@@ -91,15 +91,30 @@ class _InputOrChat(_VLLMRequest):
         return self
 
 
+class _ActivationAlias(BaseModel):
+    """`activation`: vLLM's earlier name of use_activation, honoured as it."""
+    use_activation: Optional[StrictBool] = None
+    activation: Optional[StrictBool] = Field(
+        None, description="deprecated name of use_activation (vLLM < 0.11)")
+
+    @model_validator(mode="after")
+    def _activation_is_use_activation(self):
+        if self.activation is not None:
+            if self.use_activation is not None and self.use_activation != self.activation:
+                raise FieldError("'activation' is the old name of 'use_activation' and the two "
+                                 "disagree; pass only 'use_activation'.", "activation")
+            self.use_activation = self.activation
+        return self
+
+
 class _Encoding(BaseModel):
     encoding_format: EncodingFormat = "float"
     embed_dtype: EmbedDType = "float32"
     endianness: Endianness = "native"
 
 
-class EmbeddingRequest(_InputOrChat, _Encoding):
+class EmbeddingRequest(_InputOrChat, _Encoding, _ActivationAlias):
     dimensions: Optional[StrictInt] = None
-    use_activation: Optional[StrictBool] = None
     normalize: Optional[StrictBool] = None  # pooler's name for use_activation on embeddings
     prompt_name: Optional[StrictStr] = None
     # pooler's addition (issue 16): quantized vectors, see pooler/server/quantized.py
@@ -111,23 +126,21 @@ class EmbeddingRequest(_InputOrChat, _Encoding):
     chunk_overlap: StrictInt = 0
 
 
-class PoolingRequest(_InputOrChat, _Encoding):
+class PoolingRequest(_InputOrChat, _Encoding, _ActivationAlias):
     # A string, not a Literal: an unknown task is vLLM's "Unsupported task: ..." error.
     task: Optional[StrictStr] = None
     dimensions: Optional[StrictInt] = None
-    use_activation: Optional[StrictBool] = None
     normalize: Optional[StrictBool] = None
     # pooler's addition (issue 16): quantized vectors for embed / token_embed
     precision: Precision = "float32"
     ranges: Optional[list[list[float]]] = None
 
 
-class ClassificationRequest(_InputOrChat):
-    use_activation: Optional[StrictBool] = None
+class ClassificationRequest(_InputOrChat, _ActivationAlias):
+    pass
 
 
-class _Scoring(_VLLMRequest):
-    use_activation: Optional[StrictBool] = None
+class _Scoring(_VLLMRequest, _ActivationAlias):
     max_tokens_per_doc: Optional[StrictInt] = None
     # None: an over-long pair is an error unless truncate_prompt_tokens is given (vLLM).
     truncate: Optional[StrictBool] = None
@@ -146,6 +159,10 @@ class ScoreRequest(_Scoring):
 
     @model_validator(mode="after")
     def _one_spelling(self):
+        for name in ("queries", "documents", "items", "data_1", "data_2", "text_1", "text_2"):
+            if getattr(self, name) == []:  # refused even when another spelling is used
+                raise FieldError(f"'{name}' is empty: pass at least one text, or leave it "
+                                 "out.", name)
         given = [(a, b) for a, b in (("queries", "documents"), ("queries", "items"),
                                      ("data_1", "data_2"), ("text_1", "text_2"))
                  if getattr(self, a) is not None and getattr(self, b) is not None]

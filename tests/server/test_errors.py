@@ -53,7 +53,7 @@ def test_dimensions_rejected_by_the_engine_reported_as_the_field(client, route, 
 
 
 def test_unknown_model_bad_token_ids_and_overlong(client):
-    assert_error(client.post("/v1/embeddings", json={"input": "a", "model": "gpt-4"}),
+    assert_error(client.post("/pooling", json={"input": "a", "model": "gpt-4"}),
                  404, "model", "does not exist")
     assert_error(client.post("/v1/embeddings", json={"input": [[101, -1, 102]]}), 400,
                  None, "outside the vocabulary")

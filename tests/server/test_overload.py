@@ -16,7 +16,7 @@ from pooler.server.settings import ServerSettings
 def test_token_limit_rule():
     rate = [None]
     adm = TokenAdmission(step_budget=2048, rate=lambda: rate[0], max_queue_seconds=5.0)
-    assert adm.limit() == TokenAdmission.FALLBACK_STEPS * 2048  # before any measured step
+    assert adm.limit() == 2048 * 5  # before any measured step: a step budget per second
     rate[0] = 3000.0
     assert adm.limit() == 15000                                  # tokens/s x seconds
     rate[0] = 100.0
@@ -44,8 +44,32 @@ def test_reserve_refuses_over_the_limit_but_never_an_empty_queue():
     assert adm.would_refuse(4 * 200) is not None and adm.would_refuse(4 * 10) is None
 
 
+def test_small_request_floor():
+    """Small requests pass a full queue while at most `slots` requests are in flight; large
+    ones, and small ones past the slots, meet the time bound."""
+    adm = TokenAdmission(step_budget=100, rate=lambda: 10.0, max_queue_seconds=10.0,
+                         small_request_slots=2, small_request_tokens=300)
+    adm.reserve(90)                                     # the queue is nearly full (limit 100)
+    adm.open_request()
+    assert adm.reserve(250, request_tokens=250) == 250  # small: past the bound
+    with pytest.raises(APIError):
+        adm.reserve(400, request_tokens=400)            # more tokens than a small request
+    with pytest.raises(APIError):
+        adm.reserve(50)                                 # not small by its inputs
+    adm.open_request()
+    adm.open_request()                                  # 3 requests in flight, 2 slots
+    with pytest.raises(APIError):
+        adm.reserve(10, request_tokens=10)
+    assert adm.would_refuse(4 * 50) is not None
+    adm.close_request()
+    assert adm.would_refuse(4 * 50) is None             # the handler decides, exactly
+    assert adm.reserve_estimate(4 * 50, small=True) == 50  # a guess is not refused then
+    with pytest.raises(APIError):
+        adm.reserve_estimate(4 * 50)
+
+
 def test_full_queue_gives_fast_503_with_retry_after(engine, serve_app):
-    settings = ServerSettings(max_queue_tokens=50)
+    settings = ServerSettings(max_queue_tokens=50, small_request_slots=0)
     with serve_app(engine, settings) as (url, app), httpx.Client(base_url=url) as c:
         admission = app.state.pooler.token_admission
         admission.in_flight += 40  # as if other clients had 40 tokens queued
@@ -53,7 +77,7 @@ def test_full_queue_gives_fast_503_with_retry_after(engine, serve_app):
             for body in ({"input": ["word " * 30]}, {"input": "x " * 5000}):
                 r = c.post("/v1/embeddings", json=body)
                 assert r.status_code == 503, r.text
-                assert r.json()["error"]["code"] == "queue_full"
+                assert r.json()["error"]["code"] == 503  # vLLM's shape on a vLLM route
                 assert "--max-queue-tokens" in r.json()["error"]["message"]
                 assert int(r.headers["retry-after"]) >= 1
             assert c.post("/v1/embeddings", json={"input": "a"}).status_code == 200

@@ -247,7 +247,8 @@ def test_invocations_without_a_matching_shape(client):
 
 
 def test_unknown_model_is_a_404_in_vllm_shape(client):
-    r = client.post("/v1/embeddings", json={"model": "gpt-4", "input": "a"})
+    # /v1/embeddings takes any name, as TEI's (test_drop_in_residue.py); vLLM-only routes 404.
+    r = client.post("/pooling", json={"model": "gpt-4", "input": "a"})
     assert r.status_code == 404
     error = vs.ErrorResponse.model_validate(r.json()).error
     assert error.type == "NotFoundError" and error.code == 404

@@ -1,0 +1,104 @@
+"""Spec and server agree (issue 28, part 4): what the fuzzer found, pinned as requests."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def spec(client):
+    return client.get("/openapi.json").json()
+
+
+def _body_schema(spec, path):
+    schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    if "$ref" in schema:
+        schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+    return schema
+
+
+@pytest.mark.parametrize("overlap", [-1, 10**6])
+def test_embed_chunks_window_overlap_is_named(client, spec, overlap):
+    r = client.post("/embed_chunks", json={"document": "One. Two.", "window_overlap": overlap})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "window_overlap" and "window_overlap" in error["message"]
+    assert "chunk_overlap" not in error["message"]
+    # The spec says which values are taken: both refused ones lie outside it.
+    prop = _body_schema(spec, "/embed_chunks")["properties"]["window_overlap"]
+    integer = next(o for o in prop["anyOf"] if o.get("type") == "integer")
+    assert integer["minimum"] == 0 and integer["maximum"] < 10**6
+    r = client.post("/embed_chunks", json={"document": "One. Two.",
+                                           "window_overlap": integer["maximum"]})
+    assert r.status_code == 200, r.text
+
+
+def test_optional_fields_take_null_in_spec_and_server(client, spec):
+    props = _body_schema(spec, "/v1/embeddings")["properties"]
+    for name in ("encoding_format", "dimensions", "truncate"):
+        assert any(o.get("type") == "null" for o in props[name].get("anyOf", [])), name
+    r = client.post("/v1/embeddings", json={"input": "a", "encoding_format": None,
+                                            "truncate": None})
+    assert r.status_code == 200, r.text
+    # A required field does not take null, in the spec or the server.
+    rerank = _body_schema(spec, "/v1/rerank")
+    assert "query" in rerank["required"]
+    assert not any(o.get("type") == "null"
+                   for o in rerank["properties"]["query"].get("anyOf", []))
+
+
+def test_empty_input_text_is_outside_the_spec(spec):
+    """vLLM refuses an empty prompt (400): the spec's input strings are non-empty."""
+    props = _body_schema(spec, "/v1/embeddings")["properties"]["input"]
+    strings = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "string":
+                strings.append(node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(props)
+    assert strings and all(s.get("minLength") == 1 for s in strings)
+
+
+@pytest.mark.parametrize("route,body,param", [
+    ("/detokenize", {"tokens": []}, "tokens"),
+    ("/tokenize", {"prompt": "a", "priority": 1}, "priority"),
+    ("/rerank", {"query": "q", "documents": ["a b c"], "max_tokens_per_doc": 1},
+     "max_tokens_per_doc"),
+    ("/v2/embed", {"texts": ["a b c"], "max_tokens": 1}, "max_tokens"),
+    ("/v1/score", {"data_1": "a", "data_2": "b", "text_2": []}, "text_2"),
+])
+def test_schema_violating_requests_are_refused(client, route, body, param):
+    """Found by negative_data_rejection on the embedder: each now a 400 naming the field."""
+    r = client.post(route, json=body)
+    assert r.status_code == 400, r.text
+    payload = r.json()
+    if "error" in payload:
+        assert payload["error"]["param"] == param
+    else:  # Cohere's {"message"}
+        assert param in payload["message"]
+
+
+def test_decode_refuses_an_empty_id_list(client):
+    r = client.post("/decode", json={"ids": [[101], []]})
+    assert r.status_code == 400 and r.json()["error_type"] == "Empty"
+
+
+def test_integral_float_dimensions_on_embed_chunks(client):
+    r = client.post("/embed_chunks", json={"document": "One. Two.", "dimensions": 64.0})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"][0]["embedding"]) == 64
+
+
+def test_root_spec_takes_token_ids_on_an_embedder(client, spec):
+    r = client.post("/", json={"inputs": [101, 7592, 102]})
+    assert r.status_code == 200, r.text
+    options = spec["paths"]["/"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"]["properties"]["inputs"]["anyOf"]
+    assert any(o.get("type") == "array" and o["items"].get("type") == "integer"
+               for o in options)
