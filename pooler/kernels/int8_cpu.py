@@ -69,7 +69,10 @@ def int8_kernels(path: str | None = None) -> ctypes.CDLL | None:
                       "nor the AVX2 build")
             return None
         path = runnable[0]
-    return _load(path)
+    elif path not in runnable_paths():
+        raise ValueError(f"int8 path {path!r} cannot run on this CPU; runnable: "
+                         f"{runnable_paths() or 'none'}.")
+    return load_build(path)
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,10 +81,8 @@ def _log_once(why: str) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _load(path: str) -> ctypes.CDLL | None:
-    if path not in runnable_paths():
-        raise ValueError(f"int8 path {path!r} cannot run on this CPU; runnable: "
-                         f"{runnable_paths() or 'none'}.")
+def load_build(path: str) -> ctypes.CDLL | None:
+    """The build for a path already checked by int8_kernels (cached: the per-call lookup)."""
     cflags = next(c for name, _, c in _VARIANTS if name == path)
     cc = _compiler()
     if cc is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pooler.kernels.int8_cpu import int8_kernels
+from pooler.kernels.int8_cpu import int8_kernels, load_build
 
 # Linear-layer name suffixes left in fp32 by default.
 DEFAULT_KEEP_FP32: tuple[str, ...] = ("qkv_proj",)
@@ -47,6 +47,8 @@ class Int8Linear(nn.Module):
         if path is None:
             lib = int8_kernels()
             path = lib.variant if lib is not None else "torch"
+        elif path != "torch" and int8_kernels(path) is None:  # unrunnable: ValueError
+            path = "torch"  # no compiler: the portable path
         self.path = path
         self.register_buffer("weight_q", q)  # [out, in] int8
         self.register_buffer("w_scale", w_scale)  # [out]
@@ -59,7 +61,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).float().contiguous()  # [tokens, in]
-        lib = int8_kernels(self.path) if self.path != "torch" and x2.is_cpu else None
+        lib = load_build(self.path) if self.path != "torch" and x2.is_cpu else None
         y = self._kernel(lib, x2) if lib is not None else self._torch(x2)
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
@@ -131,8 +133,8 @@ def quantize_linears(module: nn.Module,
     return [name for name, _ in targets]
 
 
-def apply_quantization(model, model_config) -> None:
-    """The loader's hook: quantize the backbone's linear layers when the config asks for it."""
+def check_quantization(model_config) -> None:
+    """The config's quantization can run at all (before any weights load or timing)."""
     if model_config.quantization is None:
         return
     if model_config.quantization != "int8":
@@ -144,4 +146,11 @@ def apply_quantization(model, model_config) -> None:
     if model_config.torch_dtype != torch.float32:
         raise ValueError("quantization='int8' needs dtype='float32' (activations are "
                          "quantized from fp32).")
+
+
+def apply_quantization(model, model_config) -> None:
+    """The loader's hook: quantize the backbone's linear layers when the config asks for it."""
+    if model_config.quantization is None:
+        return
+    check_quantization(model_config)
     quantize_linears(model.backbone)
