@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pooler.kernels.build import encoder_kernels
 from pooler.kernels.int8_cpu import int8_kernels, load_build
 
 # Linear-layer name suffixes left in fp32 by default.
@@ -37,7 +38,7 @@ class Int8Linear(nn.Module):
     (`int8_cpu.int8_path()`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 path: str | None = None):
+                 path: str | None = None, short_step_copy: bool = False):
         super().__init__()
         weight = weight.detach().float()
         # [out] scale so that the row's largest |w| maps to 127.
@@ -53,10 +54,18 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_q", q)  # [out, in] int8
         self.register_buffer("w_scale", w_scale)  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        # The fp32 weights, kept for the fp32 C layer stack that runs short steps
+        # (pooler/kernels/bert_cpu.py): pooler has no int8 form of it, and below 48 tokens it
+        # beats the int8 layers run one torch op at a time. Not in the state dict.
+        self.register_buffer("fp32_weight", weight.detach() if short_step_copy else None,
+                             persistent=False)
+        self.register_buffer("fp32_bias", None if bias is None or not short_step_copy
+                             else bias.detach(), persistent=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, path: str | None = None) -> "Int8Linear":
-        return cls(linear.weight, linear.bias, path)
+    def from_linear(cls, linear: nn.Linear, path: str | None = None,
+                    short_step_copy: bool = False) -> "Int8Linear":
+        return cls(linear.weight, linear.bias, path, short_step_copy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -120,16 +129,17 @@ class Int8Linear(nn.Module):
                 f"({self.path})")
 
 
-def quantize_linears(module: nn.Module,
-                     keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32) -> list[str]:
+def quantize_linears(module: nn.Module, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32,
+                     short_step_copy: bool = False) -> list[str]:
     """Replace every nn.Linear under `module` (except names ending in keep_fp32) in place;
-    returns the names of the layers quantized."""
+    returns the names of the layers quantized. short_step_copy: keep each layer's fp32
+    weights for the short-step C stack (see Int8Linear)."""
     targets = [(name, child) for name, child in module.named_modules()
                if isinstance(child, nn.Linear) and not name.endswith(tuple(keep_fp32))]
     for name, linear in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, attr, Int8Linear.from_linear(linear))
+        setattr(parent, attr, Int8Linear.from_linear(linear, short_step_copy=short_step_copy))
     return [name for name, _ in targets]
 
 
@@ -153,4 +163,8 @@ def apply_quantization(model, model_config) -> None:
     if model_config.quantization is None:
         return
     check_quantization(model_config)
-    quantize_linears(model.backbone)
+    # Families whose short steps run the fp32 C stack (BERT, DistilBERT, MPNet, ELECTRA) keep
+    # that path where it is built: it is faster than int8 layers below its 48-token limit.
+    short_steps_in_c = getattr(model.backbone, "short_steps_in_c", False) and \
+        encoder_kernels() is not None
+    quantize_linears(model.backbone, short_step_copy=short_steps_in_c)

@@ -132,7 +132,12 @@ class ModelRunner(ModelRunnerBase):
         if self.precision_decision is not None and self.precision_decision.use_candidate:
             # Quantized layers cannot take fp32 checkpoint tensors: quantize a fresh copy and
             # copy its state over, keeping every module object (and reference to it) in place.
-            self.model.load_state_dict(build_model(self.model_config).state_dict())
+            fresh = build_model(self.model_config)
+            self.model.load_state_dict(fresh.state_dict())
+            for mine, theirs in zip(self.model.modules(), fresh.modules()):
+                for name in ("fp32_weight", "fp32_bias"):  # the short-step copies (not state)
+                    if getattr(mine, name, None) is not None:
+                        getattr(mine, name).copy_(getattr(theirs, name))
             return
         load_weights_into(self.model, self.model_config)
 
