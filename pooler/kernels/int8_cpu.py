@@ -2,9 +2,9 @@
 
 Paths, best first (`int8_path()` names the one this process takes; the bench and the load log
 print it):
-- "avx512-vnni": VPDPBUSD, 8-bit activation codes (CPUs with avx512_vnni + avx512bw/vl: Intel
-  Cascade Lake and later, AMD Zen 4 and later);
-- "avx2": VPMADDUBSW + VPMADDWD, 7-bit activation codes so that no int16 sum can saturate
+- "avx512-vnni": VPDPBUSD (CPUs with avx512_vnni + avx512bw/vl: Intel Cascade Lake and later,
+  AMD Zen 4 and later);
+- "avx2": VPMADDUBSW + VPMADDWD, with 7-bit weights so that no int16 pair sum can saturate
   (every x86-64 CPU with AVX2 and FMA: Haswell, Zen 1-3);
 - "torch": the portable path (torch._int_mm; aarch64, other hosts, kernels turned off). It is
   correct everywhere; whether it is faster than fp32 is the precision gate's question
@@ -38,6 +38,14 @@ _VARIANTS = (("avx512-vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
               ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"]),
              ("avx2", ("avx2", "fma"), ["-mavx2", "-mfma"]))
 PATHS = tuple(name for name, _, _ in _VARIANTS) + ("torch",)
+# Largest |weight code| per path: the AVX2 build keeps weights to 7 bits so that VPMADDUBSW's
+# int16 pair sums cannot saturate (2 * 255 * 63 = 32130 <= 32767).
+WEIGHT_LEVELS = {"avx512-vnni": 127, "avx2": 63, "torch": 127}
+# int8_gemm.c's epilogue activations, by the (oneDNN post-op, algorithm) pooler/layers/linear.py
+# names them with
+ACT_NONE, ACT_GELU_ERF, ACT_GELU_TANH, ACT_RELU = 0, 2, 3, 4
+EPILOGUE_ACTS = {("gelu", "none"): ACT_GELU_ERF, ("gelu", "tanh"): ACT_GELU_TANH,
+                 ("relu", ""): ACT_RELU}
 
 
 def runnable_paths() -> list[str]:
@@ -103,7 +111,7 @@ def load_build(path: str) -> ctypes.CDLL | None:
     lib.pack_int8_weight.restype = None
     lib.int8_scratch_bytes.argtypes = [I, I]
     lib.int8_scratch_bytes.restype = ctypes.c_long
-    lib.int8_linear.argtypes = [P, I, I, P, P, P, P, P, I, P, I]
+    lib.int8_linear.argtypes = [P, I, I, P, P, P, P, P, P, I, I, P, I]
     lib.int8_linear.restype = None
     lib.variant = path
     lib.levels = lib.int8_levels()

@@ -7,9 +7,9 @@ Scheme (chosen by measurement, see docs/benchmarks.md):
   ranges, as torch/ONNX dynamic quantization use, are what lost accuracy);
 - int8 x int8 -> int32, then one rescale and the bias in fp32.
 The product runs on the best path this CPU has (pooler/kernels/int8_cpu.py): pooler's C kernels
-for AVX-512 VNNI and AVX2 (activations as unsigned codes with a per-token zero point, 8 bits on
-VNNI, 7 on AVX2 so that VPMADDUBSW cannot saturate), else the portable `torch._int_mm` path
-(symmetric 8-bit activations). Whether any of them beats fp32 on this CPU is checked at load
+for AVX-512 VNNI and AVX2 (activations as unsigned 8-bit codes with a per-token zero point;
+weights 7-bit on AVX2 so that VPMADDUBSW cannot saturate), else the portable `torch._int_mm`
+path (symmetric 8-bit activations). Whether any of them beats fp32 on this CPU is checked at load
 (pooler/precision_gate.py, wired in pooler/worker/precision_check.py).
 The fused QKV projection stays in fp32 (`DEFAULT_KEEP_FP32`): attention scores amplify its
 errors through the softmax. Over the 2,000-text benchmark corpus on all-MiniLM-L6-v2 (torch
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from pooler.kernels.build import encoder_kernels
-from pooler.kernels.int8_cpu import int8_kernels, load_build
+from pooler.kernels.int8_cpu import WEIGHT_LEVELS, int8_kernels, load_build
 
 # Linear-layer name suffixes left in fp32 by default.
 DEFAULT_KEEP_FP32: tuple[str, ...] = ("qkv_proj",)
@@ -40,17 +40,18 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
                  path: str | None = None, short_step_copy: bool = False):
         super().__init__()
-        weight = weight.detach().float()
-        # [out] scale so that the row's largest |w| maps to 127.
-        w_scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q = torch.round(weight / w_scale[:, None]).clamp(-127, 127).to(torch.int8)
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         if path is None:
             lib = int8_kernels()
             path = lib.variant if lib is not None else "torch"
         elif path != "torch" and int8_kernels(path) is None:  # unrunnable: ValueError
             path = "torch"  # no compiler: the portable path
         self.path = path
+        levels = WEIGHT_LEVELS[path]
+        weight = weight.detach().float()
+        # [out] scale so that the row's largest |w| maps to the path's largest code.
+        w_scale = weight.abs().amax(dim=1).clamp(min=1e-12) / levels
+        q = torch.round(weight / w_scale[:, None]).clamp(-levels, levels).to(torch.int8)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.register_buffer("weight_q", q)  # [out, in] int8
         self.register_buffer("w_scale", w_scale)  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
@@ -101,14 +102,29 @@ class Int8Linear(nn.Module):
         self.__dict__[_PACKED] = derived
         return derived
 
-    def _kernel(self, lib, x2: torch.Tensor) -> torch.Tensor:
+    def fused_forward(self, x: torch.Tensor, act: int = 0,
+                      residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """act(x @ W^T + b) + residual in one pass over the output (act: int8_cpu.ACT_*), or
+        None when this layer or these tensors do not take a C path (the caller then runs
+        forward and the activation / add itself). x: [tokens, in]; residual: [tokens, out]."""
+        if self.path == "torch" or x.dim() != 2 or x.dtype != torch.float32 or not x.is_cpu:
+            return None
+        if residual is not None and not (residual.dtype == torch.float32 and
+                                         residual.is_contiguous() and
+                                         residual.shape == (x.shape[0], self.out_features)):
+            return None
+        return self._kernel(load_build(self.path), x.contiguous(), act, residual)
+
+    def _kernel(self, lib, x2: torch.Tensor, act: int = 0,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
         d = self._derived(lib)
         m, k = x2.shape
         y = torch.empty(m, self.out_features)  # [tokens, out]
         scratch = torch.empty(lib.int8_scratch_bytes(m, k), dtype=torch.uint8)
         lib.int8_linear(x2.data_ptr(), m, k, d["packed"].data_ptr(), d["colsum"].data_ptr(),
-                        d["w_scale"].data_ptr(), d["bias"].data_ptr(), y.data_ptr(),
-                        self.out_features, scratch.data_ptr(), torch.get_num_threads())
+                        d["w_scale"].data_ptr(), d["bias"].data_ptr(),
+                        None if residual is None else residual.data_ptr(), y.data_ptr(),
+                        self.out_features, act, scratch.data_ptr(), torch.get_num_threads())
         return y
 
     def _torch(self, x2: torch.Tensor) -> torch.Tensor:
