@@ -11,6 +11,7 @@ from pooler.bge_m3_layout import BGEM3Layout, detect_bge_m3
 from pooler.colbert import ColBERTConfig, detect_colbert
 from pooler.gliner import GLiNERLayout, detect_gliner
 from pooler.hub import refuse_remote_code
+from pooler.precision_gate import ON_SLOWER_CHOICES
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler import architectures
@@ -35,6 +36,10 @@ class ModelConfig:
     max_model_len: int | None = None
     hf_overrides: dict[str, Any] | None = None
     quantization: str | None = None
+    # A requested precision (quantization="int8") slower than fp32 on this CPU at load:
+    # "fallback" runs fp32 and logs why, "refuse" raises, "off" skips the check
+    # (pooler/precision_gate.py).
+    precision_check: str = "fallback"
     revision: str | None = None  # hub branch, tag or commit when `model` is a repository id
 
     # Derived from the folder in __post_init__.
@@ -62,6 +67,9 @@ class ModelConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}.")
+        if self.precision_check not in ON_SLOWER_CHOICES:
+            raise ValueError(f"precision_check must be one of {list(ON_SLOWER_CHOICES)}, got "
+                             f"{self.precision_check!r}.")
         if self.task is not None:
             check_task(self.task)
         check_device(self.device)

@@ -48,7 +48,9 @@ def load_weights_into(model: PoolingModel, model_config: ModelConfig) -> None:
         logger.debug("Unused checkpoint tensors: %s", unused)
 
 
-def build_model(model_config: ModelConfig) -> PoolingModel:
+def build_model(model_config: ModelConfig, quantize: bool = True) -> PoolingModel:
+    """The model with its weights; quantize=False leaves a quantization the config asks for to
+    the caller (the model runner's load-time precision check)."""
     spec = architectures.get_arch_spec(model_config.architecture)
     backbone_cls = load_backbone_class(spec)
     backbone = backbone_cls(model_config.hf_config)
@@ -58,7 +60,7 @@ def build_model(model_config: ModelConfig) -> PoolingModel:
     model = model.to(device=model_config.torch_device, dtype=model_config.torch_dtype)
     model.eval()
     model.requires_grad_(False)
-    if model_config.quantization is not None:
+    if quantize and model_config.quantization is not None:
         from pooler.layers.quantization import apply_quantization
         apply_quantization(model, model_config)
     return model

@@ -26,10 +26,30 @@ def pooler_engine(model: str | Path, opts: BenchOptions, quantization: str | Non
     (runner="transformers": the padded fallback runner)."""
     from pooler.engine.llm import Engine
 
-    return Engine(str(model), runner=runner, device=opts.device, dtype=opts.dtype,
-                  quantization=quantization,
-                  max_num_batched_tokens=opts.max_num_batched_tokens,
-                  max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+    engine = Engine(str(model), runner=runner, device=opts.device, dtype=opts.dtype,
+                    quantization=quantization,
+                    max_num_batched_tokens=opts.max_num_batched_tokens,
+                    max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+    _PRECISION_NOTES.append(precision_note(engine))
+    return engine
+
+
+# What each pooler engine built in this side's process ran as (one side, one process).
+_PRECISION_NOTES: list[str] = []
+
+
+def precision_note(engine) -> str:
+    """'int8 path avx512-vnni' / 'int8 -> float32 (slower here)' for a requested precision,
+    '' otherwise: the table says which path each precision took."""
+    decision = getattr(engine.core.model_runner, "precision_decision", None)
+    if decision is None:
+        return ""
+    if not decision.use_candidate:
+        return f"{decision.requested} -> float32 (precision check: slower here)"
+    from pooler.kernels.int8_cpu import int8_path
+
+    timed = "; ".join(f"{n} {a * 1e3:.1f} vs {b * 1e3:.1f} ms" for n, a, b in decision.timings)
+    return f"int8 path {int8_path()}" + (f" (load check: {timed})" if timed else "")
 
 
 def shared_model(name: str) -> Path | None:
@@ -108,8 +128,27 @@ def pooler_sides(opts: BenchOptions, make: Callable[[str | None, str], Callable]
     sides = [Side(f"pooler{suffix}", "pooler", make(None, f"pooler{suffix}"))]
     if opts.quantization == "int8":
         sides.append(Side(f"pooler int8{suffix}", "pooler",
-                          make("int8", f"pooler-int8{suffix}")))
+                          _noted(make("int8", f"pooler-int8{suffix}"))))
+        from pooler.kernels.int8_cpu import runnable_paths
+
+        if runnable_paths()[:1] == ["avx512-vnni"] and "avx2" in runnable_paths():
+            # the AVX2 build on this VNNI CPU: what an AVX2-only CPU runs (issue 30)
+            sides.append(Side(f"pooler int8 avx2{suffix}", "pooler",
+                              _noted(make("int8", f"pooler-int8-avx2{suffix}"),
+                                     {"POOLER_CPU_KERNELS": "avx2"})))
     return sides
+
+
+def _noted(run: Callable, env: dict[str, str] | None = None) -> Callable:
+    """The side's run with `env` set first (its own process) and the precision path its
+    engines took added to its note."""
+    def noted(opts: BenchOptions):
+        os.environ.update(env or {})
+        result = run(opts)
+        notes = [n for n in dict.fromkeys(_PRECISION_NOTES) if n]
+        result.note = "; ".join(([result.note] if result.note else []) + notes)
+        return result
+    return noted
 
 
 def save_json(opts: BenchOptions, name: str, obj) -> str | None:

@@ -56,3 +56,13 @@ def mixed_corpus(n: int = 2000, seed: int = 0) -> list[str]:
     texts = queries(n // 2, seed) + passages(n - n // 2, seed + 1)
     random.Random(seed + 2).shuffle(texts)
     return texts
+
+
+def long_corpus(n: int = 600, seed: int = 0) -> list[str]:
+    """n long passages of 100-250 words (about 130-330 tokens, so many reach a 256-token
+    truncation): the sequence lengths where attention, norms and packing weigh most."""
+    rng = random.Random(seed + 3)
+    return [_sentence(rng, rng.randint(100, 250)) for _ in range(n)]
+
+
+CORPORA = ("mixed", "long")

@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--corpus-size", type=int, default=None,
                    help="texts per side: the embed corpus (default 2000), the arch workload "
                    "(default 200)")
+    p.add_argument("--corpus", default="mixed", choices=["mixed", "long"],
+                   help="embed workload: mixed (default: 2,000 texts, half 5-15-word queries, "
+                   "half 50-250-word passages) or long (600 passages of 100-250 words)")
     p.add_argument("--archs", default=None,
                    help="arch workload: comma-separated architectures (mpnet, deberta-v3, "
                    "gemma3, bert; default mpnet,deberta-v3,gemma3)")
@@ -39,8 +42,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from pooler.bench.registry import BenchOptions, load_workloads
-    from pooler.bench.runner import (contention_lines, format_table, report_to_dict,
-                                     run_benchmarks, summary_lines, write_chart)
+    from pooler.bench.runner import (contention_lines, format_table, pooler_ratio_lines,
+                                     report_to_dict, run_benchmarks, summary_lines,
+                                     write_chart)
     from pooler.cpu_threads import available_cpus
 
     workloads = load_workloads()
@@ -67,7 +71,7 @@ def run(args) -> int:
                         quantization=args.quantization,
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         max_num_seqs=args.max_num_seqs,
-                        extra={"corpus_size": args.corpus_size,
+                        extra={"corpus_size": args.corpus_size, "corpus": args.corpus,
                                "archs": [a.strip() for a in args.archs.split(",") if a.strip()]
                                if args.archs else None})
     loads = (0, args.background_load) if args.background_load else (0,)
@@ -79,6 +83,7 @@ def run(args) -> int:
         out.append("")
         out.append(f"run {i} of {len(report.runs)} ({bench_run.label}):")
         out.append(format_table(bench_run.rows))
+        out.extend(pooler_ratio_lines(bench_run.rows))
     print("\n".join(out))
     if args.markdown:
         with open(args.markdown, "w") as f:
@@ -87,6 +92,9 @@ def run(args) -> int:
             for i, bench_run in enumerate(report.runs, 1):
                 f.write(f"\nRun {i} of {len(report.runs)} ({bench_run.label}):\n\n"
                         f"{format_table(bench_run.rows, markdown=True)}\n")
+                ratios = pooler_ratio_lines(bench_run.rows)
+                if ratios:
+                    f.write("\n" + "\n".join(f"- {line}" for line in ratios) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report_to_dict(report), f, indent=1)

@@ -46,6 +46,11 @@ def add_engine_args(parser: argparse.ArgumentParser, task: bool = True,
     parser.add_argument("--quantization", default=None, choices=["int8"],
                         help="int8: dynamic int8 linear layers on CPU (opt-in; "
                              "see docs/benchmarks.md for speed and accuracy)")
+    parser.add_argument("--precision-check", default="fallback",
+                        choices=["fallback", "refuse", "off"],
+                        help="when --quantization is slower than float32 on this CPU (timed "
+                             "at load): fallback runs float32 and logs why (default), refuse "
+                             "exits with the reason, off runs it anyway without timing")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -56,6 +61,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
                 max_num_seqs=args.max_num_seqs, num_threads=args.threads,
                 quantization=getattr(args, "quantization", None),
+                precision_check=getattr(args, "precision_check", "fallback"),
                 revision=getattr(args, "revision", None),
                 hf_overrides=getattr(args, "hf_overrides", None))
 

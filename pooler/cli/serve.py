@@ -220,7 +220,7 @@ def read_models_config(path: str) -> list[dict]:
         raise ValueError(f"{path}: expected one [[models]] table per model, with model = ...")
     allowed = {"model", "name", "task", "runner", "dtype", "device", "max_model_len",
                "max_num_batched_tokens", "max_num_seqs", "num_threads", "quantization",
-               "revision", "hf_overrides"}
+               "precision_check", "revision", "hf_overrides"}
     for i, table in enumerate(tables):
         if "model" not in table:
             raise ValueError(f"{path}: [[models]] number {i + 1} has no model = ...")

@@ -19,7 +19,8 @@ class EngineCore:
 
             self.model_runner = TransformersRunner(config.model_config)
         else:
-            self.model_runner = ModelRunner(config.model_config, config.num_threads)
+            self.model_runner = ModelRunner(config.model_config, config.num_threads,
+                                            config.scheduler_config.max_num_batched_tokens)
         self.scheduler = Scheduler(config.scheduler_config)
 
     def add_request(self, request: Request) -> None:

@@ -68,11 +68,11 @@ class Engine:
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int = 256, num_threads: int | None = None,
                  hf_overrides: dict[str, Any] | None = None, quantization: str | None = None,
-                 revision: str | None = None):
+                 revision: str | None = None, precision_check: str = "fallback"):
         self.model_config = ModelConfig(
             model=model, task=task, runner=runner, dtype=dtype, device=device,
             max_model_len=max_model_len, hf_overrides=hf_overrides, quantization=quantization,
-            revision=revision)
+            revision=revision, precision_check=precision_check)
         self.config = EngineConfig(
             self.model_config,
             SchedulerConfig.for_model(self.model_config, max_num_batched_tokens, max_num_seqs),

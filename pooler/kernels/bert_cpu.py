@@ -10,8 +10,9 @@ Taken when all of these hold, else the model runs its torch layers:
   fp32 on the CPU, no autograd (an unattended suffix, ColBERT's query expansion, is handled);
 - hidden size and head size multiples of 16 (true of the BERT sizes in use: 384, 768, 1024
   with 32- or 64-wide heads);
-- the layers are the stock ones (plain nn.Linear / nn.LayerNorm, not int8-quantized) with a
-  GELU (erf or tanh) or ReLU activation.
+- the layers are the stock ones (plain nn.Linear / nn.LayerNorm; int8 layers only where they
+  keep their fp32 weights for this path, `short_step_copy`) with a GELU (erf or tanh) or ReLU
+  activation.
 
 Measured on MiniLM-L6, 12 tokens, 2 threads (docs/benchmarks.md, "A short step in one C
 call"): the whole layer stack takes ~1.3 ms in C (its 24 GEMMs alone ~1.2 ms), where oneDNN's 24
@@ -49,14 +50,27 @@ def _layer_tensors(layer: nn.Module) -> list[torch.Tensor] | None:
     stock. Reads the module dicts directly: nn.Module.__getattr__ made this ~0.3 ms per
     MiniLM call."""
     modules = layer._modules
-    if any(type(modules[name]) is not nn.Linear for name in _LINEARS) or any(
+    linears = [_fp32_weights(modules[name]) for name in _LINEARS]
+    if any(w is None for w in linears) or any(
             type(modules[name]) is not nn.LayerNorm for name in _NORMS):
         return None
-    qkv, o, up, down, norm1, norm2 = (modules[name]._parameters for name in _LINEARS + _NORMS)
+    qkv, o, up, down = linears
+    norm1, norm2 = (modules[name]._parameters for name in _NORMS)
     tensors = [qkv["weight"], qkv["bias"], o["weight"], o["bias"], norm1["weight"],
                norm1["bias"], up["weight"], up["bias"], down["weight"], down["bias"],
                norm2["weight"], norm2["bias"]]
     return None if any(t is None for t in tensors) else tensors
+
+
+def _fp32_weights(module: nn.Module) -> dict | None:
+    """{"weight", "bias"} of a stock nn.Linear, or the fp32 copies an int8 layer keeps for
+    this path (pooler/layers/quantization.py, short_step_copy); None otherwise."""
+    if type(module) is nn.Linear:
+        return module._parameters
+    buffers = module._buffers
+    if buffers.get("fp32_weight") is not None:
+        return {"weight": buffers["fp32_weight"], "bias": buffers.get("fp32_bias")}
+    return None
 
 
 _WEIGHT_SLOTS, _BIAS_SLOTS = (0, 2, 6, 8), (1, 3, 7, 9)  # per layer, in encoder_cpu.c's order

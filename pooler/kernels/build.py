@@ -65,23 +65,23 @@ def _cache_dirs() -> list[Path]:
             Path(tempfile.gettempdir()) / f"pooler-kernels-{os.getuid()}"]
 
 
-def _build(cc: str, cflags: list[str]) -> Path:
+def _build(cc: str, cflags: list[str], source: Path = _SOURCE) -> Path:
     error: OSError | None = None
     for folder in _cache_dirs():
         try:
-            return _build_in(cc, cflags, folder)
+            return _build_in(cc, cflags, folder, source)
         except OSError as e:
             error = e
     raise error
 
 
-def _build_in(cc: str, cflags: list[str], folder: Path) -> Path:
+def _build_in(cc: str, cflags: list[str], folder: Path, source_path: Path = _SOURCE) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True,
                              check=True).stdout
-    source = _SOURCE.read_bytes()
+    source = source_path.read_bytes()
     flags = _COMMON_FLAGS + cflags
     digest = hashlib.sha256(source + " ".join(flags).encode() + version.encode())
-    target = folder / f"encoder_cpu-{digest.hexdigest()[:16]}.so"
+    target = folder / f"{source_path.stem}-{digest.hexdigest()[:16]}.so"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     owner = folder.stat()
     if owner.st_uid != os.getuid() or owner.st_mode & 0o022:  # never load what others wrote
@@ -91,7 +91,7 @@ def _build_in(cc: str, cflags: list[str], folder: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *flags, str(_SOURCE), "-o", tmp, "-lm"], capture_output=True,
+        subprocess.run([cc, *flags, str(source_path), "-o", tmp, "-lm"], capture_output=True,
                        text=True, check=True)
         os.replace(tmp, target)
     finally:

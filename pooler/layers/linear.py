@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pooler.kernels.int8_cpu import EPILOGUE_ACTS
+
 # config activation name -> (oneDNN post-op, algorithm)
 _ONEDNN_POSTOPS = {
     "gelu": ("gelu", "none"), "gelu_python": ("gelu", "none"),
@@ -67,6 +69,11 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
     packed = None if postop is None else _packed_for(layer, x)
     if packed is not None:
         return _LINEAR(x, packed, layer.bias, postop[0], [], postop[1])
+    fused = getattr(layer, "fused_forward", None)  # int8 layers: the activation in their C epilogue
+    if fused is not None and (act is None or postop in EPILOGUE_ACTS):
+        y = fused(x, EPILOGUE_ACTS[postop] if act is not None else 0)
+        if y is not None:
+            return y
     y = layer(x)
     return y if act is None else act(y)
 
@@ -78,4 +85,6 @@ def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tor
     packed = _packed_for(layer, x)
     if packed is not None and residual.dtype == torch.float32 and residual.is_contiguous():
         return _LINEAR_BINARY(x, residual, packed, layer.bias, "add")
-    return layer(x) + residual
+    fused = getattr(layer, "fused_forward", None)  # int8 layers: the add in their C epilogue
+    y = fused(x, 0, residual) if fused is not None else None
+    return y if y is not None else layer(x) + residual

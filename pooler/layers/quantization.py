@@ -2,77 +2,165 @@
 
 Scheme (chosen by measurement, see docs/benchmarks.md):
 - weights: symmetric int8 per output channel (one scale per row), computed once at load;
-- activations: symmetric int8 per token (one scale per row of the input), computed on every
-  call, so a token with large values does not crush the resolution of the others (per-tensor
-  activation ranges, as torch/ONNX dynamic quantization use, are what lost accuracy);
-- int8 x int8 -> int32 on VNNI through `torch._int_mm`, then one rescale and the bias in fp32.
+- activations: int8 per token (one scale per row of the input), computed on every call, so a
+  token with large values does not crush the resolution of the others (per-tensor activation
+  ranges, as torch/ONNX dynamic quantization use, are what lost accuracy);
+- int8 x int8 -> int32, then one rescale and the bias in fp32.
+The product runs on the best path this CPU has (pooler/kernels/int8_cpu.py): pooler's C kernels
+for AVX-512 VNNI and AVX2 (activations as unsigned 8-bit codes with a per-token zero point;
+weights 7-bit on AVX2 so that VPMADDUBSW cannot saturate), else the portable `torch._int_mm`
+path (symmetric 8-bit activations). Whether any of them beats fp32 on this CPU is checked at load
+(pooler/precision_gate.py, wired in pooler/worker/precision_check.py).
 The fused QKV projection stays in fp32 (`DEFAULT_KEEP_FP32`): attention scores amplify its
-errors through the softmax. Over the 2,000-text benchmark corpus on all-MiniLM-L6-v2, cosine to
-fp32 was min 0.9928 / mean 0.9969 with every linear in int8, and min 0.9970 / mean 0.9987 with
-QKV in fp32 (FFN down projection in fp32 instead: min 0.9947). Embeddings, norms, attention and
-poolers are never quantized.
+errors through the softmax. Over the 2,000-text benchmark corpus on all-MiniLM-L6-v2 (torch
+path), cosine to fp32 was min 0.9928 / mean 0.9969 with every linear in int8, and min 0.9970 /
+mean 0.9987 with QKV in fp32 (FFN down projection in fp32 instead: min 0.9947). Embeddings,
+norms, attention and poolers are never quantized.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from pooler.kernels.build import encoder_kernels
+from pooler.kernels.int8_cpu import WEIGHT_LEVELS, int8_kernels, load_build
+
 # Linear-layer name suffixes left in fp32 by default.
 DEFAULT_KEEP_FP32: tuple[str, ...] = ("qkv_proj",)
+_PANEL = 32  # int8_gemm.c's panel width: its per-column vectors are padded to it
+_PACKED = "_int8_packed"  # derived packing, kept in __dict__ (not state_dict)
 
 
 class Int8Linear(nn.Module):
-    """y = x @ W^T + b with W int8 per output channel and x int8 per token."""
+    """y = x @ W^T + b with W int8 per output channel and x int8 per token.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    path: "avx512-vnni", "avx2" or "torch"; None takes the best this process runs
+    (`int8_cpu.int8_path()`)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 path: str | None = None, short_step_copy: bool = False):
         super().__init__()
+        if path is None:
+            lib = int8_kernels()
+            path = lib.variant if lib is not None else "torch"
+        elif path != "torch" and int8_kernels(path) is None:  # unrunnable: ValueError
+            path = "torch"  # no compiler: the portable path
+        self.path = path
+        levels = WEIGHT_LEVELS[path]
         weight = weight.detach().float()
-        # [out] scale so that the row's largest |w| maps to 127.
-        w_scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q = torch.round(weight / w_scale[:, None]).clamp(-127, 127).to(torch.int8)
+        # [out] scale so that the row's largest |w| maps to the path's largest code.
+        w_scale = weight.abs().amax(dim=1).clamp(min=1e-12) / levels
+        q = torch.round(weight / w_scale[:, None]).clamp(-levels, levels).to(torch.int8)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        # [in, out]: _int_mm wants the right operand as (K, N).
-        self.register_buffer("weight_t", q.t().contiguous())
-        self.register_buffer("w_scale", w_scale)
+        self.register_buffer("weight_q", q)  # [out, in] int8
+        self.register_buffer("w_scale", w_scale)  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        # The fp32 weights, kept for the fp32 C layer stack that runs short steps
+        # (pooler/kernels/bert_cpu.py): pooler has no int8 form of it, and below 48 tokens it
+        # beats the int8 layers run one torch op at a time. Not in the state dict.
+        self.register_buffer("fp32_weight", weight.detach() if short_step_copy else None,
+                             persistent=False)
+        self.register_buffer("fp32_bias", None if bias is None or not short_step_copy
+                             else bias.detach(), persistent=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
-        return cls(linear.weight, linear.bias)
+    def from_linear(cls, linear: nn.Linear, path: str | None = None,
+                    short_step_copy: bool = False) -> "Int8Linear":
+        return cls(linear.weight, linear.bias, path, short_step_copy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).float()  # [tokens, in]
+        x2 = x.reshape(-1, shape[-1]).float().contiguous()  # [tokens, in]
+        lib = load_build(self.path) if self.path != "torch" and x2.is_cpu else None
+        y = self._kernel(lib, x2) if lib is not None else self._torch(x2)
+        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+    def _derived(self, lib) -> dict:
+        """What the chosen path needs beyond the buffers, rebuilt when they change (a weight
+        reload copies into them in place, bumping their version)."""
+        key = (self.path, self.weight_q._version, self.w_scale._version,
+               None if self.bias is None else self.bias._version)
+        cached = self.__dict__.get(_PACKED)
+        if cached is not None and cached["key"] == key:
+            return cached
+        n, k = self.weight_q.shape
+        padded = -(-n // _PANEL) * _PANEL
+        derived = {"key": key}
+        if lib is None:  # torch._int_mm wants the right operand as (K, N)
+            derived["weight_t"] = self.weight_q.t().contiguous()
+        else:
+            derived["packed"] = torch.empty(lib.int8_packed_bytes(n, k), dtype=torch.int8)
+            derived["colsum"] = torch.zeros(padded, dtype=torch.int32)
+            lib.pack_int8_weight(self.weight_q.contiguous().data_ptr(),
+                                 derived["packed"].data_ptr(), derived["colsum"].data_ptr(),
+                                 n, k)
+            for name, source in (("w_scale", self.w_scale), ("bias", self.bias)):
+                vector = torch.zeros(padded)
+                if source is not None:
+                    vector[:n] = source
+                derived[name] = vector
+        self.__dict__[_PACKED] = derived
+        return derived
+
+    def fused_forward(self, x: torch.Tensor, act: int = 0,
+                      residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """act(x @ W^T + b) + residual in one pass over the output (act: int8_cpu.ACT_*), or
+        None when this layer or these tensors do not take a C path (the caller then runs
+        forward and the activation / add itself). x: [tokens, in]; residual: [tokens, out]."""
+        if self.path == "torch" or x.dim() != 2 or x.dtype != torch.float32 or not x.is_cpu:
+            return None
+        if residual is not None and not (residual.dtype == torch.float32 and
+                                         residual.is_contiguous() and
+                                         residual.shape == (x.shape[0], self.out_features)):
+            return None
+        return self._kernel(load_build(self.path), x.contiguous(), act, residual)
+
+    def _kernel(self, lib, x2: torch.Tensor, act: int = 0,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        d = self._derived(lib)
+        m, k = x2.shape
+        y = torch.empty(m, self.out_features)  # [tokens, out]
+        scratch = torch.empty(lib.int8_scratch_bytes(m, k), dtype=torch.uint8)
+        lib.int8_linear(x2.data_ptr(), m, k, d["packed"].data_ptr(), d["colsum"].data_ptr(),
+                        d["w_scale"].data_ptr(), d["bias"].data_ptr(),
+                        None if residual is None else residual.data_ptr(), y.data_ptr(),
+                        self.out_features, act, scratch.data_ptr(), torch.get_num_threads())
+        return y
+
+    def _torch(self, x2: torch.Tensor) -> torch.Tensor:
+        """The portable path: symmetric 8-bit activations through torch._int_mm."""
         # [tokens, 1] per-token scale; the clamp keeps all-zero rows finite.
         # (amax/amin: abs() and vector_norm(inf) measured 5-20x slower on CPU here.)
         a_scale = torch.maximum(x2.amax(dim=1, keepdim=True), x2.amin(dim=1, keepdim=True).neg_())
         a_scale = a_scale.clamp_(min=1e-12).div_(127.0)
         xq = x2.mul(a_scale.reciprocal()).round_().to(torch.int8)  # [tokens, in]
-        acc = torch._int_mm(xq, self.weight_t)  # [tokens, out] int32
+        acc = torch._int_mm(xq, self._derived(None)["weight_t"])  # [tokens, out] int32
         y = acc.to(torch.float32).mul_(a_scale).mul_(self.w_scale)
         if self.bias is not None:
             y.add_(self.bias)
-        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+        return y
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 "
+                f"({self.path})")
 
 
-def quantize_linears(module: nn.Module,
-                     keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32) -> list[str]:
+def quantize_linears(module: nn.Module, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32,
+                     short_step_copy: bool = False) -> list[str]:
     """Replace every nn.Linear under `module` (except names ending in keep_fp32) in place;
-    returns the names of the layers quantized."""
+    returns the names of the layers quantized. short_step_copy: keep each layer's fp32
+    weights for the short-step C stack (see Int8Linear)."""
     targets = [(name, child) for name, child in module.named_modules()
                if isinstance(child, nn.Linear) and not name.endswith(tuple(keep_fp32))]
     for name, linear in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, attr, Int8Linear.from_linear(linear))
+        setattr(parent, attr, Int8Linear.from_linear(linear, short_step_copy=short_step_copy))
     return [name for name, _ in targets]
 
 
-def apply_quantization(model, model_config) -> None:
-    """The loader's hook: quantize the backbone's linear layers when the config asks for it."""
+def check_quantization(model_config) -> None:
+    """The config's quantization can run at all (before any weights load or timing)."""
     if model_config.quantization is None:
         return
     if model_config.quantization != "int8":
@@ -84,4 +172,15 @@ def apply_quantization(model, model_config) -> None:
     if model_config.torch_dtype != torch.float32:
         raise ValueError("quantization='int8' needs dtype='float32' (activations are "
                          "quantized from fp32).")
-    quantize_linears(model.backbone)
+
+
+def apply_quantization(model, model_config) -> None:
+    """The loader's hook: quantize the backbone's linear layers when the config asks for it."""
+    if model_config.quantization is None:
+        return
+    check_quantization(model_config)
+    # Families whose short steps run the fp32 C stack (BERT, DistilBERT, MPNet, ELECTRA) keep
+    # that path where it is built: it is faster than int8 layers below its 48-token limit.
+    short_steps_in_c = getattr(model.backbone, "short_steps_in_c", False) and \
+        encoder_kernels() is not None
+    quantize_linears(model.backbone, short_step_copy=short_steps_in_c)

@@ -111,6 +111,9 @@ _RENAMES = [(re.compile(p), r, s) for p, r, s in _RENAMES]
 
 
 class BertModel(nn.Module):
+    # its short steps run the C layer stack (run_layers): int8 keeps fp32 copies for it
+    short_steps_in_c = True
+
     # Checkpoint prefixes of the task models (BertForX keeps the encoder under `bert.`).
     weight_prefixes = ("bert.", "roberta.", "model.")
 

@@ -44,6 +44,9 @@ class DistilBertConfig:
 
 
 class DistilBertModel(nn.Module):
+    # its short steps run the C layer stack (run_layers): int8 keeps fp32 copies for it
+    short_steps_in_c = True
+
     # DistilBertFor* keep the encoder under `distilbert.`; a bare DistilBertModel has none.
     weight_prefixes = ("distilbert.",)
 

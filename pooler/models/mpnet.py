@@ -74,6 +74,9 @@ def relative_position_buckets(length: int, device: torch.device) -> torch.Tensor
 
 
 class MPNetModel(nn.Module):
+    # its short steps run the C layer stack (run_layers): int8 keeps fp32 copies for it
+    short_steps_in_c = True
+
     # MPNetFor* keep the encoder under `mpnet.`; a bare MPNetModel has no prefix.
     weight_prefixes = ("mpnet.",)
 

@@ -11,14 +11,19 @@ from dataclasses import dataclass
 
 import torch
 
-from pooler.config import ModelConfig
+from functools import partial
+
+from pooler.config import DEFAULT_TOKEN_BUDGET, ModelConfig
+from pooler.layers.quantization import apply_quantization, check_quantization
 from pooler.loader import build_model, load_weights_into
 from pooler.models.inputs import ModelInputs
 from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
+from pooler.precision_gate import PrecisionDecision
 from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pooler.worker.memory import HeapTrimmer, bound_kernel_caches, tune_malloc_for_steps
 from pooler.worker.pooling_runner import PoolingRunner
+from pooler.worker.precision_check import choose_int8_or_fp32
 from pooler.worker.runner_base import ModelRunnerBase
 from pooler.worker.step_threads import StepThreads
 
@@ -26,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRunner(ModelRunnerBase):
-    def __init__(self, model_config: ModelConfig, num_threads: int | None = None):
+    def __init__(self, model_config: ModelConfig, num_threads: int | None = None,
+                 token_budget: int | None = None):
         self.model_config = model_config
         self.device = model_config.torch_device
         # CPU: one thread for tiny steps, the configured count otherwise (step_threads.py).
@@ -34,7 +40,17 @@ class ModelRunner(ModelRunnerBase):
             if self.device.type == "cpu" else None
         if self.device.type == "cpu":
             bound_kernel_caches()  # before the first oneDNN kernel is built (memory.py)
-        self.model = build_model(model_config)
+        # What a requested int8 became after the load-time check (precision_check.py); None
+        # when no precision was requested.
+        self.precision_decision: PrecisionDecision | None = None
+        if model_config.quantization is not None:
+            check_quantization(model_config)  # a config that cannot run fails before timing
+            self.model, self.precision_decision = choose_int8_or_fp32(
+                build_model(model_config, quantize=False), model_config,
+                token_budget or DEFAULT_TOKEN_BUDGET["cpu"],
+                partial(apply_quantization, model_config=model_config))
+        else:
+            self.model = build_model(model_config)
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
         self.requests: dict[str, NewRequestData] = {}
         self.heap_trimmer = HeapTrimmer()
@@ -113,10 +129,15 @@ class ModelRunner(ModelRunnerBase):
     def _swap_weights(self) -> None:
         """The folder's current weights into the model in place (reload_weights then clears
         what the old weights computed)."""
-        if self.model_config.quantization is not None:
+        if self.precision_decision is not None and self.precision_decision.use_candidate:
             # Quantized layers cannot take fp32 checkpoint tensors: quantize a fresh copy and
             # copy its state over, keeping every module object (and reference to it) in place.
-            self.model.load_state_dict(build_model(self.model_config).state_dict())
+            fresh = build_model(self.model_config)
+            self.model.load_state_dict(fresh.state_dict())
+            for mine, theirs in zip(self.model.modules(), fresh.modules()):
+                for name in ("fp32_weight", "fp32_bias"):  # the short-step copies (not state)
+                    if getattr(mine, name, None) is not None:
+                        getattr(mine, name).copy_(getattr(theirs, name))
             return
         load_weights_into(self.model, self.model_config)
 

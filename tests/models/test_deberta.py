@@ -202,7 +202,8 @@ def test_int8_quantization_stays_close(tmp_path):
     pos_key_proj / pos_query_proj included) for int8 layers; outputs stay close to fp32."""
     build_deberta(tmp_path, "DebertaV2Model", seed=13, style=V2)
     fp32 = Engine(str(tmp_path), device="cpu").embed(TEXTS)
-    engine = Engine(str(tmp_path), device="cpu", quantization="int8")
+    engine = Engine(str(tmp_path), device="cpu", quantization="int8",
+                    precision_check="off")  # the layers, whatever this CPU times
     from pooler.layers.quantization import Int8Linear
 
     names = {n.rsplit(".", 1)[-1] for n, m in engine.core.model_runner.model.named_modules()

@@ -23,6 +23,11 @@ _SWEEP_SAMPLE = 300
 
 
 def corpus_texts(opts: BenchOptions) -> list[str]:
+    """--corpus mixed (default): 2,000 texts, half queries, half passages; --corpus long: 600
+    passages of 100-250 words."""
+    kind = opts.extra.get("corpus") or "mixed"
+    if kind == "long":
+        return corpus.long_corpus(48 if opts.quick else int(opts.extra.get("corpus_size") or 600))
     size = 48 if opts.quick else int(opts.extra.get("corpus_size") or 2000)
     return corpus.mixed_corpus(size)
 

@@ -1,0 +1,83 @@
+"""Rule 2 of issue 30 at model load: a requested int8 backbone is timed against its fp32 twin on
+the step shapes this engine will run, and kept only where it is not slower (the rule and the
+log line live in pooler/precision_gate.py; `ModelConfig.precision_check` picks the policy).
+
+The shapes: one short query (1 sequence of SHORT_QUERY_TOKENS tokens, what a search box sends)
+and one full step of the scheduler's token budget (sequences of min(128, max_model_len) tokens
+filling it: what a corpus job runs). Each is timed as the median of TIMING_REPEATS forwards
+after one warm-up (which also packs weights), so the check costs about 8 forwards of a full
+step: ~2 s for all-MiniLM-L6-v2 on 2 cores at the default 2048-token budget.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from functools import partial
+
+import torch
+from torch import nn
+
+from pooler.config import ModelConfig
+from pooler.kernels.int8_cpu import int8_path
+from pooler.models.inputs import ModelInputs
+from pooler.precision_gate import PrecisionDecision, ShapeCase, decide, median_seconds
+
+logger = logging.getLogger(__name__)
+
+SHORT_QUERY_TOKENS = 12
+STEP_SEQUENCE_TOKENS = 128
+TIMING_REPEATS = 3
+
+
+def step_inputs(num_seqs: int, seq_len: int, vocab_size: int) -> ModelInputs:
+    """A packed batch of `num_seqs` sequences of `seq_len` tokens (ids drawn with a fixed seed,
+    away from the special ids at the start of most vocabularies)."""
+    g = torch.Generator().manual_seed(0)
+    low = min(1000, vocab_size // 2)
+    ids = torch.randint(low, vocab_size, (num_seqs * seq_len,), generator=g)
+    return ModelInputs(
+        input_ids=ids, positions=torch.arange(seq_len).repeat(num_seqs), token_type_ids=None,
+        cu_seqlens=torch.arange(0, num_seqs * seq_len + 1, seq_len, dtype=torch.int32),
+        seq_lens=[seq_len] * num_seqs, max_seqlen=seq_len)
+
+
+def step_shapes(model_config: ModelConfig, token_budget: int) -> list[tuple[str, ModelInputs]]:
+    vocab = int(model_config.hf_config.get("vocab_size") or 30522)
+    seq_len = min(STEP_SEQUENCE_TOKENS, model_config.max_model_len)
+    short = min(SHORT_QUERY_TOKENS, model_config.max_model_len)
+    num_seqs = max(1, token_budget // seq_len)
+    return [(f"1x{short} tokens", step_inputs(1, short, vocab)),
+            (f"{num_seqs}x{seq_len} tokens", step_inputs(num_seqs, seq_len, vocab))]
+
+
+def _forward(backbone: nn.Module, inputs: ModelInputs) -> None:
+    with torch.inference_mode():
+        backbone(inputs)
+
+
+def choose_int8_or_fp32(fp32_model: nn.Module, model_config: ModelConfig, token_budget: int,
+                        quantize, measure=None) -> tuple[nn.Module, PrecisionDecision]:
+    """The model to serve for a config that asks for int8, and the decision behind it.
+
+    fp32_model: the loaded fp32 model. quantize(model) quantizes a model in place (the
+    loader's apply_quantization). With precision_check "off" the fp32 model is quantized in
+    place and no timing runs; otherwise an int8 copy is timed against it and the loser is
+    dropped. measure: the gate's timer (replaced by fake timings in tests)."""
+    policy = model_config.precision_check
+    path = int8_path()
+    if policy == "off":
+        quantize(fp32_model)
+        decision = decide("int8", [], on_slower="off")
+        logger.info("int8 path %s: %s", path, decision.reason)
+        return fp32_model, decision
+    int8_model = copy.deepcopy(fp32_model)
+    quantize(int8_model)
+    cases = [ShapeCase(name, candidate=partial(_forward, int8_model.backbone, inputs),
+                       fp32=partial(_forward, fp32_model.backbone, inputs))
+             for name, inputs in step_shapes(model_config, token_budget)]
+    timer = measure or partial(median_seconds, repeats=TIMING_REPEATS, warmup=1)
+    decision = decide("int8", cases, on_slower=policy, measure=timer)  # may raise (refuse)
+    if decision.use_candidate:
+        logger.info("int8 path %s: %s", path, decision.reason)
+        return int8_model, decision
+    return fp32_model, decision

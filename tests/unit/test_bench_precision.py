@@ -1,0 +1,42 @@
+"""The bench's int8 additions: the forced-AVX2 side on a VNNI CPU, the path note, the ratio of
+each pooler variant to pooler fp32, and the long corpus."""
+from __future__ import annotations
+
+from pooler.bench import corpus
+from pooler.bench.common import pooler_sides
+from pooler.bench.registry import BenchOptions
+from pooler.bench.runner import Row, pooler_ratio_lines
+from pooler.kernels.int8_cpu import runnable_paths
+
+
+def _row(workload: str, side: str, ratio: float) -> Row:
+    return Row(workload, side, "pooler", 1.0, 1.0, None, None, 0, 0, ratio, None, None, None)
+
+
+def test_ratio_lines_compare_each_variant_to_pooler_fp32():
+    rows = [_row("embed", "pooler", 1.5), _row("embed", "pooler int8", 3.0),
+            _row("embed", "pooler int8 avx2", 2.25), _row("embed", "st b32", 1.0),
+            _row("colbert", "pooler 1x100", 1.4), _row("colbert", "pooler int8 1x100", 2.8),
+            _row("single_query", "pooler", 0.40), _row("single_query", "pooler int8", 0.38)]
+    assert pooler_ratio_lines(rows) == [
+        "embed: pooler int8 vs pooler (fp32) 2.00x",
+        "embed: pooler int8 avx2 vs pooler (fp32) 1.50x",
+        "colbert: pooler int8 1x100 vs pooler (fp32) 2.00x",
+        "single_query: pooler int8 vs pooler (fp32) 0.95x"]
+
+
+def test_int8_sides_include_the_forced_avx2_build_on_a_vnni_cpu():
+    opts = BenchOptions(model="m", threads=1, quantization="int8")
+    names = [s.name for s in pooler_sides(opts, lambda q, side: (lambda o: None))]
+    expected = ["pooler", "pooler int8"]
+    if runnable_paths()[:1] == ["avx512-vnni"]:
+        expected.append("pooler int8 avx2")
+    assert names == expected
+    assert [s.name for s in pooler_sides(BenchOptions(model="m", threads=1),
+                                          lambda q, side: None)] == ["pooler"]
+
+
+def test_long_corpus_is_deterministic_and_long():
+    texts = corpus.long_corpus(20)
+    assert texts == corpus.long_corpus(20) and len(texts) == 20
+    assert min(len(t.split()) for t in texts) >= 100

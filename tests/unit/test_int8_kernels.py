@@ -1,0 +1,179 @@
+"""Every int8 path this machine can execute (pooler/kernels/int8_gemm.c per instruction set, and
+the portable torch path) against an exact reference of its scheme, on shapes that hit the
+kernel's edges: k not a multiple of 4, partial 32-column panels, one row, rows across 96-row
+tasks and 12/4-row tiles. An AVX-512 VNNI machine runs the AVX2 build too (as
+POOLER_CPU_KERNELS=avx2 would pick it)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pooler import cpu_features as cpu_features_module
+from pooler.kernels import int8_cpu
+from pooler.layers.quantization import Int8Linear
+
+C_PATHS = int8_cpu.runnable_paths()
+SHAPES = [(1, 8, 5), (13, 100, 70), (37, 384, 96), (200, 130, 33)]  # (tokens, in, out)
+
+
+def _linear(k: int, n: int, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(k, n)
+
+
+def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int) -> torch.Tensor:
+    """What int8_gemm.c computes, in exact integer arithmetic: per-token unsigned codes in
+    [0, levels] with a zero point (the range always holds 0), rounded half to even as the
+    vector conversion does, times the int8 weights, rescaled, plus the bias."""
+    lo, hi = x.amin(1, keepdim=True).clamp(max=0), x.amax(1, keepdim=True).clamp(min=0)
+    scale = ((hi - lo) / levels).clamp(min=1e-30)
+    inv = 1.0 / scale
+    zp = torch.round(-lo * inv).clamp(0, levels)
+    codes = (torch.round(x * inv) + zp).clamp(0, levels)
+    acc = (codes.double() - zp.double()) @ layer.weight_q.double().t()  # exact in float64
+    return (acc * scale.double() * layer.w_scale.double() + layer.bias.double()).float()
+
+
+@pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here (needs Linux x86-64 with "
+                    "AVX2+FMA or AVX-512 VNNI)")
+@pytest.mark.parametrize("path", C_PATHS)
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_c_path_matches_its_exact_reference(path, m, k, n):
+    lib = int8_cpu.int8_kernels(path)
+    assert lib is not None and lib.variant == path
+    assert lib.levels == 255
+    linear = _linear(k, n)
+    layer = Int8Linear.from_linear(linear, path)
+    torch.manual_seed(1)
+    x = torch.randn(m, k) * torch.linspace(0.1, 8, m)[:, None]  # rows of very different scale
+    with torch.inference_mode():
+        out = layer(x)
+    ref = _scheme_reference(layer, x, lib.levels)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # and it is an approximation of the fp32 layer (7-bit codes on AVX2 are coarser)
+    rel = (out - linear(x)).norm(dim=1) / linear(x).norm(dim=1)
+    assert rel.max() < (0.02 if path == "avx512-vnni" else 0.03)
+
+
+@pytest.mark.skipif("avx2" not in C_PATHS, reason="the AVX2 build does not run here")
+def test_avx2_cannot_saturate_int16_pairs():
+    """The worst case for VPMADDUBSW: every activation code at 255 meeting weight codes of one
+    sign at their largest. 8-bit weights would saturate (2 * 255 * 127 > 32767); the AVX2
+    build's 7-bit weights (63) must give the exact sum."""
+    k, n = 64, 32
+    weight = torch.full((n, k), 1.0)
+    weight[1::2] = -1.0  # every other column all negative
+    layer = Int8Linear(weight, torch.zeros(n), "avx2")
+    assert layer.weight_q.abs().min() == 63 and layer.weight_q.abs().max() == 63
+    x = torch.ones(3, k)  # every code at 255, zero point 0
+    with torch.inference_mode():
+        out = layer(x)
+    torch.testing.assert_close(out, x @ weight.t(), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here")
+@pytest.mark.parametrize("path", C_PATHS)
+def test_c_path_edges(path):
+    linear = _linear(40, 50)
+    layer = Int8Linear.from_linear(linear, path)
+    with torch.inference_mode():
+        zeros = layer(torch.zeros(3, 40))
+        torch.testing.assert_close(zeros, linear.bias.expand(3, -1))  # zero rows: the bias
+        x = torch.randn(2, 7, 40)  # any leading shape
+        assert layer(x).shape == (2, 7, 50)
+        # the thread count does not change a single bit (each output has one owner)
+        x = torch.randn(150, 40)
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            one = layer(x)
+            torch.set_num_threads(2)
+            two = layer(x)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(one, two)
+
+
+def test_torch_path_close_to_fp32():
+    linear = _linear(64, 48)
+    layer = Int8Linear.from_linear(linear, "torch")
+    torch.manual_seed(2)
+    x = torch.randn(7, 64) * torch.linspace(0.1, 10, 7)[:, None]
+    with torch.inference_mode():
+        out = layer(x)
+    rel = (out - linear(x)).norm(dim=1) / linear(x).norm(dim=1)
+    assert rel.max() < 0.02
+    assert "torch" in repr(layer)
+
+
+def test_weight_copy_in_place_repacks():
+    """A weight reload copies into the buffers: the packed form must follow."""
+    path = C_PATHS[0] if C_PATHS else "torch"
+    a, b = Int8Linear.from_linear(_linear(16, 40, seed=0), path), \
+        Int8Linear.from_linear(_linear(16, 40, seed=1), path)
+    x = torch.randn(5, 16)
+    with torch.inference_mode():
+        a(x)  # packs a's weights
+    a.load_state_dict(b.state_dict())
+    with torch.inference_mode():
+        torch.testing.assert_close(a(x), b(x))
+
+
+@pytest.fixture
+def flags(monkeypatch):
+    """Pretend the CPU has only these flags (POOLER_CPU_FLAGS), caches cleared around it."""
+    def set_flags(value: str | None, kernels: str | None = None):
+        for name, v in ((cpu_features_module.FLAGS_ENV, value), ("POOLER_CPU_KERNELS", kernels)):
+            if v is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, v)
+        cpu_features_module.cpu_features.cache_clear()
+    yield set_flags
+    monkeypatch.undo()
+    cpu_features_module.cpu_features.cache_clear()
+
+
+def test_path_choice_follows_the_cpu(flags):
+    flags("")  # no vector flags (an aarch64 host, or an old x86): the portable path
+    assert int8_cpu.runnable_paths() == [] and int8_cpu.int8_path() == "torch"
+    assert Int8Linear.from_linear(_linear(8, 8)).path == "torch"
+    flags("avx2 fma")
+    if "avx2" in C_PATHS:
+        assert int8_cpu.int8_path() == "avx2"
+    flags(None, kernels="0")  # kernels off by the user
+    assert int8_cpu.int8_path() == "torch"
+    if "avx2" in C_PATHS:
+        flags(None, kernels="avx2")  # the AVX2 build forced on a better CPU
+        assert int8_cpu.int8_path() == "avx2"
+    if C_PATHS:
+        flags(None)
+        assert int8_cpu.int8_path() == C_PATHS[0]
+
+
+def test_unrunnable_path_is_a_clear_error(flags):
+    flags("avx2 fma")
+    with pytest.raises(ValueError, match="avx512-vnni.*cannot run on this CPU"):
+        int8_cpu.int8_kernels("avx512-vnni")
+
+
+@pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here")
+@pytest.mark.parametrize("path", C_PATHS)
+def test_epilogue_activation_and_residual(path):
+    """GELU (erf, tanh), ReLU and the residual add in the kernel's epilogue agree with the same
+    ops run after it, including a partial last panel (50 columns)."""
+    import torch.nn.functional as F
+
+    layer = Int8Linear.from_linear(_linear(40, 50), path)
+    torch.manual_seed(3)
+    x, residual = torch.randn(30, 40), torch.randn(30, 50)
+    with torch.inference_mode():
+        plain = layer(x)
+        for code, act in ((int8_cpu.ACT_GELU_ERF, F.gelu),
+                          (int8_cpu.ACT_GELU_TANH, lambda t: F.gelu(t, approximate="tanh")),
+                          (int8_cpu.ACT_RELU, F.relu)):
+            torch.testing.assert_close(layer.fused_forward(x, code), act(plain), rtol=1e-5,
+                                       atol=2e-6)
+        torch.testing.assert_close(layer.fused_forward(x, 0, residual), plain + residual)
+    assert Int8Linear.from_linear(_linear(40, 50), "torch").fused_forward(x) is None

@@ -1,0 +1,146 @@
+"""Rule 2 wired into model load (pooler/worker/precision_check.py): int8 is timed against fp32 on
+the engine's step shapes and kept only where it is not slower; fake timings decide here, and a
+CPU without the int8 kernels (POOLER_CPU_FLAGS) shows the fallback end to end."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from pooler import cpu_features as cpu_features_module
+from pooler.layers.quantization import Int8Linear
+from pooler.worker import precision_check
+from tests.models.tiny import save_tiny_bert
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, minilm_path):
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-int8") / "bert", minilm_path)
+
+
+def _is_int8(backbone) -> bool:
+    return any(isinstance(m, Int8Linear) for m in backbone.modules())
+
+
+def _fake_timer(int8_seconds: float, fp32_seconds: float, seen: list | None = None):
+    """A median_seconds stand-in: tells the two forwards apart by the backbone they run."""
+    def timer(fn, repeats=3, warmup=1):
+        backbone, inputs = fn.args
+        if seen is not None:
+            seen.append(inputs.num_tokens)
+        return int8_seconds if _is_int8(backbone) else fp32_seconds
+    return timer
+
+
+def _runner(engine):
+    return engine.core.model_runner
+
+
+def test_slower_int8_falls_back_to_fp32_with_one_line(tiny_bert, monkeypatch, caplog):
+    from pooler import Engine
+
+    seen: list[int] = []
+    monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(0.08, 0.005, seen))
+    with caplog.at_level(logging.WARNING):
+        engine = Engine(str(tiny_bert), device="cpu", quantization="int8",
+                        max_num_batched_tokens=1024)
+    runner = _runner(engine)
+    assert runner.precision_decision.precision == "float32"
+    assert not _is_int8(runner.model.backbone)
+    # the shapes the engine runs: one short query and a full step of its token budget
+    assert sorted(set(seen)) == [12, 1024]
+    [line] = [r.message for r in caplog.records if "slower than float32" in r.message]
+    assert "float32 instead" in line and "1x12 tokens" in line and "8x128 tokens" in line
+    # and the fp32 it runs gives fp32's answers (reload keeps working too)
+    fp32 = Engine(str(tiny_bert), device="cpu")
+    a, b = (e.embed(["a short query"])[0].embedding for e in (engine, fp32))
+    np.testing.assert_allclose(a, b, atol=1e-6)
+    engine.reload_weights()
+    np.testing.assert_allclose(engine.embed(["a short query"])[0].embedding, b, atol=1e-6)
+
+
+def test_faster_int8_is_kept(tiny_bert, monkeypatch):
+    from pooler import Engine
+
+    monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(0.002, 0.005))
+    engine = Engine(str(tiny_bert), device="cpu", quantization="int8")
+    assert _runner(engine).precision_decision.precision == "int8"
+    assert _is_int8(_runner(engine).model.backbone)
+    before = engine.embed(["reload keeps int8"])[0].embedding
+    engine.reload_weights()
+    np.testing.assert_allclose(engine.embed(["reload keeps int8"])[0].embedding, before,
+                               atol=1e-6)
+
+
+def test_refuse_raises_with_the_reason(tiny_bert, monkeypatch):
+    from pooler import Engine
+
+    monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(0.08, 0.005))
+    with pytest.raises(ValueError, match="int8 is slower than float32.*--precision-check"):
+        Engine(str(tiny_bert), device="cpu", quantization="int8", precision_check="refuse")
+
+
+def test_off_runs_int8_without_timing(tiny_bert, monkeypatch):
+    from pooler import Engine
+
+    def never(*args, **kwargs):
+        raise AssertionError("precision_check='off' must not time anything")
+
+    monkeypatch.setattr(precision_check, "median_seconds", never)
+    engine = Engine(str(tiny_bert), device="cpu", quantization="int8", precision_check="off")
+    assert _runner(engine).precision_decision.precision == "int8"
+    assert _is_int8(_runner(engine).model.backbone)
+
+
+def test_bad_policy_names_the_field(tiny_bert):
+    from pooler import Engine
+
+    with pytest.raises(ValueError, match="precision_check must be one of"):
+        Engine(str(tiny_bert), device="cpu", quantization="int8", precision_check="maybe")
+
+
+def test_no_quantization_means_no_check(tiny_bert, monkeypatch):
+    from pooler import Engine
+
+    monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(1.0, 1.0, seen := []))
+    engine = Engine(str(tiny_bert), device="cpu")
+    assert _runner(engine).precision_decision is None and seen == []
+
+
+def test_cpu_without_int8_kernels_times_the_portable_path(tiny_bert, monkeypatch, caplog):
+    """On a CPU with no int8 build (no AVX2: an aarch64 or old x86 host, faked with
+    POOLER_CPU_FLAGS) the layers take the torch path, and the gate's log names the flags seen."""
+    from pooler import Engine
+
+    monkeypatch.setenv(cpu_features_module.FLAGS_ENV, "sse4_2")
+    cpu_features_module.cpu_features.cache_clear()
+    try:
+        monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(0.08, 0.005))
+        with caplog.at_level(logging.WARNING):
+            engine = Engine(str(tiny_bert), device="cpu", quantization="int8")
+        assert _runner(engine).precision_decision.precision == "float32"
+        [line] = [r.message for r in caplog.records if "slower than float32" in r.message]
+        assert "no vector flags" in line or "sse4_2" in line
+        monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(0.001, 0.005))
+        engine = Engine(str(tiny_bert), device="cpu", quantization="int8")
+        paths = {m.path for m in _runner(engine).model.backbone.modules()
+                 if isinstance(m, Int8Linear)}
+        assert paths == {"torch"}
+    finally:
+        monkeypatch.undo()
+        cpu_features_module.cpu_features.cache_clear()
+
+
+def test_cli_flag_reaches_the_engine():
+    import argparse
+
+    from pooler.cli.common import add_engine_args, engine_kwargs
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--quantization", "int8", "--precision-check", "refuse"])
+    assert engine_kwargs(args)["precision_check"] == "refuse"
+    assert engine_kwargs(parser.parse_args([]))["precision_check"] == "fallback"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--precision-check", "sometimes"])
