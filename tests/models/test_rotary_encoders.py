@@ -144,3 +144,31 @@ def _pairs_with_token_types(folder):
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
     tok.save(str(folder / "tokenizer.json"))
+
+
+def test_gte_reranker_scores_pairs(tmp_path):
+    """The GTE reranker family: (query, document) pairs scored natively equal transformers'
+    logits on the tokenizer's pair encoding."""
+    require_family("gte", "ForSequenceClassification")
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "rerank"
+    model = build_family(folder, "gte", "ForSequenceClassification", seed=6, num_labels=1,
+                         id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0})
+    query, docs = "the cat", ["a feline rested on a rug", "fox", "pooler serves models"]
+    batch = AutoTokenizer.from_pretrained(folder)([query] * 3, docs, padding=True,
+                                                  return_tensors="pt")
+    with torch.no_grad():
+        ref = model(**batch).logits[:, 0]
+    engine = Engine(str(folder), device="cpu", runner="native")
+    scores = engine.score(query, docs, use_activation=False)
+    np.testing.assert_allclose([s.score for s in scores], ref.numpy(), atol=ATOL)
+
+
+def test_bfloat16_runs_close_to_fp32(base_folder):
+    """bf16 takes the same block (no fp32-only fast path): close to fp32, not equal."""
+    _, folder, _ = base_folder
+    fp32 = Engine(str(folder), device="cpu").embed(TEXTS, normalize=True)
+    bf16 = Engine(str(folder), device="cpu", dtype="bfloat16").embed(TEXTS, normalize=True)
+    for a, b in zip(fp32, bf16):
+        assert float(np.dot(a.embedding, b.embedding)) > 0.98
