@@ -115,9 +115,13 @@ def merge_lora(weights: list[tuple[str, torch.Tensor]], index: int | None,
         if not name.endswith(".original"):
             continue
         stem = name[: -len(".original")]
-        a, b = by_name[stem + ".0.lora_A"][index].float(), by_name[stem + ".0.lora_B"][index].float()
+        if stem + ".0.lora_A" not in by_name or stem + ".0.lora_B" not in by_name:
+            raise ValueError(f"LoRA parametrization {stem!r} lacks its lora_A / lora_B tensors.")
+        # linear: a [rank, in], b [out, rank]; embedding: a [vocab, rank], b [rank, hidden]
+        a = by_name[stem + ".0.lora_A"][index].float()
+        b = by_name[stem + ".0.lora_B"][index].float()
         embedding = a.shape[0] == tensor.shape[0] and b.shape[1] == tensor.shape[1]
-        delta = a @ b if embedding else b @ a  # [out, in] either way
+        delta = a @ b if embedding else b @ a  # the weight's shape either way
         merged = (tensor.float() + scaling * delta.view(tensor.shape)).to(tensor.dtype)
         out.append((stem.replace(".parametrizations.weight", ".weight"), merged))
     return out
