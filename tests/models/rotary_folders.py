@@ -43,7 +43,7 @@ def require_family(family: str, head: str = "Model"):
     name = class_name(family, head)
     if not hasattr(transformers, name):
         pytest.skip(f"transformers {transformers.__version__} does not define {name} "
-                    "(added in 5.24)")
+                    "(transformers 5.24 defines it)")
     return getattr(transformers, name)
 
 
