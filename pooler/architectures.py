@@ -60,6 +60,13 @@ NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
        for prefix in ("Deberta", "DebertaV2")
        for suffix, head in (("Model", "base"), ("ForSequenceClassification", "seq_cls"),
                             ("ForTokenClassification", "token_cls"))},
+    # Rotary BERT-style encoders on one shared block (pooler/models/rotary_encoder.py); their
+    # original remote-code layouts are read as these classes (pooler/remote_layouts.py).
+    **_encoder_family("nomic_bert", "NomicBertModel", ("NomicBert",), _NO_MLM),
+    **_encoder_family("gte", "GteModel", ("Gte",), _NO_MLM),
+    **_encoder_family("jina_embeddings_v3", "JinaEmbeddingsV3Model", ("JinaEmbeddingsV3",),
+                      _NO_MLM),
+    **_encoder_family("eurobert", "EuroBertModel", ("EuroBert",), _NO_MLM),
     # Stanford ColBERT checkpoints: a BERT encoder plus `linear.weight` (read by the pooler).
     "HF_ColBERT": ArchSpec("bert", "BertModel", "base", "encoder_only"),
 }
@@ -82,7 +89,10 @@ _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
                         "camembert": "CamembertModel", "mistral": "MistralModel",
                         "distilbert": "DistilBertModel", "electra": "ElectraModel",
                         "gemma3_text": "Gemma3TextModel",
-                        "deberta": "DebertaModel", "deberta-v2": "DebertaV2Model"}
+                        "deberta": "DebertaModel", "deberta-v2": "DebertaV2Model",
+                        "nomic_bert": "NomicBertModel", "gte": "GteModel",
+                        "jina_embeddings_v3": "JinaEmbeddingsV3Model",
+                        "eurobert": "EuroBertModel"}
 
 
 def architecture_of(hf_config: dict) -> str:

@@ -11,9 +11,10 @@ from pooler.bge_m3_layout import BGEM3Layout, detect_bge_m3
 from pooler.colbert import ColBERTConfig, detect_colbert
 from pooler.gliner import GLiNERLayout, detect_gliner
 from pooler.hub import refuse_remote_code
-from pooler.precision_gate import ON_SLOWER_CHOICES
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
+from pooler.precision_gate import ON_SLOWER_CHOICES
+from pooler.remote_layouts import remote_layout_of, to_native_config
 from pooler import architectures
 from pooler.cpu_threads import default_num_threads
 from pooler.rerank_prompt import (RerankPrompt, apply_reranker_overrides,
@@ -91,6 +92,13 @@ class ModelConfig:
         hf_config.update(apply_reranker_overrides(hf_config, f"{self.model} {self.root_path}",
                                                   user_overrides))
         hf_config.update(user_overrides)
+        if remote_layout_of(hf_config) is not None:
+            if self.runner == "transformers":
+                raise ValueError(
+                    f"{self.model} is in the original remote-code layout of its family, which "
+                    "transformers reads only by running the repository's code (never done "
+                    "here); pooler's native runner reads it: drop runner='transformers'.")
+            hf_config = to_native_config(hf_config)
         # runner "auto" resolves below; a classifier made from token rows is native.
         hf_config.update(classifier_from_token_labels(
             hf_config, "native" if self.runner == "auto" else self.runner))

@@ -19,6 +19,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from pooler.architectures import architecture_of, supported_architectures, NATIVE_ARCHITECTURES
+from pooler.remote_layouts import remote_layout_of
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ def cached_snapshot_complete(repo_id: str, commit: str, snapshot: Path) -> bool 
 def refuse_remote_code(hf_config: dict, model: str) -> None:
     """Raise RemoteCodeRequired when config.json maps the model to code in its repository
     (`auto_map`) for an architecture pooler does not implement itself."""
+    if remote_layout_of(hf_config) is not None:
+        return  # a remote-code layout pooler reads as a native class (pooler/remote_layouts.py)
     auto_map = hf_config.get("auto_map") or {}
     model_classes = {k: v for k, v in auto_map.items() if k.startswith("AutoModel")}
     if not model_classes:

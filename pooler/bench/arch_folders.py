@@ -8,7 +8,10 @@ Each is built once (seeded) under the bench cache in the on-disk layout users do
 - gemma3: EmbeddingGemma-300m's shape (Gemma3TextModel with bidirectional attention, 24 x 768,
   3 heads / 1 KV head of 256, sliding window 512) as a sentence-transformers folder with its two
   Dense layers and Normalize;
-- bert: BERT-base (12 x 768) as a sentence-transformers folder, a natively served reference.
+- bert: BERT-base (12 x 768) as a sentence-transformers folder, a natively served reference;
+- nomic, gte, jina-v3, eurobert: nomic-embed-text-v1.5, gte-base-en-v1.5, jina-embeddings-v3
+  (24 x 1024) and EuroBERT-210m shapes as sentence-transformers folders with their published
+  pooling (transformers >= 5.24 defines these classes).
 All share all-MiniLM-L6-v2's WordPiece tokenizer, and each vocabulary is cut to its 30,522
 tokens: token counts stay realistic and the embedding tables small, while the per-token compute
 of the encoder stacks is the real models'. `tiny=True` keeps every structural setting and
@@ -49,12 +52,15 @@ def _save_hf(model, dest: Path) -> None:
 
 
 def _st_folder(hf_dir: Path, dest: Path, dense: list[tuple[int, int]] = (),
-               prompts: dict | None = None) -> None:
+               prompts: dict | None = None, pooling: str = "mean") -> None:
     from sentence_transformers import SentenceTransformer, models
     import torch
 
     transformer = models.Transformer(str(hf_dir), max_seq_length=512)
-    modules = [transformer, models.Pooling(transformer.get_word_embedding_dimension(), "mean")]
+    # sentence-transformers 6 renamed get_word_embedding_dimension.
+    dimension = getattr(transformer, "get_embedding_dimension", None) or \
+        transformer.get_word_embedding_dimension
+    modules = [transformer, models.Pooling(dimension(), pooling)]
     for in_features, out_features in dense:
         modules.append(models.Dense(in_features, out_features, bias=False,
                                     activation_function=torch.nn.Identity()))
@@ -140,7 +146,47 @@ def _build_gemma3(dest: Path, tiny: bool) -> None:
                             "document": "title: none | text: "})
 
 
+def _rotary_builder(config_class: str, model_class: str, pooling: str, **shape):
+    """A builder for a rotary encoder family transformers defines from 5.24 (NomicBert, GTE,
+    Jina v3, EuroBERT), as a sentence-transformers folder with its published pooling."""
+    def build(dest: Path, tiny: bool) -> None:
+        import torch
+        import transformers
+
+        if not hasattr(transformers, model_class):
+            raise RuntimeError(f"transformers {transformers.__version__} does not define "
+                               f"{model_class} (added in 5.24): upgrade it to bench this row.")
+        torch.manual_seed(0)
+        config = getattr(transformers, config_class)(**_sizes(tiny, vocab_size=VOCAB, **shape))
+        config.architectures = [model_class]
+        with tempfile.TemporaryDirectory() as hf_dir:
+            _save_hf(getattr(transformers, model_class)(config), Path(hf_dir))
+            _st_folder(Path(hf_dir), dest, pooling=pooling)
+    return build
+
+
+_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+             intermediate_size=3072)
+
 ARCH_MODELS: dict[str, ArchModel] = {m.name: m for m in (
+    # nomic-embed-text-v1.5: 12 x 768, SwiGLU 3072, rotary base 1000, mean pooling.
+    ArchModel("nomic", "NomicBertModel", "embed", _rotary_builder(
+        "NomicBertConfig", "NomicBertModel", "mean", **_BASE, max_position_embeddings=2048,
+        pad_token_id=0)),
+    # gte-base-en-v1.5 / gte-multilingual-base: 12 x 768, GeGLU 3072, CLS pooling.
+    ArchModel("gte", "GteModel", "embed", _rotary_builder(
+        "GteConfig", "GteModel", "cls", **_BASE, max_position_embeddings=8192,
+        pad_token_id=0)),
+    # jina-embeddings-v3: 24 x 1024, GELU 4096, mean pooling.
+    ArchModel("jina-v3", "JinaEmbeddingsV3Model", "embed", _rotary_builder(
+        "JinaEmbeddingsV3Config", "JinaEmbeddingsV3Model", "mean", hidden_size=1024,
+        num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+        max_position_embeddings=8194, pad_token_id=0)),
+    # EuroBERT-210m: 12 x 768, SwiGLU 3072, rotary base 250000, mean pooling.
+    ArchModel("eurobert", "EuroBertModel", "embed", _rotary_builder(
+        "EuroBertConfig", "EuroBertModel", "mean", **_BASE, max_position_embeddings=8192,
+        pad_token_id=0, bos_token_id=101, eos_token_id=102, mask_token_id=103,
+        rope_parameters={"rope_type": "default", "rope_theta": 250000.0})),
     ArchModel("mpnet", "MPNetModel", "embed", _build_mpnet),
     ArchModel("deberta-v3", "DebertaV2ForSequenceClassification", "rerank", _build_deberta_v3),
     ArchModel("gemma3", "Gemma3TextModel", "embed", _build_gemma3),

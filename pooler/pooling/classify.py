@@ -3,9 +3,9 @@
 
 Each head keeps the checkpoint's own parameter names (after the backbone prefix is stripped),
 so loading is a name lookup:
-- BERT: `pooler.dense` + tanh on [CLS], then `classifier`
+- BERT, NomicBert, GTE: `pooler.dense` + tanh on [CLS], then `classifier`
 - DeBERTa v1/v2/v3: the same names (ContextPooler), with `pooler_hidden_act` instead of tanh
-- RoBERTa / XLM-R / MPNet: `classifier.dense` + tanh on <s>, then `classifier.out_proj`
+- RoBERTa / XLM-R / MPNet / Jina v3: `classifier.dense` + tanh on <s>, then `classifier.out_proj`
 - DistilBERT: `pre_classifier` + ReLU on [CLS], then `classifier`
 - ELECTRA: `classifier.dense` + GELU on [CLS], then `classifier.out_proj`
 - decoders (Llama, Qwen2/3, Mistral, Gemma3): `score` on the last non-pad token, as
@@ -198,7 +198,8 @@ class TokenClassifyPooler(nn.Module):
 # model_type -> the head of its *ForSequenceClassification on the first token (else BERT's).
 _FIRST_TOKEN_HEADS = {"roberta": RobertaSequenceHead, "xlm-roberta": RobertaSequenceHead,
                       "camembert": RobertaSequenceHead, "mpnet": RobertaSequenceHead,
-                      "distilbert": DistilBertSequenceHead, "electra": ElectraSequenceHead}
+                      "distilbert": DistilBertSequenceHead, "electra": ElectraSequenceHead,
+                      "jina_embeddings_v3": RobertaSequenceHead}
 
 
 def build_sequence_classifier(model_config: ModelConfig,

@@ -115,6 +115,9 @@ def _family_poolers(model_config: ModelConfig, backbone: nn.Module,
     if model_config.hf_config.get("model_type") == "modernbert":
         from pooler.pooling.modernbert_heads import modernbert_poolers
         replaced.update(modernbert_poolers(model_config.head, model_config.hf_config))
+    if model_config.hf_config.get("model_type") == "eurobert" and model_config.head == "seq_cls":
+        from pooler.pooling.eurobert_heads import EuroBertClassifyPooler
+        replaced["classify"] = EuroBertClassifyPooler(model_config.hf_config)
     bge_m3 = getattr(model_config, "bge_m3", None)
     if bge_m3 is not None and "embed" in poolers:
         from pooler.pooling.bge_m3 import BGEM3Pooler

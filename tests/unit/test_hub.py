@@ -184,18 +184,22 @@ def test_offline_mode_uses_warm_cache_and_never_connects(hub, online, monkeypatc
 def test_remote_code_model_is_refused_before_weights(hub, online, tmp_path, model_folder):
     from pooler import Engine
 
-    folder = tmp_path / "nomic"
+    # jina-embeddings-v2's JinaBert: neither transformers nor pooler defines it (NomicBert,
+    # GTE's NewModel and Jina v3 are native now, remote-code layout included).
+    folder = tmp_path / "jinabert"
     folder.mkdir()
     for f in model_folder.iterdir():
         if f.is_file():
             (folder / f.name).write_bytes(f.read_bytes())
     config = json.loads((folder / "config.json").read_text())
-    config.update(architectures=["NomicBertModel"], model_type="nomic_bert",
-                  auto_map={"AutoConfig": "configuration_hf_nomic_bert.NomicBertConfig",
-                            "AutoModel": "modeling_hf_nomic_bert.NomicBertModel"})
+    config.update(architectures=["JinaBertForMaskedLM"], model_type="bert",
+                  auto_map={"AutoConfig": "jinaai/jina-bert-implementation--configuration_bert"
+                                          ".JinaBertConfig",
+                            "AutoModel": "jinaai/jina-bert-implementation--modeling_bert"
+                                         ".JinaBertModel"})
     (folder / "config.json").write_text(json.dumps(config))
     hub.add_folder("acme/remote-code", folder)
-    with pytest.raises(ValueError, match="architecture 'NomicBertModel'.*never runs remote code"
+    with pytest.raises(ValueError, match="architecture 'JinaBertForMaskedLM'.*never runs remote code"
                        ".*Natively supported architectures: .*BertModel"):
         Engine("acme/remote-code")
     assert hub.gets("model.safetensors") == []

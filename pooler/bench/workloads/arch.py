@@ -1,5 +1,6 @@
-"""Architecture workload: real-size random-weight MPNet, DeBERTa-v3 and Gemma3 (and BERT on
-request) run by pooler's native runner, by pooler's transformers fallback runner (padded
+"""Architecture workload: real-size random-weight MPNet, DeBERTa-v3 and Gemma3 (and, on
+request, BERT and the rotary encoders NomicBert, GTE, Jina v3 and EuroBERT, which need
+transformers >= 5.24) run by pooler's native runner, by pooler's transformers fallback runner (padded
 batches through the transformers model), and by the library users run them with
 (sentence-transformers `encode` for the embedders, `CrossEncoder.predict` for the DeBERTa-v3
 reranker), tokens/s side by side on the same texts.

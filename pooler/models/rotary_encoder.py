@@ -1,0 +1,202 @@
+"""One rotary BERT-style encoder for NomicBert, GTE, Jina v3 and EuroBERT, on packed batches.
+
+transformers derives GTE and NomicBert from Jina v3 in its modular files, and EuroBERT is a
+bidirectional Llama; they differ in a few switches, kept as options of one block:
+- norm placement: post-norm (BERT: residual, then LayerNorm; embeddings normed) or pre-norm
+  (Llama: RMSNorm before attention and MLP, a final norm, raw embeddings);
+- MLP: gated (act(gate) * up, then down) or plain (fc1 -> act -> fc2), each with its biases;
+- attention biases, grouped-query heads, the rotary base and its scaling (linear, NTK).
+q/k/v are one fused projection and the MLP's gate and up another (fewer, larger GEMMs on CPU);
+the per-family loaders (pooler/models/rotary_weights.py) fill their slices from the
+checkpoint's separate or fused tensors. Heads live in pooler/pooling, never here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from pooler.layers.activations import get_activation
+from pooler.layers.attention import packed_attention
+from pooler.layers.linear import linear_act, linear_add, onednn_postop
+from pooler.layers.rotary import apply_rotary, rotary_cos_sin
+from pooler.models.inputs import ModelInputs
+from pooler.models.llama import RMSNorm
+
+
+@dataclass
+class RotaryEncoderConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    hidden_act: str
+    norm_eps: float
+    rope_theta: float
+    rope_factor: float = 1.0      # positions' frequencies divided by this (linear scaling, NTK)
+    pre_norm: bool = False        # False: BERT-style post-norm; True: Llama-style pre-norm
+    rms_norm: bool = False        # RMSNorm (no bias) instead of LayerNorm
+    type_vocab_size: int = 0      # 0: no token type embeddings
+    qkv_bias: bool = True
+    o_bias: bool = True
+    gated_mlp: bool = True
+    gate_up_bias: bool = False    # the gated MLP's gate and up (or the plain MLP's fc1)
+    down_bias: bool = True        # the MLP's output projection
+
+    @property
+    def qkv_sizes(self) -> list[int]:
+        return [self.num_attention_heads * self.head_dim,
+                self.num_key_value_heads * self.head_dim,
+                self.num_key_value_heads * self.head_dim]
+
+
+def rope_of(d: dict, default_theta: float, head_dim: int) -> tuple[float, float]:
+    """(theta, factor) for rotary_cos_sin from transformers' `rope_parameters` (or the older
+    `rope_theta` / `rope_scaling` keys): default and linear RoPE, and the NTK scaling of GTE's
+    original code, whose frequencies use base * factor and are divided by factor^(2/dim)."""
+    rope = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling") or {}
+    if rope and all(isinstance(v, dict) for v in rope.values()):
+        raise ValueError("Per-layer-type rope_parameters are not supported by this family.")
+    theta = float(rope.get("rope_theta", d.get("rope_theta", default_theta)))
+    params = rope if rope.get("rope_type", "default") != "default" else scaling
+    kind = params.get("rope_type", params.get("type", "default")) if params else "default"
+    factor = float(params.get("factor", 1.0)) if params else 1.0
+    if kind == "default" or factor == 1.0:
+        return theta, 1.0
+    if kind == "linear":
+        return theta, factor
+    if kind == "ntk":
+        return theta * factor, factor ** (2.0 / head_dim)
+    raise ValueError(f"RoPE type {kind!r} is not implemented natively (default, linear and ntk "
+                     "are); run this model with runner='transformers'.")
+
+
+def _norm(cfg: RotaryEncoderConfig) -> nn.Module:
+    if cfg.rms_norm:
+        return RMSNorm(cfg.hidden_size, cfg.norm_eps)
+    return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+
+
+class RotaryEmbeddings(nn.Module):
+    """Word (+ token type) embeddings, LayerNorm'd in post-norm models."""
+
+    def __init__(self, cfg: RotaryEncoderConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.token_type_embeddings = (nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+                                      if cfg.type_vocab_size else None)
+        self.norm = None if cfg.pre_norm else _norm(cfg)
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+        x = self.word_embeddings(inputs.input_ids)
+        if self.token_type_embeddings is not None:
+            types = inputs.token_type_ids
+            if types is None or self.token_type_embeddings.num_embeddings == 1:
+                x = x + self.token_type_embeddings.weight[0]  # every token is type 0
+            else:
+                x = x + self.token_type_embeddings(types)
+        return x if self.norm is None else self.norm(x)
+
+
+class RotaryAttention(nn.Module):
+    def __init__(self, cfg: RotaryEncoderConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.sizes = cfg.qkv_sizes
+        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.sizes), bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.sizes[0], cfg.hidden_size, bias=cfg.o_bias)
+
+    def attend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, heads * head_dim]
+        n = x.shape[0]
+        q, k, v = linear_act(self.qkv_proj, x).split(self.sizes, dim=-1)
+        q = apply_rotary(q.view(n, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        out = packed_attention(q, k, v, inputs.seq_lens, inputs.cu_seqlens, inputs.max_seqlen,
+                               scale=self.head_dim ** -0.5,
+                               num_unattended=inputs.num_unattended)
+        return out.reshape(n, -1)  # out: [num_tokens, heads, head_dim]
+
+
+class RotaryMLP(nn.Module):
+    """Gated: mlp_in makes [gate | up], act(gate) * up goes through mlp_out. Plain: mlp_in is
+    fc1, act, then mlp_out (fc2)."""
+
+    def __init__(self, cfg: RotaryEncoderConfig):
+        super().__init__()
+        self.gated = cfg.gated_mlp
+        width = cfg.intermediate_size * (2 if self.gated else 1)
+        self.mlp_in = nn.Linear(cfg.hidden_size, width, bias=cfg.gate_up_bias)
+        self.mlp_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.down_bias)
+        self.act = get_activation(cfg.hidden_act)
+        # Plain MLPs with GELU/ReLU: the activation runs in fc1's GEMM epilogue on CPU.
+        self.postop = None if self.gated else onednn_postop(cfg.hidden_act)
+
+    def inner(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, intermediate]
+        if not self.gated:
+            return linear_act(self.mlp_in, x, self.act, self.postop)
+        gate, up = linear_act(self.mlp_in, x).chunk(2, dim=-1)
+        return self.act(gate) * up
+
+
+class RotaryEncoderLayer(nn.Module):
+    def __init__(self, cfg: RotaryEncoderConfig):
+        super().__init__()
+        self.pre_norm = cfg.pre_norm
+        self.attn = RotaryAttention(cfg)
+        self.mlp = RotaryMLP(cfg)
+        # Post-norm: attn_norm follows the attention residual, mlp_norm the MLP's. Pre-norm:
+        # they precede attention and MLP.
+        self.attn_norm = _norm(cfg)
+        self.mlp_norm = _norm(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+        if self.pre_norm:
+            x = linear_add(self.attn.o_proj, self.attn.attend(self.attn_norm(x), cos, sin, inputs),
+                           x)
+            return linear_add(self.mlp.mlp_out, self.mlp.inner(self.mlp_norm(x)), x)
+        x = self.attn_norm(linear_add(self.attn.o_proj, self.attn.attend(x, cos, sin, inputs), x))
+        return self.mlp_norm(linear_add(self.mlp.mlp_out, self.mlp.inner(x), x))
+
+
+class RotaryEncoder(nn.Module):
+    """The backbone: embeddings, layers, and (pre-norm) the final norm. Subclasses (one thin
+    file per family) give the config and the checkpoint's names."""
+
+    def __init__(self, cfg: RotaryEncoderConfig, layout: str):
+        super().__init__()
+        self.config = cfg
+        self.layout = layout  # post_norm | pre_norm: which names to read (rotary_weights.py)
+        self.embeddings = RotaryEmbeddings(cfg)
+        self.layers = nn.ModuleList(RotaryEncoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = _norm(cfg) if cfg.pre_norm else None
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+        x = self.embeddings(inputs)
+        cfg = self.config
+        # cos, sin: [num_tokens, 1, head_dim]
+        cos, sin = rotary_cos_sin(inputs.positions, cfg.head_dim, cfg.rope_theta, x.dtype,
+                                  cfg.rope_factor)
+        for layer in self.layers:
+            x = layer(x, cos, sin, inputs)
+        return x if self.norm is None else self.norm(x)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        from pooler.models.rotary_weights import load_rotary_weights
+        return load_rotary_weights(self, weights)
