@@ -181,7 +181,9 @@ class TransformersRunner(ModelRunnerBase):
         batch, mask = self._pad(reqs)
         if head == "seq_cls":
             logits = self.model(**batch).logits  # [num_reqs, num_labels]
-            activation = sequence_activation(self.model_config.hf_config)
+            st = self.model_config.st
+            activation = sequence_activation(self.model_config.hf_config,
+                                             st.extra if st else None)
             return [apply_activation(activation, row, r.pooling_params.use_activation)
                     for row, r in zip(logits, reqs)]
         if head == "token_cls":
