@@ -74,6 +74,15 @@ def detect_colbert(path: Path, hf_config: dict[str, Any],
         raise ValueError(f"colbert_mode must be 'plain' (or absent), got {mode!r}.")
     if mode == "plain":
         return ColBERTConfig(layout="plain")
+    if st is not None and (st.extra.get("model_type") == "MultiVectorEncoder"
+                           or "MultiVectorMask" in st.module_types):
+        # sentence-transformers 6's own multi-vector save: without this check it would pass
+        # for a Pooling-less embedder and serve the wrong vectors.
+        raise ValueError(
+            f"{path} is a sentence-transformers 6 MultiVectorEncoder save (modules.json with "
+            "MultiVectorMask; query expansion in sentence_bert_config.json), a ColBERT layout "
+            "pooler does not read yet. Serve the PyLate or Stanford save of the same model "
+            "(PyLate's models.ColBERT(...).save()), which pooler reads natively.")
     if _is_pylate(st):
         return _pylate_config(st)
     architectures = hf_config.get("architectures") or []

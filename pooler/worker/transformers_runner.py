@@ -202,7 +202,7 @@ class TransformersRunner(ModelRunnerBase):
         return self.pooler(packed, self._metadata(reqs, packed.device))
 
     def _pad(self, reqs: list[NewRequestData]) -> tuple[dict, torch.Tensor]:
-        """Right-padded input_ids / attention_mask (/ token_type_ids for pairs)."""
+        """Right-padded input_ids / attention_mask (/ token_type_ids)."""
         max_len = self.fixed_length or max(len(r.prompt_token_ids) for r in reqs)
         pad = self.padding_id
         ids = torch.full((len(reqs), max_len), pad, dtype=torch.long)
@@ -215,9 +215,12 @@ class TransformersRunner(ModelRunnerBase):
             if r.token_type_ids is not None:
                 types[i, :n] = torch.tensor(r.token_type_ids)
         batch = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        # Type ids go in whenever the forward takes them, zeros included, as the tokenizer
+        # hands them to transformers: XLM and FlauBERT add a type embedding even for zeros.
         # Families without token types (DistilBERT, ...) tell a pair's texts apart by the
         # separator alone, as transformers runs them: their forward takes no type ids.
-        if types.any() and "token_type_ids" in self.forward_inputs:
+        if any(r.token_type_ids is not None for r in reqs) and \
+                "token_type_ids" in self.forward_inputs:
             batch["token_type_ids"] = types.to(self.device)
         return batch, mask.to(self.device)
 

@@ -69,3 +69,25 @@ def test_stanford_metadata_and_plain_modes(tmp_path):
     assert _detect(plain_bert, {"architectures": ["BertModel"]}) is None
     assert _detect(plain_bert, {"architectures": ["BertModel"], "colbert_dim": 4}).layout == \
         "plain"
+
+
+def test_sentence_transformers_6_multi_vector_save_is_refused_by_name(tmp_path):
+    # sentence-transformers 6's own save: Transformer, Dense, MultiVectorMask, Normalize, with
+    # the markers as prompts. Not read yet: refused rather than served as an embedder.
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "",
+         "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense",
+         "type": "sentence_transformers.base.modules.dense.Dense"},
+        {"idx": 2, "name": "2", "path": "2_MultiVectorMask", "type": "sentence_transformers."
+         "multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask"},
+        {"idx": 3, "name": "3", "path": "3_Normalize",
+         "type": "sentence_transformers.base.modules.normalize.Normalize"}]))
+    (tmp_path / "1_Dense").mkdir()
+    (tmp_path / "1_Dense" / "config.json").write_text(json.dumps(
+        {"in_features": 8, "out_features": 4, "bias": False}))
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps(
+        {"model_type": "MultiVectorEncoder", "prompts": {"query": "[Q] ", "document": "[D] "},
+         "similarity_fn_name": "maxsim"}))
+    with pytest.raises(ValueError, match="MultiVectorEncoder save.*PyLate or Stanford"):
+        _detect(tmp_path)
