@@ -90,10 +90,31 @@ class TransformersRunner(ModelRunnerBase):
         # Outputs that read padded positions (ConvBERT's span convolution) change with the
         # batch's padding: run those sequences one at a time so results are batch-invariant.
         self.one_at_a_time = config.model_type in _PADDING_SENSITIVE
+        if self.fixed_length is not None:
+            self._check_runs_padded()
         logger.warning("Using the transformers fallback runner for %s (%s): padded batches "
                        "through transformers' own classes%s.", model_config.architecture,
                        model_config.runner_reason,
                        ", one sequence at a time" if self.one_at_a_time else "")
+
+    def _check_runs_padded(self) -> None:
+        """A family padded to a fixed length always runs with masked positions; some
+        transformers releases cannot (5.24's Nystromformer adds a 4-D mask to its
+        [landmarks, seq] scores). Say so at load rather than fail on the first request."""
+        ids = torch.full((1, self.fixed_length), self.padding_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        mask[0, :2] = 1
+        try:
+            with torch.inference_mode():
+                self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+        except RuntimeError as exc:
+            import transformers
+
+            raise ValueError(
+                f"transformers {transformers.__version__} cannot run "
+                f"{self.model_config.architecture} on a padded batch ({exc}); pooler pads every "
+                f"input of this family to {self.fixed_length} tokens. Use a transformers "
+                "release where it runs (5.3 does).") from exc
 
     @property
     def supported_tasks(self) -> frozenset[str]:

@@ -68,9 +68,15 @@ def test_fallback_matches_transformers(model_type, head, families_dir, minilm_pa
     from pooler import Engine
 
     folder = save_family(model_type, head, families_dir / f"{model_type}-{head}", minilm_path)
+    try:
+        references = _references(folder, head, TEXTS)
+    except RuntimeError as exc:  # transformers' own class fails on its padded input
+        with pytest.raises(ValueError, match="cannot run .* on a padded batch"):
+            Engine(str(folder), device="cpu", runner="transformers")
+        pytest.xfail(f"transformers {transformers.__version__} cannot run {model_type} "
+                     f"padded ({exc}); pooler refuses it at load, naming why")
     # The fallback itself, also for families that have a native implementation.
     engine = Engine(str(folder), device="cpu", runner="transformers")
-    references = _references(folder, head, TEXTS)
     alone = [_pooler_outputs(engine, head, [t])[0] for t in TEXTS]
     batched = _pooler_outputs(engine, head, TEXTS)
     for ref, one, many in zip(references, alone, batched):
