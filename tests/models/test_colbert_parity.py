@@ -181,6 +181,20 @@ def test_document_alone_equals_document_in_a_mixed_batch(pylate_engine):
         np.testing.assert_allclose(alone.embeddings, batch[i].embeddings, atol=1e-5)
 
 
+# ---- sentence-transformers 6's own save --------------------------------------------------------
+@pytest.mark.parametrize("case", ["pylate", "pylate_attend"])
+def test_multi_vector_encoder_save_matches_multi_vector_encoder(folders, case):
+    """The same ColBERT re-saved by sentence-transformers 6 in its own layout (prompts as
+    markers, query expansion in sentence_bert_config.json, a MultiVectorMask module)."""
+    ref = _multi_vector_encoder(folders[case])
+    path = folders["root"] / f"{case}_st6_save"
+    ref.model.save(str(path))
+    engine = _engine(path)
+    config = engine.model_config.colbert
+    assert config.layout == "sentence-transformers" and config.query_marker == "[Q] "
+    _assert_parity(engine, _multi_vector_encoder(path))
+
+
 # ---- Stanford layout -------------------------------------------------------------------------
 def _stanford_reference(path, texts, is_query, attend_to_mask_tokens=False):
     """Stanford ColBERT's preprocessing and encoding, written out with transformers."""
