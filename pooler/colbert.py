@@ -1,10 +1,14 @@
 """ColBERT models as they exist on disk (the input builder is pooler/engine/colbert_inputs.py).
 
-Three layouts, detected from the model folder:
+Four layouts, detected from the model folder:
 - pylate: sentence-transformers `modules.json` with Transformer + `Dense` (`1_Dense/`, no bias)
   and PyLate's settings in `config_sentence_transformers.json` (`query_prefix`,
   `document_prefix`, `query_length`, `document_length`, `do_query_expansion`,
   `attend_to_expansion_tokens`, `skiplist_words`);
+- sentence-transformers: v6's MultiVectorEncoder save: modules.json with Transformer, Dense,
+  MultiVectorMask (`skiplist_words`) and Normalize; the markers are the `query` / `document`
+  prompts of `config_sentence_transformers.json`, `query_expansion` and `document_length` are in
+  `sentence_bert_config.json`;
 - stanford: a BERT checkpoint (`HF_ColBERT`) whose weights hold `linear.weight` and an
   `artifact.metadata` with `query_maxlen`, `doc_maxlen`, `query_token_id`, `doc_token_id`,
   `mask_punctuation`, `attend_to_mask_tokens`;
@@ -48,7 +52,7 @@ _STANFORD_DEFAULTS = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]"
 
 @dataclass
 class ColBERTConfig:
-    layout: str                            # "pylate" | "stanford" | "plain"
+    layout: str                   # "pylate" | "sentence-transformers" | "stanford" | "plain"
     query_marker: str | None = None        # token put after [CLS] of a query (None: none)
     document_marker: str | None = None
     query_length: int | None = None        # queries are truncated (and expanded) to this
@@ -74,6 +78,9 @@ def detect_colbert(path: Path, hf_config: dict[str, Any],
         raise ValueError(f"colbert_mode must be 'plain' (or absent), got {mode!r}.")
     if mode == "plain":
         return ColBERTConfig(layout="plain")
+    if st is not None and (st.extra.get("model_type") == "MultiVectorEncoder"
+                           or "MultiVectorMask" in st.module_types):
+        return _multi_vector_encoder_config(path, st)
     if _is_pylate(st):
         return _pylate_config(st)
     architectures = hf_config.get("architectures") or []
@@ -110,6 +117,47 @@ def _pylate_config(st: SentenceTransformerLayout) -> ColBERTConfig:
         do_query_expansion=expansion,
         attend_to_expansion_tokens=expansion and bool(settings["attend_to_expansion_tokens"]),
         skiplist_words=list(string.punctuation if skiplist is None else skiplist))
+
+
+def _multi_vector_encoder_config(path: Path, st: SentenceTransformerLayout) -> ColBERTConfig:
+    """sentence-transformers 6's own save: the markers are its `query` / `document` prompts,
+    query expansion and the document length sit in sentence_bert_config.json, the skiplist in
+    the MultiVectorMask module. Settings outside what PyLate and Stanford do are refused."""
+    def refuse(what: str) -> ValueError:
+        return ValueError(f"{path}: this sentence-transformers MultiVectorEncoder save has "
+                          f"{what}, which pooler does not implement; it serves the PyLate-style "
+                          "settings (fixed query expansion with the mask token, a document "
+                          "skiplist, MaxSim over normalized vectors).")
+
+    modules = read_json(path / "modules.json") or []
+    by_type = {m["type"].rsplit(".", 1)[-1]: path / m.get("path", "") for m in modules}
+    unknown = set(by_type) - {"Transformer", "Dense", "MultiVectorMask", "Normalize"}
+    if unknown or "Normalize" not in by_type:
+        raise refuse(f"modules {sorted(unknown) or 'without Normalize'}")
+    similarity = str(st.extra.get("similarity_fn_name") or "maxsim").lower()
+    if similarity != "maxsim":
+        raise refuse(f"similarity_fn_name={similarity!r}")
+    transformer = read_json(by_type["Transformer"] / "sentence_bert_config.json") or {}
+    expansion = transformer.get("query_expansion") or {"strategy": "none"}
+    strategy = expansion.get("strategy", "none")
+    if strategy not in ("fixed", "none") or expansion.get("token") is not None:
+        raise refuse(f"query_expansion={expansion!r}")
+    mask = read_json(by_type.get("MultiVectorMask", path / "-") / "config.json") or {}
+    if mask.get("keep_only_token_ids") or set(mask.get("skiplist_tasks") or ["document"]) != \
+            {"document"}:
+        raise refuse(f"MultiVectorMask {mask!r}")
+    length = transformer.get("max_seq_length") or 512
+    prompts = st.prompts
+    return ColBERTConfig(
+        layout="sentence-transformers",
+        query_marker=prompts.get("query") or None,
+        document_marker=prompts.get("document") or None,
+        query_length=_positive_int(expansion.get("length", length), "query_expansion.length"),
+        document_length=_positive_int(transformer.get("document_length", length),
+                                      "document_length"),
+        do_query_expansion=strategy == "fixed",
+        attend_to_expansion_tokens=strategy == "fixed" and bool(expansion.get("attend")),
+        skiplist_words=list(mask.get("skiplist_words") or []))
 
 
 def _stanford_config(metadata: dict[str, Any]) -> ColBERTConfig:

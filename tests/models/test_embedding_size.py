@@ -26,13 +26,14 @@ def dense_folder(tmp_path_factory, minilm_path):
     Dense 32 -> 12 with tanh, saved by SentenceTransformer.save."""
     st = pytest.importorskip("sentence_transformers")
     import torch
+    from sentence_transformers import models  # a submodule v6 no longer imports eagerly
 
     root = tmp_path_factory.mktemp("dense")
     bert = save_tiny_bert(root / "bert", minilm_path, seed=3)
-    transformer = st.models.Transformer(str(bert))
+    transformer = models.Transformer(str(bert))
     torch.manual_seed(3)
-    dense = st.models.Dense(32, 12, activation_function=torch.nn.Tanh())
-    model = st.SentenceTransformer(modules=[transformer, st.models.Pooling(32, "mean"), dense],
+    dense = models.Dense(32, 12, activation_function=torch.nn.Tanh())
+    model = st.SentenceTransformer(modules=[transformer, models.Pooling(32, "mean"), dense],
                                    device="cpu")
     model.save(str(root / "st"))
     return root / "st", model

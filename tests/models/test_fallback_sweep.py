@@ -38,7 +38,10 @@ def _references(folder, head: str, texts: list[str]) -> list[np.ndarray]:
     fixed = getattr(config, "segment_means_seq_len", None)
     out = []
     for text in texts:
-        batch = tokenizer([text], return_tensors="pt",
+        # Type ids always (zeros for one text), as XLM's and FlauBERT's own tokenizers give
+        # them: whether AutoTokenizer does for MiniLM's tokenizer in a foreign folder changed
+        # between transformers releases.
+        batch = tokenizer([text], return_tensors="pt", return_token_type_ids=True,
                           **({"padding": "max_length", "max_length": fixed} if fixed else {}))
         mask = batch["attention_mask"]
         with torch.no_grad():
@@ -67,10 +70,20 @@ def _pooler_outputs(engine, head: str, texts: list[str]) -> list[np.ndarray]:
 def test_fallback_matches_transformers(model_type, head, families_dir, minilm_path):
     from pooler import Engine
 
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} does not define {model_type}")
     folder = save_family(model_type, head, families_dir / f"{model_type}-{head}", minilm_path)
+    try:
+        references = _references(folder, head, TEXTS)
+    except RuntimeError as exc:  # transformers' own class fails on its padded input
+        with pytest.raises(ValueError, match="cannot run .* on a padded batch"):
+            Engine(str(folder), device="cpu", runner="transformers")
+        pytest.xfail(f"transformers {transformers.__version__} cannot run {model_type} "
+                     f"padded ({exc}); pooler refuses it at load, naming why")
     # The fallback itself, also for families that have a native implementation.
     engine = Engine(str(folder), device="cpu", runner="transformers")
-    references = _references(folder, head, TEXTS)
     alone = [_pooler_outputs(engine, head, [t])[0] for t in TEXTS]
     batched = _pooler_outputs(engine, head, TEXTS)
     for ref, one, many in zip(references, alone, batched):

@@ -28,6 +28,17 @@ def test_sequence_activation_rules(config, expected):
     assert sequence_activation(config) == expected
 
 
+def test_sentence_transformers_6_keeps_the_activation_beside_its_other_settings():
+    # v6 writes activation_fn to config_sentence_transformers.json, not config.json; it wins
+    # over the config.json keys and the one-label sigmoid rule.
+    st6 = {"model_type": "CrossEncoder", "activation_fn": "torch.nn.modules.linear.Identity"}
+    assert sequence_activation(ONE, st6) == "identity"
+    stale = {**ONE, "sentence_transformers": {"activation_fn":
+                                              "torch.nn.modules.activation.Sigmoid"}}
+    assert sequence_activation(stale, st6) == "identity"
+    assert sequence_activation(ONE, {"model_type": "CrossEncoder"}) == "sigmoid"
+
+
 def test_unknown_cross_encoder_activation_names_the_fix():
     config = {**ONE, "sentence_transformers": {"activation_fn": "my.module.Swish"}}
     with pytest.raises(ValueError, match="use_activation=False"):

@@ -69,3 +69,51 @@ def test_stanford_metadata_and_plain_modes(tmp_path):
     assert _detect(plain_bert, {"architectures": ["BertModel"]}) is None
     assert _detect(plain_bert, {"architectures": ["BertModel"], "colbert_dim": 4}).layout == \
         "plain"
+
+
+def _multi_vector_folder(path, expansion=None, mask=None, similarity="maxsim"):
+    """sentence-transformers 6's own save: Transformer, Dense, MultiVectorMask, Normalize, the
+    markers as prompts, query expansion in sentence_bert_config.json."""
+    types = {"": "base.modules.transformer.Transformer", "1_Dense": "base.modules.dense.Dense",
+             "2_MultiVectorMask": "multi_vector_encoder.modules.multi_vector_mask."
+                                  "MultiVectorMask",
+             "3_Normalize": "base.modules.normalize.Normalize"}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "modules.json").write_text(json.dumps([
+        {"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.{t}"}
+        for i, (p, t) in enumerate(types.items())]))
+    for folder in list(types)[1:]:
+        (path / folder).mkdir()
+    (path / "1_Dense" / "config.json").write_text(json.dumps(
+        {"in_features": 8, "out_features": 4, "bias": False}))
+    (path / "2_MultiVectorMask" / "config.json").write_text(json.dumps(
+        {"skiplist_words": ["!", "."], "skiplist_tasks": ["document"],
+         "keep_only_token_ids": None, **(mask or {})}))
+    (path / "sentence_bert_config.json").write_text(json.dumps(
+        {"document_length": 100, "query_expansion": {
+            "strategy": "fixed", "attend": False, "token": None, "length": 24,
+            **(expansion or {})}}))
+    (path / "config_sentence_transformers.json").write_text(json.dumps(
+        {"model_type": "MultiVectorEncoder", "prompts": {"query": "[Q] ", "document": "[D] "},
+         "similarity_fn_name": similarity}))
+    return path
+
+
+def test_sentence_transformers_6_multi_vector_save(tmp_path):
+    config = _detect(_multi_vector_folder(tmp_path / "a"))
+    assert config.layout == "sentence-transformers"
+    assert (config.query_marker, config.document_marker) == ("[Q] ", "[D] ")
+    assert (config.query_length, config.document_length) == (24, 100)
+    assert config.skiplist_words == ["!", "."] and config.needs_key_mask
+    attended = _detect(_multi_vector_folder(tmp_path / "b", {"attend": True}))
+    assert attended.do_query_expansion and not attended.needs_key_mask
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"similarity": "meanmaxsim"}, "similarity_fn_name"),
+    ({"expansion": {"token": "[PAD]"}}, "query_expansion"),
+    ({"mask": {"skiplist_tasks": ["query", "document"]}}, "MultiVectorMask"),
+])
+def test_multi_vector_settings_pooler_does_not_implement_are_named(tmp_path, kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        _detect(_multi_vector_folder(tmp_path, **kwargs))
