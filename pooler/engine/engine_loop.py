@@ -43,10 +43,12 @@ class CallContext:
     """Per-call facts a caller (the HTTP server) hands to Engine methods without new
     parameters: every Engine method that reaches run_processed honours `cancel`, calls
     `admit(num_tokens)` before it submits (the server's token admission: it raises to refuse),
-    and _run_texts adds its tokenization time to `tokenize_seconds`."""
+    and _run_texts adds its tokenization time to `tokenize_seconds`; `lora` names the LoRA
+    adapter every request of the call runs with (None: the base model)."""
     cancel: threading.Event | None = None
     tokenize_seconds: float = 0.0
     admit: Callable[[int], None] | None = None
+    lora: str | None = None
 
 
 # Steps the throughput estimate averages over (a few seconds of work on a CPU).

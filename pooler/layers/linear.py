@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pooler.layers.lora import add_lora, has_lora
+
 # config activation name -> (oneDNN post-op, algorithm)
 _ONEDNN_POSTOPS = {
     "gelu": ("gelu", "none"), "gelu_python": ("gelu", "none"),
@@ -66,8 +68,11 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
     `postop` must be what `onednn_postop` gave for `act` (None: no fused form)."""
     packed = None if postop is None else _packed_for(layer, x)
     if packed is not None:
+        if has_lora(layer):  # the adapters' updates go in before the activation
+            y = add_lora(layer, x, _LINEAR(x, packed, layer.bias, "none", [], ""))
+            return y if act is None else act(y)
         return _LINEAR(x, packed, layer.bias, postop[0], [], postop[1])
-    y = layer(x)
+    y = layer(x)  # a targeted layer's forward hook adds the adapters' updates
     return y if act is None else act(y)
 
 
@@ -77,5 +82,6 @@ def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tor
     linear + add on the shared 2-core machine; see docs/benchmarks.md, issue 14 part 5)."""
     packed = _packed_for(layer, x)
     if packed is not None and residual.dtype == torch.float32 and residual.is_contiguous():
-        return _LINEAR_BINARY(x, residual, packed, layer.bias, "add")
+        y = _LINEAR_BINARY(x, residual, packed, layer.bias, "add")
+        return add_lora(layer, x, y) if has_lora(layer) else y
     return layer(x) + residual
