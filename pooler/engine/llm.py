@@ -168,14 +168,14 @@ class Engine:
         if name not in self.lora_names:
             raise UnknownLoraError(name, self.lora_names)
 
-    def add_lora(self, name: str, path: str) -> None:
-        """Serve the PEFT LoRA folder at `path` as `name`, from the next step on. A ValueError
-        naming the mismatch refuses an adapter made for another base, or whose ranks do not
-        fit; nothing served changes then."""
+    def add_lora(self, name: str, path: str, replace: bool = False) -> None:
+        """Serve the PEFT LoRA folder at `path` as `name`, from the next step on (replace: in
+        place of an adapter of that name). A ValueError naming the mismatch refuses an
+        adapter made for another base, or whose ranks do not fit; nothing served changes."""
         if self._lora_manager is None:
             raise ValueError("this engine serves no LoRA adapters; create it with "
                              "lora_modules={...} or enable_lora=True (--enable-lora).")
-        self._between_steps(lambda: self._lora_manager.add(name, path))
+        self._between_steps(lambda: self._lora_manager.add(name, path, replace))
 
     def remove_lora(self, name: str) -> None:
         """Stop serving `name` (requests still queued for it fail naming it)."""

@@ -53,6 +53,8 @@ class LoraManager:
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.paths: dict[str, Path] = {}
+        # Unloaded adapters' folders: requests submitted before the unload still run with them.
+        self._retired: dict[str, Path] = {}
         self.resident: OrderedDict[str, AdapterWeights] = OrderedDict()
         self.loads_from_disk = 0  # adapters read again after LRU eviction (observability)
 
@@ -61,35 +63,39 @@ class LoraManager:
     def names(self) -> list[str]:
         return list(self.paths)
 
-    def add(self, name: str, path: str | Path) -> None:
-        """Register and load `name`; AdapterError (nothing changed) when it does not fit."""
+    def add(self, name: str, path: str | Path, replace: bool = False) -> None:
+        """Register and load `name` (replace: swap out an adapter of that name); AdapterError
+        (nothing changed) when it does not fit."""
         if not isinstance(name, str) or not name.strip():
             raise AdapterError("lora_name must be a non-empty string.")
-        if name in self.paths:
+        if name == self.base_name:
+            raise AdapterError(f"lora_name {name!r} is the base model's name; pick another.")
+        if name in self.paths and not replace:
             raise AdapterError(f"a LoRA adapter named {name!r} is already loaded; unload it "
                                "first or pick another name.")
         weights = self._read(name, Path(path))
         self.paths[name] = Path(path)
+        self._retired.pop(name, None)
         self._make_resident(weights, keep=())
 
     def remove(self, name: str) -> None:
         if name not in self.paths:
             raise KeyError(name)
-        del self.paths[name]
+        self._retired[name] = self.paths.pop(name)
         self.resident.pop(name, None)
 
     # ---- one step -----------------------------------------------------------------------
     def weights(self, name: str, keep: tuple[str, ...] = ()) -> AdapterWeights:
         """The resident adapter (most recently used now), read from disk when it was dropped;
         adapters named in `keep` (the rest of the step) are never the ones dropped for it."""
-        if name not in self.paths:
-            raise ValueError(f"LoRA adapter {name!r} is not loaded (it was unloaded after this "
-                             f"request was submitted); loaded: {self.names}.")
+        path = self.paths.get(name) or self._retired.get(name)
+        if path is None:
+            raise ValueError(f"LoRA adapter {name!r} is not loaded; loaded: {self.names}.")
         weights = self.resident.get(name)
         if weights is not None:
             self.resident.move_to_end(name)
             return weights
-        weights = self._read(name, self.paths[name])
+        weights = self._read(name, path)
         self.loads_from_disk += 1
         self._make_resident(weights, keep)
         return weights
