@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     p.add_argument("--repeat", type=int, default=1, help="run every side this many times")
     p.add_argument("--corpus-size", type=int, default=None,
                    help="texts per side: the embed corpus (default 2000), the arch workload "
-                   "(default 200)")
+                   "(default 200), the lora workload (default 800)")
     p.add_argument("--archs", default=None,
                    help="arch workload: comma-separated architectures (mpnet, deberta-v3, "
                    "gemma3, bert; default mpnet,deberta-v3,gemma3)")

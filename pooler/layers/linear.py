@@ -70,10 +70,20 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
     if packed is not None:
         if has_lora(layer):  # the adapters' updates go in before the activation
             y = add_lora(layer, x, _LINEAR(x, packed, layer.bias, "none", [], ""))
-            return y if act is None else act(y)
+            return y if act is None else _act_in_place(y, act, postop)
         return _LINEAR(x, packed, layer.bias, postop[0], [], postop[1])
     y = layer(x)  # a targeted layer's forward hook adds the adapters' updates
     return y if act is None else act(y)
+
+
+def _act_in_place(y: torch.Tensor, act, postop: tuple[str, str]) -> torch.Tensor:
+    """act(y), in y's own memory when the fused post-op names it: no second [tokens, inter]
+    buffer to allocate and fault in."""
+    if postop[0] == "gelu":
+        return torch.ops.aten.gelu_(y, approximate=postop[1] or "none")
+    if postop[0] == "relu":
+        return y.relu_()
+    return act(y)
 
 
 def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ Every linear layer an adapter targets then gets, after its own output y = x W^T 
     y[rows] += (x[rows] @ A^T) @ (B^T * scaling)
 
 per adapter: two small GEMMs on the adapter's slice, never a merged weight, so adapters and the
-base share one packed forward. A head layer that the adapter saved whole (PEFT's
+base share one packed forward (a fused q/k/v layer takes one x @ [A_q; A_k; A_v]^T and
+adds each projection's B on its own third of the output). A head layer that the adapter saved whole (PEFT's
 `modules_to_save`) has its output replaced on the adapter's rows instead.
 
 Layers taking pooler's fast paths (pooler/layers/linear.py: oneDNN GEMMs with fused epilogues)
@@ -33,9 +34,14 @@ _TARGET_KEY = "_lora_target_key"
 
 @dataclass
 class LowRank:
-    """One adapter's update of one layer: delta = (x @ a_t) @ b_t."""
-    a_t: torch.Tensor  # [in_features, rank]
-    b_t: torch.Tensor  # [rank, out_features], scaling folded in
+    """One adapter's update of one layer: t = x @ a_t, then each part adds
+    t[:, r0:r1] @ b_t to output columns [col, col + b_t.shape[1]). One part for a plain layer;
+    one per targeted projection of a fused q/k/v layer, so no block of zeros is multiplied."""
+    a_t: torch.Tensor  # [in_features, total rank]
+    parts: list[tuple[int, int, int, torch.Tensor]]  # (r0, r1, col, b_t [r1 - r0, cols])
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.a_t] + [b for *_, b in self.parts]
 
 
 @dataclass
@@ -55,7 +61,7 @@ class AdapterWeights:
     replaced: dict[str, Replacement] = field(default_factory=dict)
 
     def num_bytes(self) -> int:
-        tensors = [t for w in self.low_rank.values() for t in (w.a_t, w.b_t)]
+        tensors = [t for w in self.low_rank.values() for t in w.tensors()]
         tensors += [t for r in self.replaced.values() for t in (r.weight, r.bias)
                     if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -113,8 +119,12 @@ def add_lora(layer: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
         start, end = rows.bounds[i], rows.bounds[i + 1]
         low_rank = adapter.low_rank.get(key)
         if low_rank is not None:
-            # y[rows] += (x[rows] @ A^T) @ B^T: addmm_ accumulates into the slice in place.
-            y2[start:end].addmm_(torch.mm(x2[start:end], low_rank.a_t), low_rank.b_t)
+            # y[rows] += (x[rows] @ A^T) @ B^T: addmm_ accumulates into the slice in place
+            # (a column range of it for one projection of a fused q/k/v layer).
+            t = torch.mm(x2[start:end], low_rank.a_t)  # [rows, total rank]
+            out = y2[start:end]
+            for r0, r1, col, b_t in low_rank.parts:
+                out[:, col:col + b_t.shape[1]].addmm_(t[:, r0:r1], b_t)
             continue
         replaced = adapter.replaced.get(key)
         if replaced is not None:

@@ -9,8 +9,8 @@ own rename table (`weight_renames`, the one its checkpoint loading uses) maps th
 pooler's (`layers.0.qkv_proj`, slot 0 of the fused q/k/v projection); families whose names
 equal the checkpoint's (ModernBERT) need none. Head layers keep the checkpoint's names inside
 pooler's poolers (pooling/classify.py), so they are found by name suffix. q, k and v updates of
-one fused projection become one update whose B is block-diagonal: x @ [A_q; A_k; A_v]^T gives
-the three low-rank activations at once, and each lands only on its own third of the output.
+one fused projection become one update: x @ [A_q; A_k; A_v]^T gives the three low-rank
+activations at once, and each projection's B lands only on its own third of the output.
 """
 from __future__ import annotations
 
@@ -97,13 +97,13 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, base_name: str,
                 f"{update.b.shape[0]} outputs in the adapter, but {in_features} and "
                 f"{out_features} in this model: the adapter was made for another base model.")
         if slot is None:
-            weights.low_rank[target] = _low_rank([(update, 0)], out_features, param)
+            weights.low_rank[target] = _low_rank([(update, 0)], param)
         else:
             fused.setdefault(target, {})[slot] = update
     for target, slots in fused.items():
         out_features = _linear_shape(where, target, model.get_submodule(target))[1] // 3
         weights.low_rank[target] = _low_rank(
-            [(u, s * out_features) for s, u in sorted(slots.items())], 3 * out_features, param)
+            [(u, s * out_features) for s, u in sorted(slots.items())], param)
     for key, tensor in whole.items():
         _add_replacement(where, model, weights, key, tensor, param)
     return weights
@@ -215,17 +215,15 @@ def _linear_shape(where: str, target: str, layer: nn.Module) -> tuple[int, int]:
     return layer.in_features, layer.out_features
 
 
-def _low_rank(updates: list[tuple[_Update, int]], out_features: int,
-              like: torch.Tensor) -> LowRank:
+def _low_rank(updates: list[tuple[_Update, int]], like: torch.Tensor) -> LowRank:
     """One LowRank from updates of column ranges [offset, offset + out) of one output."""
-    a_t = torch.cat([u.a for u, _ in updates]).t()  # [in, sum of ranks]
-    b_t = torch.zeros(a_t.shape[1], out_features)   # [sum of ranks, out]
-    row = 0
+    a_t = torch.cat([u.a for u, _ in updates]).t().to(like).contiguous()  # [in, sum of ranks]
+    parts, row = [], 0
     for u, offset in updates:
-        rank, out = u.b.shape[1], u.b.shape[0]
-        b_t[row:row + rank, offset:offset + out] = (u.b * u.scaling).t()
+        rank = u.b.shape[1]
+        parts.append((row, row + rank, offset, (u.b * u.scaling).t().to(like).contiguous()))
         row += rank
-    return LowRank(a_t.to(like).contiguous(), b_t.to(like).contiguous())
+    return LowRank(a_t, parts)
 
 
 def _add_replacement(where: str, model: nn.Module, weights: AdapterWeights, key: str,
