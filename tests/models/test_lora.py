@@ -18,7 +18,7 @@ import pytest
 from pooler.engine.llm import Engine
 from pooler.engine.lora import UnknownLoraError
 from pooler.params import PoolingParams
-from tests.models.encoder_folders import hf_outputs, save_distilbert, save_mpnet
+from tests.models.encoder_folders import hf_outputs, save_distilbert, save_electra, save_mpnet
 from tests.models.lora_folders import save_lora, save_merged
 from tests.models.modernbert_folders import TEXTS as MODERNBERT_TEXTS
 from tests.models.modernbert_folders import build_modernbert
@@ -263,10 +263,28 @@ def test_modernbert_token_classify_adapters_equal_merged(tmp_path):
         np.testing.assert_allclose(out, refs[lora][i], atol=ATOL, err_msg=f"text {i} {lora}")
 
 
-# ---- DistilBERT and MPNet embed (their layers are BERT's, under other names) -------------
-@pytest.mark.parametrize("family", ["distilbert", "mpnet"])
+def test_int8_layers_take_adapters(bert_embed):
+    """quantization='int8' swaps the FFN and output projections for int8 layers (no oneDNN
+    fast path): adapters still reach them, through the layer's forward hook."""
+    base, adapters, refs = bert_embed
+    engine = Engine(str(base), quantization="int8", lora_modules={"all": str(adapters["all"])})
+    up_proj = engine.core.model_runner.model.backbone.layers[0].up_proj
+    assert type(up_proj).__name__ == "Int8Linear" and up_proj._forward_hooks
+    ours = np.stack([o.embedding for o in engine.embed(TEXTS, lora="all", normalize=True)])
+    ref = refs["all"] / np.linalg.norm(refs["all"], axis=1, keepdims=True)
+    cosine = (ours * ref).sum(1)
+    assert cosine.min() > 0.99
+    base_out = np.stack([o.embedding for o in engine.embed(TEXTS, normalize=True)])
+    assert np.abs(base_out - ours).max() > 1e-2
+
+
+# ---- DistilBERT, MPNet and ELECTRA embed (their layers are BERT's, under other names) -------------
+@pytest.mark.parametrize("family", ["distilbert", "mpnet", "electra"])
 def test_embed_other_bert_layouts(family, tmp_path):
-    if family == "distilbert":
+    if family == "electra":  # embeddings narrower than the encoder (embeddings_project)
+        base = save_electra(tmp_path / "base", "base", seed=31)
+        cls_name, targets = "ElectraModel", ["query", "key", "value", "dense"]
+    elif family == "distilbert":
         base = save_distilbert(tmp_path / "base", "base", seed=31)
         cls_name, targets = "DistilBertModel", ["q_lin", "k_lin", "v_lin", "out_lin", "lin1",
                                                 "lin2"]
