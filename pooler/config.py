@@ -284,6 +284,9 @@ DEFAULT_TOKEN_BUDGET = {"cpu": 2048, "cuda": 16384}
 class SchedulerConfig:
     max_num_batched_tokens: int = DEFAULT_TOKEN_BUDGET["cpu"]
     max_num_seqs: int = 256
+    # Distinct LoRA adapters one step may hold (they must all be resident together); None
+    # when no adapters are served.
+    max_loras: int | None = None
 
     @classmethod
     def for_model(cls, model_config: ModelConfig, max_num_batched_tokens: int | None = None,

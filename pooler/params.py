@@ -46,6 +46,7 @@ class PoolingParams:
     use_activation: apply the classifier's activation (softmax/sigmoid); False gives raw logits.
         On embed tasks it is the L2 normalization (as vLLM), i.e. the same switch as normalize.
     skip_special_tokens: token tasks only; drop [CLS]/[SEP]-like positions from the output.
+    lora: the LoRA adapter to run the request with (a name the engine serves); None: the base.
     """
     task: str | None = None
     dimensions: int | None = None
@@ -54,6 +55,7 @@ class PoolingParams:
     skip_special_tokens: bool = False
     late_interaction: LateInteractionParams | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    lora: str | None = None
 
     def clone(self) -> "PoolingParams":
         return replace(self, extra=dict(self.extra))

@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     p.add_argument("--repeat", type=int, default=1, help="run every side this many times")
     p.add_argument("--corpus-size", type=int, default=None,
                    help="texts per side: the embed corpus (default 2000), the arch workload "
-                   "(default 200)")
+                   "(default 200), the lora workload (default 800)")
     p.add_argument("--corpus", default="mixed", choices=["mixed", "long"],
                    help="embed workload: mixed (default: 2,000 texts, half 5-15-word queries, "
                    "half 50-250-word passages) or long (600 passages of 100-250 words)")

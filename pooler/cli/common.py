@@ -57,13 +57,22 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     """Engine(**kwargs) from the engine options (plain values: Ray ships them to actors).
     A command with its own --task sets `engine_task` (None: the model's task)."""
     task = args.engine_task if hasattr(args, "engine_task") else args.task
-    return dict(model=args.model, task=task, runner=args.runner, dtype=args.dtype,
-                device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
-                max_num_seqs=args.max_num_seqs, num_threads=args.threads,
-                quantization=getattr(args, "quantization", None),
-                precision_check=getattr(args, "precision_check", "fallback"),
-                revision=getattr(args, "revision", None),
-                hf_overrides=getattr(args, "hf_overrides", None))
+    kwargs = dict(model=args.model, task=task, runner=args.runner, dtype=args.dtype,
+                  device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
+                  max_num_seqs=args.max_num_seqs, num_threads=args.threads,
+                  quantization=getattr(args, "quantization", None),
+                  precision_check=getattr(args, "precision_check", "fallback"),
+                  revision=getattr(args, "revision", None),
+                  hf_overrides=getattr(args, "hf_overrides", None))
+    lora_modules = getattr(args, "lora_modules", None)
+    if lora_modules or getattr(args, "enable_lora", False):  # pooler serve's LoRA options
+        names = [name for name, _ in lora_modules or []]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"--lora-modules names {duplicates} more than once.")
+        kwargs.update(lora_modules=dict(lora_modules or []), enable_lora=True,
+                      max_loras=args.max_loras, max_lora_rank=args.max_lora_rank)
+    return kwargs
 
 
 def engine_from_args(args: argparse.Namespace):

@@ -40,6 +40,22 @@ def add_parser(sub) -> None:
                         "(model = ..., optional name = ..., and any Engine option: task, "
                         "runner, dtype, max_num_batched_tokens, ...); requests pick one by "
                         "their `model` field")
+    lora = p.add_argument_group("LoRA adapters (README: LoRA adapters)")
+    lora.add_argument("--lora-modules", nargs="+", default=None, type=parse_lora_module,
+                      metavar="NAME=PATH",
+                      help="PEFT LoRA folders served beside the base model, as vLLM spells "
+                           "them: NAME=PATH or '{\"name\": ..., \"path\": ...}'; a request "
+                           "picks one with its `model` field")
+    lora.add_argument("--enable-lora", action="store_true",
+                      help="serve LoRA adapters (implied by --lora-modules); with it, "
+                           "POST /v1/load_lora_adapter and /v1/unload_lora_adapter add and "
+                           "remove adapters at run time")
+    lora.add_argument("--max-loras", type=int, default=8,
+                      help="adapters held in memory and in one batch at once; others are read "
+                           "from disk again when asked for, least recently used dropped first "
+                           "(default: %(default)s)")
+    lora.add_argument("--max-lora-rank", type=int, default=64,
+                      help="largest adapter rank accepted (default: %(default)s)")
     p.add_argument("--long-input", default="truncate", choices=["truncate", "chunk"],
                    help="/v1/embeddings default for inputs longer than the model: truncate, or "
                         "embed them window by window (a request's long_input overrides it) "
@@ -137,6 +153,26 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def parse_lora_module(text: str) -> tuple[str, str]:
+    """NAME=PATH, or vLLM's JSON form {"name": ..., "path": ...}."""
+    import argparse
+    import json
+
+    if text.lstrip().startswith("{"):
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"--lora-modules: {exc}") from None
+        if not isinstance(spec.get("name"), str) or not isinstance(spec.get("path"), str):
+            raise argparse.ArgumentTypeError(
+                '--lora-modules JSON needs string "name" and "path" fields.')
+        return spec["name"], spec["path"]
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--lora-modules takes NAME=PATH, got {text!r}.")
+    return name, path
+
+
 def _settings(args):
     from pooler.server.settings import ServerSettings
 
@@ -178,6 +214,10 @@ def build_app(args):
     from pooler.engine.llm import Engine
     from pooler.server.multi_model import ModelRouter, ServedModel, resident_mb
 
+    if args.lora_modules or args.enable_lora:
+        raise ValueError("--lora-modules / --enable-lora apply to one served model; with "
+                         "several, give each its adapters in --models-config "
+                         "(lora_modules = {NAME = \"PATH\"}).")
     settings = _settings(args)
     _one_model_only(settings, "with several models (their /metrics routes stay)")
     served = []
@@ -220,7 +260,8 @@ def read_models_config(path: str) -> list[dict]:
         raise ValueError(f"{path}: expected one [[models]] table per model, with model = ...")
     allowed = {"model", "name", "task", "runner", "dtype", "device", "max_model_len",
                "max_num_batched_tokens", "max_num_seqs", "num_threads", "quantization",
-               "precision_check", "revision", "hf_overrides"}
+               "precision_check", "revision", "hf_overrides", "lora_modules", "enable_lora",
+               "max_loras", "max_lora_rank"}
     for i, table in enumerate(tables):
         if "model" not in table:
             raise ValueError(f"{path}: [[models]] number {i + 1} has no model = ...")

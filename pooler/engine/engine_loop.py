@@ -48,12 +48,14 @@ class CallContext:
     `admit(num_tokens)` before it submits (the server's token admission: it raises to refuse),
     and _run_texts adds its tokenization time to `tokenize_seconds`. run_processed counts
     the inputs it submits by task (`submitted`) and keeps the outputs that came back
-    (`finished`, with their timing): the server's metrics, logs and traces read them."""
+    (`finished`, with their timing): the server's metrics, logs and traces read them. `lora`
+    names the LoRA adapter every request of the call runs with (None: the base model)."""
     cancel: threading.Event | None = None
     tokenize_seconds: float = 0.0
     admit: Callable[[int], None] | None = None
     submitted: Counter = field(default_factory=Counter)
     finished: list[RequestOutput] = field(default_factory=list)
+    lora: str | None = None
 
 
 # Steps the throughput estimate averages over (a few seconds of work on a CPU).

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from pooler import architectures
 from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
 from pooler.engine import long_inputs, scoring
 from pooler.engine.core import EngineCore
@@ -20,6 +21,7 @@ from pooler.engine.engine_loop import (CancelledBeforeSubmit, EngineLoop, Reques
                                        current_call)
 from pooler.engine.input_processor import (InputProcessor, ProcessedInput, TruncationOptions,
                                            normalize_inputs)
+from pooler.engine.lora import UnknownLoraError, check_family, with_lora
 from pooler.engine.request import Request, RequestOutput
 from pooler.gliner import PARAMS_KEY as GLINER_PARAMS_KEY
 from pooler.gliner import (check_threshold, decode_spans, gliner_options_error,
@@ -36,6 +38,12 @@ from pooler.pooling.activation import labels_of
 from pooler.quantize_output import check_precision, quantize_embeddings
 from pooler.tasks import unsupported_task_message
 from pooler.tokenizer import TextTokenizer
+
+
+def _with_lora(params: PoolingParams, lora: str) -> PoolingParams:
+    params = params.clone()
+    params.lora = lora
+    return params
 
 
 class _NoProgress:
@@ -68,7 +76,16 @@ class Engine:
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int = 256, num_threads: int | None = None,
                  hf_overrides: dict[str, Any] | None = None, quantization: str | None = None,
-                 revision: str | None = None, precision_check: str = "fallback"):
+                 revision: str | None = None, precision_check: str = "fallback",
+                 lora_modules: dict[str, str] | None = None,
+                 enable_lora: bool = False, max_loras: int = 8, max_lora_rank: int = 64):
+        """lora_modules: {name: PEFT LoRA folder} served beside the base; a task call picks one
+        with `lora="name"` (requests for different adapters share the same batches).
+        enable_lora: serve adapters added later (add_lora) even when lora_modules is empty.
+        max_loras: adapters held in memory at once (others are read from disk when asked for,
+        least recently used dropped first) and at most in one batch; max_lora_rank: the
+        largest rank accepted. precision_check: what a requested int8 or bfloat16 does where it
+        is not faster than float32 here ("fallback", "refuse" or "off"; README "Precision")."""
         self.model_config = ModelConfig(
             model=model, task=task, runner=runner, dtype=dtype, device=device,
             max_model_len=max_model_len, hf_overrides=hf_overrides, quantization=quantization,
@@ -81,7 +98,17 @@ class Engine:
         self.tokenizer = TextTokenizer(self.model_config.path, self.model_config.tokenizer_config,
                                        lowercase=lowercase)
         self.processor = InputProcessor(self.model_config, self.tokenizer)
+        if lora_modules or enable_lora:
+            self.config.scheduler_config.max_loras = max_loras
         self.core = EngineCore(self.config)
+        self._lora_manager = None
+        if lora_modules or enable_lora:
+            check_family(architectures.get_arch_spec(self.model_config.architecture).family
+                         if self.model_config.runner != "transformers" else "",
+                         self.model_config.runner)
+            self._lora_manager = self.core.model_runner.enable_lora(max_loras, max_lora_rank)
+            for name, path in (lora_modules or {}).items():
+                self._lora_manager.add(name, path)
         self._ids = itertools.count()
         # Request ids are unique per engine instance and never taken from a client.
         self._id_prefix = uuid.uuid4().hex[:8]
@@ -128,7 +155,37 @@ class Engine:
     def default_task(self) -> str:
         return self.core.model_runner.pooling_runner.selected_task
 
+    # ---- LoRA adapters (pooler/engine/lora.py, pooler/lora) -----------------------------
+    @property
+    def lora_enabled(self) -> bool:
+        return self._lora_manager is not None
+
+    @property
+    def lora_names(self) -> list[str]:
+        """The LoRA adapters served beside the base, by name."""
+        return [] if self._lora_manager is None else self._lora_manager.names
+
+    def check_lora(self, name: str) -> None:
+        """UnknownLoraError (a ValueError naming the loaded ones) unless `name` is served."""
+        if name not in self.lora_names:
+            raise UnknownLoraError(name, self.lora_names)
+
+    def add_lora(self, name: str, path: str, replace: bool = False) -> None:
+        """Serve the PEFT LoRA folder at `path` as `name`, from the next step on (replace: in
+        place of an adapter of that name). A ValueError naming the mismatch refuses an
+        adapter made for another base, or whose ranks do not fit; nothing served changes."""
+        if self._lora_manager is None:
+            raise ValueError("this engine serves no LoRA adapters; create it with "
+                             "lora_modules={...} or enable_lora=True (--enable-lora).")
+        self._between_steps(lambda: self._lora_manager.add(name, path, replace))
+
+    def remove_lora(self, name: str) -> None:
+        """Stop serving `name` (requests still queued for it fail naming it)."""
+        self.check_lora(name)
+        self._between_steps(lambda: self._lora_manager.remove(name))
+
     # ---- public tasks -------------------------------------------------------------------
+    @with_lora
     def embed(self, inputs: str | Sequence, *, dimensions: int | None = None,
               normalize: bool | None = None, use_activation: bool | None = None,
               truncate: bool = True, truncate_prompt_tokens: int | None = None,
@@ -172,6 +229,7 @@ class Engine:
                 output.embedding = code
         return outputs
 
+    @with_lora
     def embed_chunks(self, document: str, chunks: Sequence[tuple[int, int]] | None = None, *,
                      chunker: str = "sentences", normalize: bool | None = None,
                      dimensions: int | None = None, window_overlap: int | None = None,
@@ -222,6 +280,7 @@ class Engine:
                 document[start:end], len(inside), len(item.prompt_token_ids)))
         return out
 
+    @with_lora
     def token_embed(self, inputs: str | Sequence, *, normalize: bool | None = None,
                     skip_special_tokens: bool = False, truncate: bool = True,
                     truncate_prompt_tokens: int | None = None,
@@ -236,6 +295,7 @@ class Engine:
         return [TokenEmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
                 for r in results]
 
+    @with_lora
     def encode(self, inputs: str | Sequence, pooling_params: PoolingParams | None = None, *,
                truncate: bool = True, truncate_prompt_tokens: int | None = None,
                truncation_direction: str = "right", prompt: str | None = None,
@@ -250,6 +310,7 @@ class Engine:
                 for r in results]
 
     # ---- classify / token_classify / NER (issue 3) ---------------------------------------
+    @with_lora
     def classify(self, inputs: str | Sequence, *, text_pair: str | list[str] | None = None,
                  use_activation: bool | None = None, truncate: bool = True,
                  truncate_prompt_tokens: int | None = None, add_special_tokens: bool = True,
@@ -281,6 +342,7 @@ class Engine:
                                                 ranked, r.num_tokens, r.request_id))
         return outputs
 
+    @with_lora
     def token_classify(self, inputs: str | Sequence, *, use_activation: bool | None = None,
                        skip_special_tokens: bool = False, truncate: bool = True,
                        truncate_prompt_tokens: int | None = None,
@@ -306,6 +368,7 @@ class Engine:
                 r.request_id))
         return outputs
 
+    @with_lora
     def ner(self, inputs: str | list[str], *, labels: Sequence | None = None,
             threshold: float | None = None, flat_ner: bool | None = None,
             multi_label: bool | None = None, aggregation_strategy: str = "simple",
@@ -474,6 +537,7 @@ class Engine:
         return None
 
     # ---- score / rerank (issue 4) ---------------------------------------------------------
+    @with_lora
     def score(self, queries: str | Sequence, documents: str | Sequence, *,
               truncate: bool = True, truncate_prompt_tokens: int | None = None,
               truncation_direction: str = "right", use_tqdm: bool | None = None,
@@ -498,6 +562,7 @@ class Engine:
                              max_tokens_per_doc=max_tokens_per_doc)
 
     # ---- BGE-M3 (issue 13) -------------------------------------------------------------------
+    @with_lora
     def embed_bge_m3(self, inputs: str | Sequence, *,
                      outputs: Sequence[str] = ("dense", "sparse", "colbert"),
                      truncate: bool = True, truncate_prompt_tokens: int | None = None,
@@ -521,6 +586,7 @@ class Engine:
                 num_tokens=r.num_tokens, request_id=r.request_id))
         return out
 
+    @with_lora
     def score_bge_m3(self, queries: str | Sequence, documents: str | Sequence, *,
                      weights: Sequence[float] | None = None, truncate: bool = True,
                      truncate_prompt_tokens: int | None = None, use_tqdm: bool | None = None,
@@ -542,6 +608,7 @@ class Engine:
             raise ValueError(f"{self.model_config.model} is not a BGE-M3 model: its folder has "
                              "no colbert_linear.pt and sparse_linear.pt beside the checkpoint.")
 
+    @with_lora
     def rerank(self, query: str | Sequence[int], documents: Sequence, *,
                top_n: int | None = None, return_documents: bool = False,
                truncate: bool = True, truncate_prompt_tokens: int | None = None,
@@ -560,12 +627,14 @@ class Engine:
                               bge_m3_mode=bge_m3_mode, bge_m3_weights=bge_m3_weights,
                               max_tokens_per_doc=max_tokens_per_doc)
 
+    @with_lora
     def encode_queries(self, inputs: str | Sequence, *, use_tqdm: bool | None = None,
                        priority: int = 0) -> list[TokenEmbeddingOutput]:
         """ColBERT query token vectors, as PyLate's encode(is_query=True): marker, [MASK]
         expansion up to the query length, L2-normalized."""
         return self._colbert_encode(inputs, "query", use_tqdm, priority)
 
+    @with_lora
     def encode_documents(self, inputs: str | Sequence, *, use_tqdm: bool | None = None,
                          priority: int = 0) -> list[TokenEmbeddingOutput]:
         """ColBERT document token vectors, as PyLate's encode(is_query=False): marker,
@@ -611,6 +680,7 @@ class Engine:
         self._between_steps(self.core.model_runner.reset_mm_cache)
 
     # ---- sparse embeddings (issue 7) ------------------------------------------------------
+    @with_lora
     def embed_sparse(self, inputs: str | Sequence, *, top_k: int | None = None,
                      threshold: float | None = None, pooling: str | None = None,
                      skip_special_tokens: bool = False, query: bool = False,
@@ -760,6 +830,11 @@ class Engine:
             cancel = call.cancel
         if cancel is not None and cancel.is_set():  # the caller left before its turn
             raise CancelledBeforeSubmit("cancelled before its inputs were submitted")
+        lora = call.lora if call is not None else None
+        if lora is not None:  # the call's adapter, on every request it submits
+            params = [p if p.lora == lora else _with_lora(p, lora) for p in params]
+        for name in {p.lora for p in params} - {None}:
+            self.check_lora(name)
         if call is not None and call.admit is not None and self._loop is not None:
             call.admit(sum(len(p.prompt_token_ids) for p in processed))
         batch_id = next(self._ids)

@@ -95,6 +95,7 @@ class Scheduler:
 
         token_budget = self.config.max_num_batched_tokens
         max_seqs = self.config.max_num_seqs
+        step_loras: set[str] = set()  # distinct LoRA adapters in this step
         while self._waiting and len(self.running) < max_seqs:
             request = self._waiting[0][1]
             if request.status != RequestStatus.WAITING:  # aborted while waiting
@@ -106,6 +107,11 @@ class Scheduler:
                 if self.running and len(self.running) >= request.max_batch_size:
                     break
                 max_seqs = min(max_seqs, request.max_batch_size)
+            lora = request.pooling_params.lora
+            if lora is not None and lora not in step_loras:
+                if self.config.max_loras is not None and len(step_loras) >= self.config.max_loras:
+                    break  # its adapter could not be resident beside the step's others
+                step_loras.add(lora)
             heapq.heappop(self._waiting)
             request.status = RequestStatus.RUNNING
             self.running.append(request)

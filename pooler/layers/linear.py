@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from pooler.kernels.int8_cpu import EPILOGUE_ACTS
+from pooler.layers.lora import add_lora, has_lora
 
 # config activation name -> (oneDNN post-op, algorithm)
 _ONEDNN_POSTOPS = {
@@ -68,14 +69,29 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
     `postop` must be what `onednn_postop` gave for `act` (None: no fused form)."""
     packed = None if postop is None else _packed_for(layer, x)
     if packed is not None:
+        if has_lora(layer):  # the adapters' updates go in before the activation
+            y = add_lora(layer, x, _LINEAR(x, packed, layer.bias, "none", [], ""))
+            return y if act is None else _act_in_place(y, act, postop)
         return _LINEAR(x, packed, layer.bias, postop[0], [], postop[1])
-    fused = getattr(layer, "fused_forward", None)  # int8 layers: the activation in their C epilogue
-    if fused is not None and (act is None or postop in EPILOGUE_ACTS):
+    # int8 layers: the activation in their C epilogue (not with adapters: their updates go
+    # in before the activation, through the forward hook of layer(x) below)
+    fused = getattr(layer, "fused_forward", None)
+    if fused is not None and not has_lora(layer) and (act is None or postop in EPILOGUE_ACTS):
         y = fused(x, EPILOGUE_ACTS[postop] if act is not None else 0)
         if y is not None:
             return y
-    y = layer(x)
+    y = layer(x)  # a targeted layer's forward hook adds the adapters' updates
     return y if act is None else act(y)
+
+
+def _act_in_place(y: torch.Tensor, act, postop: tuple[str, str]) -> torch.Tensor:
+    """act(y), in y's own memory when the fused post-op names it: no second [tokens, inter]
+    buffer to allocate and fault in."""
+    if postop[0] == "gelu":
+        return torch.ops.aten.gelu_(y, approximate=postop[1] or "none")
+    if postop[0] == "relu":
+        return y.relu_()
+    return act(y)
 
 
 def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -84,7 +100,8 @@ def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tor
     linear + add on the shared 2-core machine; see docs/benchmarks.md, issue 14 part 5)."""
     packed = _packed_for(layer, x)
     if packed is not None and residual.dtype == torch.float32 and residual.is_contiguous():
-        return _LINEAR_BINARY(x, residual, packed, layer.bias, "add")
+        y = _LINEAR_BINARY(x, residual, packed, layer.bias, "add")
+        return add_lora(layer, x, y) if has_lora(layer) else y
     fused = getattr(layer, "fused_forward", None)  # int8 layers: the add in their C epilogue
-    y = fused(x, 0, residual) if fused is not None else None
-    return y if y is not None else layer(x) + residual
+    y = fused(x, 0, residual) if fused is not None and not has_lora(layer) else None
+    return y if y is not None else layer(x) + residual  # layer(x): its hook adds adapters

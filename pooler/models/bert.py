@@ -18,6 +18,7 @@ from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.kernels.bert_cpu import bert_layers_on_cpu
 from pooler.layers.linear import linear_act, linear_add, onednn_postop
+from pooler.layers.lora import lora_active
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_renamed_weights
 
@@ -85,8 +86,9 @@ class BertLayer(nn.Module):
 def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
                position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
     """model.layers (BertLayers) over x [num_tokens, hidden]: a short step in one C call
-    (pooler/kernels/bert_cpu.py), anything else layer by layer. BERT, DistilBERT and MPNet."""
-    fused = bert_layers_on_cpu(model, x, inputs, position_bias)
+    (pooler/kernels/bert_cpu.py), anything else layer by layer. BERT, DistilBERT and MPNet.
+    A step with LoRA adapters goes layer by layer: the C stack cannot add their updates."""
+    fused = None if lora_active() else bert_layers_on_cpu(model, x, inputs, position_bias)
     if fused is not None:
         return fused
     for layer in model.layers:
@@ -116,6 +118,8 @@ class BertModel(nn.Module):
 
     # Checkpoint prefixes of the task models (BertForX keeps the encoder under `bert.`).
     weight_prefixes = ("bert.", "roberta.", "model.")
+    # Checkpoint name -> our name (LoRA adapters name the checkpoint's layers: pooler/lora).
+    weight_renames = _RENAMES
 
     config_class = BertConfig  # ELECTRA's adds an embedding size
 

@@ -91,3 +91,4 @@ _RENAMES = [(re.compile(p), r, s) for p, r, s in [
     (_LAYER + r"ffn\.lin2\.(weight|bias)$", r"layers.\1.down_proj.\2", None),
     (_LAYER + r"output_layer_norm\.(weight|bias)$", r"layers.\1.mlp_norm.\2", None),
 ]]
+DistilBertModel.weight_renames = _RENAMES  # for LoRA adapters (pooler/lora)

@@ -39,6 +39,7 @@ _RENAMES = _BERT_RENAMES + [
 class ElectraModel(BertModel):
     # ElectraFor* keep the encoder under `electra.`; a bare ElectraModel has no prefix.
     weight_prefixes = ("electra.",)
+    weight_renames = _RENAMES
     config_class = ElectraConfig
 
     def __init__(self, hf_config: dict):

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pooler.layers.lora import LoraRows
+
 
 @dataclass
 class ModelInputs:
@@ -17,6 +19,9 @@ class ModelInputs:
     # [num_seqs] trailing tokens of each sequence that no token attends to (ColBERT query
     # expansion); None when no sequence has any.
     num_unattended: list[int] | None = None
+    # LoRA: adapter i of the step owns tokens [lora.bounds[i], lora.bounds[i+1]) ([num_adapters
+    # + 1] bounds; sequences are ordered by adapter); None when the step is the base's alone.
+    lora: LoraRows | None = None
 
     @property
     def num_tokens(self) -> int:

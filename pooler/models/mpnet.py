@@ -130,3 +130,4 @@ _RENAMES = [(re.compile(p), r, s) for p, r, s in [
     (_LAYER + r"output\.dense\.(weight|bias)$", r"layers.\1.down_proj.\2", None),
     (_LAYER + r"output\.LayerNorm\.(weight|bias)$", r"layers.\1.mlp_norm.\2", None),
 ]]
+MPNetModel.weight_renames = _RENAMES  # for LoRA adapters (pooler/lora)

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from pooler.server import bge_m3, cohere, long_inputs, ner, openai, rerank, tei, vllm
+from pooler.server import bge_m3, cohere, long_inputs, lora, ner, openai, rerank, tei, vllm
 from pooler.server.auth import APIKeyMiddleware
 from pooler.server.connection_limits import BodyTimeoutMiddleware
 from pooler.server.errors import (ERROR_RESPONSES, error_response, install_error_handlers,
@@ -100,7 +100,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
         message, param = validation_message(list(exc.errors()))
         return error_response(400, message, param, "invalid_value")
 
-    for module in (openai, vllm, rerank, tei, cohere, ner, bge_m3, long_inputs):
+    for module in (openai, vllm, rerank, tei, cohere, ner, bge_m3, long_inputs, lora):
         app.include_router(module.router)
 
     default_openapi = app.openapi

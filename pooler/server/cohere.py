@@ -170,6 +170,7 @@ async def _embed(body: CohereEmbedRequest, request: Request, version: str):
         return {"response_type": "embeddings_by_type", "embeddings": _by_type(matrix, types),
                 **common}
 
+    state.pick_lora(body.model)  # any name is accepted; an adapter's name picks it
     return await state.respond(request, len(texts), "texts", compute)
 
 

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pooler.engine.engine_loop import RequestCancelled
+from pooler.engine.lora import UnknownLoraError
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError):
         message, param = validation_message(list(exc.errors()))
         return error_response(400, message, param, "invalid_value")
+
+    @app.exception_handler(UnknownLoraError)
+    async def _unknown_lora(request: Request, exc: UnknownLoraError):
+        return error_response(404, str(exc), "model", "model_not_found")
 
     @app.exception_handler(ValueError)
     async def _value_error(request: Request, exc: ValueError):

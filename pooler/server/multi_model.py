@@ -132,7 +132,11 @@ class ModelRouter:
     def _pick(self, path: str, body: bytes) -> ServedModel | None:
         name = _model_field(body)
         if name is not None:
-            return self.by_name.get(name)
+            if name in self.by_name:
+                return self.by_name[name]
+            # A LoRA adapter (loadable at run time) goes to the model that serves it.
+            return next((m for m in self.models
+                         if name in m.app.state.pooler.lora_names), None)
         for task in _ROUTE_TASKS.get(path, ()):
             for m in self.models:
                 if task in m.app.state.pooler.engine.supported_tasks:

@@ -19,7 +19,10 @@ def get_state(request: Request) -> ServerState:
 @router.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
 async def list_models(request: Request):
     state = get_state(request)
-    return {"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": int(state.started_at),
-        "owned_by": "pooler", "root": state.model_root,
-        "max_model_len": state.engine.model_config.max_model_len}]}
+    max_len = state.engine.model_config.max_model_len
+    base = {"id": state.model_name, "object": "model", "created": int(state.started_at),
+            "owned_by": "pooler", "root": state.model_root, "max_model_len": max_len}
+    # Each LoRA adapter is a model of its own for clients (as vLLM lists them).
+    adapters = [{**base, "id": name, "root": name, "parent": state.model_name}
+                for name in state.lora_names]
+    return {"object": "list", "data": [base, *adapters]}

@@ -59,6 +59,9 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
     "/": lambda e: _not_gliner(e) and (
         bool({"embed", "classify", "token_classify"} & set(e.supported_tasks)) or _is_mlm(e)),
     "/pooling": _not_gliner, "/invocations": _not_gliner,
+    # vLLM's run-time LoRA routes, on a server started with --enable-lora / --lora-modules.
+    "/v1/load_lora_adapter": lambda e: bool(getattr(e, "lora_enabled", False)),
+    "/v1/unload_lora_adapter": lambda e: bool(getattr(e, "lora_enabled", False)),
     "/bge_m3/embed": _is_bge_m3, "/bge_m3/score": _is_bge_m3,
     "/embed_all": _has_task("token_embed"),
     "/classify": _has_task("classify"),

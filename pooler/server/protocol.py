@@ -89,6 +89,7 @@ class ModelCard(BaseModel):
     owned_by: str = "pooler"
     root: str
     max_model_len: int
+    parent: Optional[str] = None  # a LoRA adapter's base model (vLLM's field)
 
 
 class ModelList(BaseModel):

@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +33,12 @@ from pooler.server.shutdown import ShutdownGate
 
 # Threads for the tokenizer-only routes: tokenizing a request takes milliseconds.
 TOKENIZER_WORKERS = 4
+
+
+# The LoRA adapter the request's `model` named (None: the base), set by check_model in the
+# handler and read by respond() in the same request's task: every route that checks `model`
+# runs its engine calls with that adapter, without an argument through each handler.
+_request_lora: ContextVar[str | None] = ContextVar("pooler_request_lora", default=None)
 
 
 class ServerState:
@@ -68,9 +75,24 @@ class ServerState:
 
     # ---- checks (event loop; cheap) -----------------------------------------------------
     def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.model_names:
+        """404 unless `model` names the served model or one of its LoRA adapters; an adapter
+        is then what this request's engine calls run with."""
+        adapters = self.lora_names
+        if model is not None and model not in self.model_names and model not in adapters:
+            also = f" and the LoRA adapters {adapters}" if adapters else ""
             raise APIError(404, f"The model `{model}` does not exist. This server serves "
-                           f"`{self.model_name}`.", param="model", code="model_not_found")
+                           f"`{self.model_name}`{also}.", param="model", code="model_not_found")
+        _request_lora.set(model if model in adapters else None)
+
+    def pick_lora(self, model: str | None) -> None:
+        """Run this request with the adapter `model` names, if it names one (routes where any
+        model name is accepted, e.g. Cohere's)."""
+        if model is not None and model in self.lora_names:
+            _request_lora.set(model)
+
+    @property
+    def lora_names(self) -> list[str]:
+        return list(getattr(self.engine, "lora_names", []))
 
     def require(self, method: str, task: str | None = None, what: str | None = None) -> None:
         """400 unless the engine has `method` (other branches add some) and the model
@@ -175,7 +197,8 @@ class ServerState:
             tokens.release()
             raise
         self.metrics.inputs_in_flight.set(self.admission.in_flight)
-        call = CallContext(cancel=threading.Event(), admit=tokens.admit)
+        call = CallContext(cancel=threading.Event(), admit=tokens.admit,
+                           lora=_request_lora.get())
         # For the metrics, traces and logs written when the answer is sent (metrics.py).
         request.scope["pooler.call"], request.scope["pooler.num_items"] = call, num_items
 

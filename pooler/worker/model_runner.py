@@ -8,14 +8,15 @@ from __future__ import annotations
 import logging
 import traceback
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
-from functools import partial
-
 from pooler.config import DEFAULT_TOKEN_BUDGET, ModelConfig
+from pooler.layers.lora import LoraRows, lora_rows
 from pooler.layers.quantization import apply_quantization, check_quantization
 from pooler.loader import build_model, load_weights_into
+from pooler.lora.manager import LoraManager, StepLora
 from pooler.models.inputs import ModelInputs
 from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
@@ -54,6 +55,8 @@ class ModelRunner(ModelRunnerBase):
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
         self.requests: dict[str, NewRequestData] = {}
         self.heap_trimmer = HeapTrimmer()
+        # LoRA adapters served beside the base (pooler/lora); set up by enable_lora.
+        self.lora: LoraManager | None = None
         if self.device.type == "cpu":
             tune_malloc_for_steps()  # reuse activation pages across steps (memory.py)
 
@@ -69,23 +72,36 @@ class ModelRunner(ModelRunnerBase):
         """ValueError when the model's pooler for params.task cannot serve them."""
         self.model.pooler.check_params(params)
 
+    def enable_lora(self, max_loras: int, max_lora_rank: int) -> LoraManager:
+        """Serve LoRA adapters beside the base from now on (adapters are added to the returned
+        manager, between steps)."""
+        if self.lora is None:
+            self.lora = LoraManager(self.model, str(self.model_config.model), max_loras,
+                                    max_lora_rank)
+        return self.lora
+
     # ---- one step -----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.finish_requests(scheduler_output)
         new_reqs = scheduler_output.scheduled_new_reqs
         if not new_reqs:
             return ModelRunnerOutput()
+        if self.lora is not None:  # each adapter's requests together: one row range each
+            new_reqs = sorted(new_reqs, key=lambda r: self.lora.order_key(r.pooling_params.lora))
         req_ids = [r.req_id for r in new_reqs]
         num_tokens = sum(len(r.prompt_token_ids) for r in new_reqs)
         if self.step_threads is not None:
             self.step_threads.apply(num_tokens)
         try:
             self.add_requests(new_reqs)
-            inputs, metadata = self._prepare_inputs(new_reqs)
+            step_lora = self._step_lora(new_reqs)
+            inputs, metadata = self._prepare_inputs(new_reqs, step_lora)
             with torch.inference_mode():
-                hidden_states = self.model.backbone(inputs)  # [num_tokens, hidden]
+                with lora_rows(inputs.lora):
+                    hidden_states = self.model.backbone(inputs)  # [num_tokens, hidden]
                 outputs, errors = self.pooling_runner.pool(
-                    hidden_states, metadata, finished_mask=[True] * len(new_reqs))
+                    hidden_states, metadata, finished_mask=[True] * len(new_reqs),
+                    lora=step_lora)
             outputs = [None if o is None else _to_host(o) for o in outputs]
         except Exception as exc:  # isolate: the scheduler retries the batch in halves
             logger.debug("batch of %d failed: %s", len(new_reqs), traceback.format_exc())
@@ -95,7 +111,14 @@ class ModelRunner(ModelRunnerBase):
             self.heap_trimmer.maybe_trim(num_tokens)
         return ModelRunnerOutput(req_ids=req_ids, pooler_outputs=outputs, errors=errors)
 
-    def _prepare_inputs(self, reqs: list[NewRequestData]) -> tuple[ModelInputs, PoolingMetadata]:
+    def _step_lora(self, reqs: list[NewRequestData]) -> StepLora | None:
+        if self.lora is None:
+            return None
+        return self.lora.step([r.pooling_params.lora for r in reqs],
+                              [len(r.prompt_token_ids) for r in reqs])
+
+    def _prepare_inputs(self, reqs: list[NewRequestData], step_lora: StepLora | None = None
+                        ) -> tuple[ModelInputs, PoolingMetadata]:
         seq_lens = [len(r.prompt_token_ids) for r in reqs]
         starts, total = [], 0
         for n in seq_lens:
@@ -117,7 +140,9 @@ class ModelRunner(ModelRunnerBase):
         inputs = ModelInputs(input_ids=input_ids, positions=positions.to(self.device),
                              token_type_ids=token_types, cu_seqlens=cu_seqlens,
                              seq_lens=seq_lens, max_seqlen=max(seq_lens),
-                             num_unattended=unattended if any(unattended) else None)
+                             num_unattended=unattended if any(unattended) else None,
+                             lora=None if step_lora is None else LoraRows(
+                                 step_lora.adapters, step_lora.token_bounds, total))
         metadata = PoolingMetadata(
             req_ids=[r.req_id for r in reqs], seq_lens=seq_lens, seq_starts=starts,
             num_prompt_tokens=[r.num_prompt_tokens for r in reqs],

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 
 from pooler.config import ModelConfig
+from pooler.lora.manager import StepLora
+from pooler.lora.pooling import pool_per_adapter
 from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.tasks import POOLING_TASKS, TOKEN_TASKS
@@ -82,9 +84,14 @@ class PoolingRunner:
 
     # ---- pooling ------------------------------------------------------------------------
     def pool(self, hidden_states: torch.Tensor, metadata: PoolingMetadata,
-             finished_mask: list[bool]) -> tuple[list[torch.Tensor | None], dict[str, str]]:
+             finished_mask: list[bool], lora: StepLora | None = None
+             ) -> tuple[list[torch.Tensor | None], dict[str, str]]:
         """hidden_states: [num_tokens, hidden]. Returns one output per request and the
-        per-request errors (req_id -> message)."""
-        outputs = self.pooler(hidden_states, metadata)
+        per-request errors (req_id -> message). With `lora` touching head layers, the heads
+        run once per adapter (pooler/lora/pooling.py)."""
+        if lora is not None and lora.touches_heads:
+            outputs = pool_per_adapter(self.pooler, hidden_states, metadata, lora)
+        else:
+            outputs = self.pooler(hidden_states, metadata)
         return self.late_interaction.postprocess_pooler_output(
             outputs, metadata.pooling_params, metadata.req_ids, finished_mask)

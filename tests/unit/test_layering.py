@@ -17,7 +17,7 @@ PACKAGE_DIR = Path(pooler.__file__).parent
 LAYERS = {
     "cli": 5, "server": 5, "bench": 5, "batch": 5, "ray": 5, "__main__": 5,
     "engine": 4,
-    "worker": 3, "loader": 3,
+    "worker": 3, "loader": 3, "lora": 3,
     "pooling": 2, "models": 2,
     "layers": 1, "kernels": 1,
 }

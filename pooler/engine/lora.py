@@ -1,0 +1,60 @@
+"""The engine's side of LoRA adapters: which families take them, the per-call choice
+(`Engine.embed(..., lora="name")` and the other task methods), and adding / removing adapters
+between steps. The adapters themselves live in the model runner (pooler/lora)."""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import replace
+
+from pooler.engine.engine_loop import CallContext, current_call
+
+# Model families whose linear layers adapters reach (pooler/layers/lora.py); the rest refuse
+# lora_modules at start-up rather than serve an adapter half applied.
+LORA_FAMILIES = ("bert", "distilbert", "mpnet", "electra", "modernbert")
+
+
+class UnknownLoraError(ValueError):
+    """A request named an adapter this engine does not serve (the server answers 404)."""
+
+    def __init__(self, name: str, known: list[str]):
+        self.name, self.known = name, known
+        super().__init__(f"The LoRA adapter {name!r} is not loaded; loaded adapters: "
+                         f"{known or 'none'}. Load it first (lora_modules= / --lora-modules / "
+                         "POST /v1/load_lora_adapter).")
+
+
+def check_family(family: str, runner: str) -> None:
+    if runner == "transformers":
+        raise ValueError("LoRA adapters need the native runner; drop runner='transformers' "
+                         "(--runner transformers).")
+    if family not in LORA_FAMILIES:
+        raise ValueError(f"LoRA adapters are served on the {list(LORA_FAMILIES)} families; "
+                         f"this model's family is {family!r}. Merge the adapter into the base "
+                         "(peft's merge_and_unload) and serve the merged model instead.")
+
+
+def with_lora(method):
+    """Give an Engine task method a `lora` keyword: every request the call submits runs with
+    that adapter (run_processed reads it from the call's CallContext)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, lora: str | None = None, **kwargs):
+        if lora is None:
+            return method(self, *args, **kwargs)
+        self.check_lora(lora)
+        call = current_call.get()
+        token = current_call.set(CallContext(lora=lora) if call is None
+                                 else replace(call, lora=lora))
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            current_call.reset(token)
+
+    signature = inspect.signature(method)
+    params = list(signature.parameters.values())
+    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD),
+              len(params))
+    params.insert(at, inspect.Parameter("lora", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation="str | None"))
+    wrapper.__signature__ = signature.replace(parameters=params)
+    return wrapper

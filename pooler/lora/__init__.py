@@ -1,0 +1,3 @@
+"""LoRA adapters on the native encoders: reading PEFT folders onto a model (adapter.py), the
+served set and one step's rows per adapter (manager.py), heads run per adapter (pooling.py).
+The per-layer math lives in pooler/layers/lora.py."""
