@@ -15,12 +15,11 @@
  * Asymmetric codes also spend all levels on the token's real range (a GELU output lies mostly
  * in [-0.17, max]), which symmetric codes waste half of.
  *
- * VPMADDUBSW saturation: a pair of products can reach 2 * 255 * 127 = 64770 > 32767. For the
- * AVX2 build the caller quantizes weights to 7 bits (|w| <= 63, pooler/kernels/int8_cpu.py
- * WEIGHT_LEVELS): 2 * 255 * 63 = 32130 cannot saturate. 7-bit activation codes with 8-bit
- * weights were tried first and lost more accuracy (min cosine 0.99639 vs fp32 on the bench
- * corpus, below the 0.997 bar). VNNI sums into int32: 8-bit weights. Activations are 8-bit
- * codes (levels = 255) in both builds.
+ * VPMADDUBSW saturation: a pair of products can reach 2 * 255 * 127 = 64770 > 32767, and
+ * letting it saturate lost the answer (min cosine 0.896 to fp32 on the bench corpus). The AVX2
+ * build uses activation codes [0, 191] and the caller quantizes its weights to [-85, 85]
+ * (pooler/kernels/int8_cpu.py WEIGHT_LEVELS): 2 * 191 * 85 = 32470 cannot saturate. VNNI sums
+ * into int32: codes [0, 255] and weights [-127, 127].
  *
  * Layout: x fp32 row-major [m, k]; weights as nn.Linear keeps them, [n, k] int8, packed by
  * pack_int8_weight into [ceil(n/32)] panels of [k4/4][32 columns][4 consecutive k] bytes (k4 =
@@ -39,11 +38,12 @@
 
 #define NR 32 /* panel width in output columns */
 
-#define LEVELS 255 /* activation codes [0, 255] */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define LEVELS 255 /* activation codes [0, 255] */
 #define MR 12 /* rows per register tile: 12 x 2 zmm accumulators */
 #define CW 32 /* columns per tile: the whole panel */
 #else
+#define LEVELS 191 /* activation codes [0, 191]: with |w| <= 85, 2 * 191 * 85 = 32470 */
 #define AVX2_BUILD 1
 #define MR 4 /* 4 x 2 ymm accumulators + 2 weight vectors + broadcasts in 16 ymm */
 #define CW 16 /* columns per tile: half a panel */
@@ -233,7 +233,7 @@ static inline __attribute__((always_inline)) void tile(
             int32_t a4;
             memcpy(&a4, q + (size_t)r * k4 + g * 4, 4);
             __m256i a = _mm256_set1_epi32(a4);
-            /* u8 x s8 pairs -> int16 (7-bit weights: no saturation), pairs of int16 -> int32 */
+            /* u8 x s8 pairs -> int16 (191 x 85 x 2 fits: no saturation), pairs -> int32 */
             acc[r][0] = _mm256_add_epi32(acc[r][0],
                                          _mm256_madd_epi16(_mm256_maddubs_epi16(a, w0), ones));
             acc[r][1] = _mm256_add_epi32(acc[r][1],

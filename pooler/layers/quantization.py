@@ -7,9 +7,9 @@ Scheme (chosen by measurement, see docs/benchmarks.md):
   ranges, as torch/ONNX dynamic quantization use, are what lost accuracy);
 - int8 x int8 -> int32, then one rescale and the bias in fp32.
 The product runs on the best path this CPU has (pooler/kernels/int8_cpu.py): pooler's C kernels
-for AVX-512 VNNI and AVX2 (activations as unsigned 8-bit codes with a per-token zero point;
-weights 7-bit on AVX2 so that VPMADDUBSW cannot saturate), else the portable `torch._int_mm`
-path (symmetric 8-bit activations). Whether any of them beats fp32 on this CPU is checked at load
+for AVX-512 VNNI and AVX2 (activations as unsigned codes with a per-token zero point; on AVX2
+codes 0..191 and weights +-85 so that VPMADDUBSW cannot saturate), else the portable
+`torch._int_mm` path (symmetric 8-bit activations). Whether any of them beats fp32 on this CPU is checked at load
 (pooler/precision_gate.py, wired in pooler/worker/precision_check.py).
 The fused QKV projection stays in fp32 (`DEFAULT_KEEP_FP32`): attention scores amplify its
 errors through the softmax. Over the 2,000-text benchmark corpus on all-MiniLM-L6-v2 (torch

@@ -25,13 +25,23 @@ def _linear(k: int, n: int, seed: int = 0) -> nn.Linear:
 def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int) -> torch.Tensor:
     """What int8_gemm.c computes, in exact integer arithmetic: per-token unsigned codes in
     [0, levels] with a zero point (the range always holds 0), rounded half to even as the
-    vector conversion does, times the int8 weights, rescaled, plus the bias."""
+    vector conversion does, times the int8 weights, rescaled, plus the bias. On the AVX2 path
+    each pair of consecutive products is an int16 sum that saturates (VPMADDUBSW)."""
     lo, hi = x.amin(1, keepdim=True).clamp(max=0), x.amax(1, keepdim=True).clamp(min=0)
     scale = ((hi - lo) / levels).clamp(min=1e-30)
     inv = 1.0 / scale
     zp = torch.round(-lo * inv).clamp(0, levels)
     codes = (torch.round(x * inv) + zp).clamp(0, levels)
-    acc = (codes.double() - zp.double()) @ layer.weight_q.double().t()  # exact in float64
+    w = layer.weight_q.double()
+    if layer.path == "avx2":
+        k = codes.shape[1]
+        c = torch.nn.functional.pad(codes.double(), (0, k % 2))  # [m, k even]
+        wp = torch.nn.functional.pad(w, (0, k % 2))  # [n, k even]
+        pairs = c[:, None, 0::2] * wp[None, :, 0::2] + c[:, None, 1::2] * wp[None, :, 1::2]
+        raw = pairs.clamp(-32768, 32767).sum(-1)  # [m, n]
+    else:
+        raw = codes.double() @ w.t()  # exact in float64
+    acc = raw - zp.double() * w.sum(1)
     return (acc * scale.double() * layer.w_scale.double() + layer.bias.double()).float()
 
 
@@ -42,7 +52,7 @@ def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int) -> torch.
 def test_c_path_matches_its_exact_reference(path, m, k, n):
     lib = int8_cpu.int8_kernels(path)
     assert lib is not None and lib.variant == path
-    assert lib.levels == 255
+    assert lib.levels == (255 if path == "avx512-vnni" else 191)
     linear = _linear(k, n)
     layer = Int8Linear.from_linear(linear, path)
     torch.manual_seed(1)
@@ -58,15 +68,15 @@ def test_c_path_matches_its_exact_reference(path, m, k, n):
 
 @pytest.mark.skipif("avx2" not in C_PATHS, reason="the AVX2 build does not run here")
 def test_avx2_cannot_saturate_int16_pairs():
-    """The worst case for VPMADDUBSW: every activation code at 255 meeting weight codes of one
-    sign at their largest. 8-bit weights would saturate (2 * 255 * 127 > 32767); the AVX2
-    build's 7-bit weights (63) must give the exact sum."""
+    """The worst case for VPMADDUBSW: every activation code at its top (191) meeting weight codes
+    of one sign at their largest (85). 8-bit codes would saturate (2 * 255 * 127 > 32767);
+    2 * 191 * 85 = 32470 must give the exact sum."""
     k, n = 64, 32
     weight = torch.full((n, k), 1.0)
     weight[1::2] = -1.0  # every other column all negative
     layer = Int8Linear(weight, torch.zeros(n), "avx2")
-    assert layer.weight_q.abs().min() == 63 and layer.weight_q.abs().max() == 63
-    x = torch.ones(3, k)  # every code at 255, zero point 0
+    assert layer.weight_q.abs().min() == 85 and layer.weight_q.abs().max() == 85
+    x = torch.ones(3, k)  # every code at the top, zero point 0
     with torch.inference_mode():
         out = layer(x)
     torch.testing.assert_close(out, x @ weight.t(), rtol=1e-6, atol=1e-5)
