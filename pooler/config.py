@@ -14,6 +14,7 @@ from pooler.hub import refuse_remote_code
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler import architectures
+from pooler.precision_gate import ON_SLOWER_CHOICES
 from pooler.cpu_threads import default_num_threads
 from pooler.rerank_prompt import (RerankPrompt, apply_reranker_overrides,
                                   classifier_from_token_labels, rerank_prompt_of)
@@ -36,6 +37,10 @@ class ModelConfig:
     hf_overrides: dict[str, Any] | None = None
     quantization: str | None = None
     revision: str | None = None  # hub branch, tag or commit when `model` is a repository id
+    # What to do when a requested precision (bfloat16 or int8 on the CPU) is not faster than
+    # fp32 here (pooler/precision_gate.py): "fallback" runs fp32 with one log line, "refuse"
+    # raises, "off" skips the check and runs what was asked.
+    precision_check: str = "fallback"
 
     # Derived from the folder in __post_init__.
     path: Path = field(init=False)       # folder of the transformer (weights, tokenizer)
@@ -62,6 +67,9 @@ class ModelConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}.")
+        if self.precision_check not in ON_SLOWER_CHOICES:
+            raise ValueError(f"precision_check must be one of {list(ON_SLOWER_CHOICES)}, got "
+                             f"{self.precision_check!r}.")
         if self.task is not None:
             check_task(self.task)
         check_device(self.device)
@@ -120,6 +128,13 @@ class ModelConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
+
+    @property
+    def cpu_bf16(self) -> bool:
+        """bfloat16 asked for on the CPU with the native runner: fp32 weights, bf16 GEMMs
+        (pooler/worker/cpu_bf16.py) instead of an all-bf16 model."""
+        return (self.torch_dtype == torch.bfloat16 and self.torch_device.type == "cpu"
+                and self.runner == "native")
 
     @property
     def torch_device(self) -> torch.device:

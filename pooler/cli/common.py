@@ -46,6 +46,12 @@ def add_engine_args(parser: argparse.ArgumentParser, task: bool = True,
     parser.add_argument("--quantization", default=None, choices=["int8"],
                         help="int8: dynamic int8 linear layers on CPU (opt-in; "
                              "see docs/benchmarks.md for speed and accuracy)")
+    parser.add_argument("--precision-check", default="fallback",
+                        choices=["fallback", "refuse", "off"],
+                        help="when --dtype bfloat16 or --quantization int8 is not faster than "
+                             "fp32 on this CPU (timed at load): fallback runs fp32 with one log "
+                             "line, refuse stops with an error, off runs it anyway "
+                             "(default: fallback)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -57,6 +63,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 max_num_seqs=args.max_num_seqs, num_threads=args.threads,
                 quantization=getattr(args, "quantization", None),
                 revision=getattr(args, "revision", None),
+                precision_check=getattr(args, "precision_check", "fallback"),
                 hf_overrides=getattr(args, "hf_overrides", None))
 
 

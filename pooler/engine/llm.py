@@ -68,11 +68,11 @@ class Engine:
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int = 256, num_threads: int | None = None,
                  hf_overrides: dict[str, Any] | None = None, quantization: str | None = None,
-                 revision: str | None = None):
+                 revision: str | None = None, precision_check: str = "fallback"):
         self.model_config = ModelConfig(
             model=model, task=task, runner=runner, dtype=dtype, device=device,
             max_model_len=max_model_len, hf_overrides=hf_overrides, quantization=quantization,
-            revision=revision)
+            revision=revision, precision_check=precision_check)
         self.config = EngineConfig(
             self.model_config,
             SchedulerConfig.for_model(self.model_config, max_num_batched_tokens, max_num_seqs),
@@ -123,6 +123,14 @@ class Engine:
         Dense projections; the vocabulary size for a declared SPLADE model); None when the
         model has no embed task. The runner's embed pooler says it."""
         return self.core.model_runner.output_size("embed")
+
+    @property
+    def precision_path(self) -> str:
+        """What computes the model's GEMMs: "float32", "onednn-bf16 (avx512_bf16)", "float32
+        (bf16 fallback)" when the load-time check kept fp32, ... (the fallback runner: its
+        dtype)."""
+        model = getattr(self.core.model_runner, "model", None)
+        return getattr(model, "precision_path", None) or self.model_config.dtype
 
     @property
     def default_task(self) -> str:

@@ -11,7 +11,9 @@ Taken when all of these hold, else the model runs its torch layers:
 - hidden size and head size multiples of 16 (true of the BERT sizes in use: 384, 768, 1024
   with 32- or 64-wide heads);
 - the layers are the stock ones (plain nn.Linear / nn.LayerNorm, not int8-quantized) with a
-  GELU (erf or tanh) or ReLU activation.
+  GELU (erf or tanh) or ReLU activation. Bf16Linear layers (dtype="bfloat16" on the CPU) count
+  as stock: they keep their fp32 weights, and a short step is faster in this fp32 kernel than
+  in bf16 oneDNN GEMMs (pooler/worker/cpu_bf16.py).
 
 Measured on MiniLM-L6, 12 tokens, 2 threads (docs/benchmarks.md, "A short step in one C
 call"): the whole layer stack takes ~1.3 ms in C (its 24 GEMMs alone ~1.2 ms), where oneDNN's 24
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from pooler.kernels.build import encoder_kernels
+from pooler.layers.linear import Bf16Linear
 
 MAX_TOKENS = 48
 # config hidden_act -> encoder_cpu.c epilogue
@@ -40,6 +43,7 @@ _STATE = "_cpu_kernel_state"  # kept in the model's __dict__, like linear.py's p
 
 
 _LINEARS = ("qkv_proj", "o_proj", "up_proj", "down_proj")
+_STOCK_LINEARS = (nn.Linear, Bf16Linear)
 _NORMS = ("attn_norm", "mlp_norm")
 _PER_LAYER = 12  # tensors per layer (encoder_cpu.c's P_PER_LAYER), in its P_* order
 
@@ -49,7 +53,7 @@ def _layer_tensors(layer: nn.Module) -> list[torch.Tensor] | None:
     stock. Reads the module dicts directly: nn.Module.__getattr__ made this ~0.3 ms per
     MiniLM call."""
     modules = layer._modules
-    if any(type(modules[name]) is not nn.Linear for name in _LINEARS) or any(
+    if any(type(modules[name]) not in _STOCK_LINEARS for name in _LINEARS) or any(
             type(modules[name]) is not nn.LayerNorm for name in _NORMS):
         return None
     qkv, o, up, down, norm1, norm2 = (modules[name]._parameters for name in _LINEARS + _NORMS)
