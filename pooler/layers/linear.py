@@ -86,7 +86,7 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
     (for the FFN that is a pass over [num_tokens, intermediate])."""
     packed = None if postop is None else _packed_for(layer, x)
     if packed is None:
-        y = layer(x)
+        y = layer(_as_input_of(layer, x))
         return y if act is None else act(y)
     if type(layer) is nn.Linear:
         return _LINEAR(x, packed, layer.bias, postop[0], [], postop[1])
@@ -101,12 +101,21 @@ def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tor
     On the bf16 path the add reads the bf16 GEMM output and writes the fp32 residual stream."""
     packed = _packed_for(layer, x)
     if packed is None:
-        return layer(x) + residual
+        return layer(_as_input_of(layer, x)) + residual
     if type(layer) is Bf16Linear:
         return residual + _LINEAR(x.to(torch.bfloat16), packed, layer.bias, "none", [], "")
     if residual.dtype == torch.float32 and residual.is_contiguous():
         return _LINEAR_BINARY(x, residual, packed, layer.bias, "add")
     return layer(x) + residual
+
+
+def _as_input_of(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x in a plain nn.Linear's dtype: a bf16 result kept by the layer before (keep_bf16)
+    may reach an fp32 layer that the bf16 path left out."""
+    weight = getattr(layer, "weight", None)
+    if type(layer) is nn.Linear and weight is not None and x.dtype != weight.dtype:
+        return x.to(weight.dtype)
+    return x
 
 
 _BF16_INPUTS = (torch.float32, torch.bfloat16)
