@@ -26,10 +26,30 @@ def pooler_engine(model: str | Path, opts: BenchOptions, quantization: str | Non
     (runner="transformers": the padded fallback runner)."""
     from pooler.engine.llm import Engine
 
-    return Engine(str(model), runner=runner, device=opts.device, dtype=opts.dtype,
-                  quantization=quantization,
-                  max_num_batched_tokens=opts.max_num_batched_tokens,
-                  max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+    engine = Engine(str(model), runner=runner, device=opts.device, dtype=opts.dtype,
+                    quantization=quantization,
+                    max_num_batched_tokens=opts.max_num_batched_tokens,
+                    max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
+    ENGINE_PATHS.append(engine_precision_path(engine))
+    return engine
+
+
+# The precision path of every engine this (side) process built, for side.py to report.
+ENGINE_PATHS: list[str] = []
+
+
+def engine_precision_path(engine) -> str:
+    """What computes an engine's GEMMs, as the bench reports it: bf16 and int8 say their own
+    path (Engine.precision_path); fp32 names the C kernel build that takes short steps (or
+    that there is none) beside oneDNN, which takes the rest."""
+    path = engine.precision_path
+    if path != "float32" or engine.model_config.torch_device.type != "cpu":
+        return path
+    from pooler.kernels.build import encoder_kernels
+
+    lib = encoder_kernels()
+    return f"float32: C kernel {lib.variant} + oneDNN" if lib is not None else \
+        "float32: torch/oneDNN"
 
 
 def shared_model(name: str) -> Path | None:
@@ -106,10 +126,22 @@ def pooler_sides(opts: BenchOptions, make: Callable[[str | None, str], Callable]
     """The pooler side of a workload, plus its int8 twin when --quantization int8 is given.
     `make(quantization, result_name)` returns the side's run function."""
     sides = [Side(f"pooler{suffix}", "pooler", make(None, f"pooler{suffix}"))]
+    if opts.dtype == "bfloat16" and opts.device == "cpu":
+        # bf16 on the CPU runs beside pooler fp32 (the ratio the bf16 target is about).
+        sides = [Side(f"pooler{suffix}", "pooler",
+                      _in_dtype(make(None, f"pooler{suffix}"), "float32")),
+                 Side(f"pooler bf16{suffix}", "pooler",
+                      _in_dtype(make(None, f"pooler-bf16{suffix}"), "bfloat16"))]
     if opts.quantization == "int8":
         sides.append(Side(f"pooler int8{suffix}", "pooler",
                           make("int8", f"pooler-int8{suffix}")))
     return sides
+
+
+def _in_dtype(run: Callable[[BenchOptions], object], dtype: str):
+    from dataclasses import replace
+
+    return lambda opts: run(replace(opts, dtype=dtype))
 
 
 def save_json(opts: BenchOptions, name: str, obj) -> str | None:

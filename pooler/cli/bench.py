@@ -13,7 +13,9 @@ def add_parser(sub) -> None:
         description="Run each workload's sides (pooler, and the peer library) one after another "
         "in separate processes, on the same deterministic inputs and thread count, and print "
         "texts/s, real tokens/s, latency, peak RSS, the ratio to the peer and the share of the "
-        "fp32 GEMM ceiling. With --quantization int8 the int8 engine runs as an extra side.")
+        "fp32 GEMM ceiling. With --quantization int8 the int8 engine runs as an extra side; with "
+        "--dtype bfloat16 on the CPU a bf16 pooler side runs beside pooler fp32 (the peers stay "
+        "fp32).")
     add_engine_args(p)
     p.add_argument("--workload", default="embed,single_query",
                    help="comma-separated workload names, or 'all' (see --list)")
@@ -24,6 +26,10 @@ def add_parser(sub) -> None:
     p.add_argument("--corpus-size", type=int, default=None,
                    help="texts per side: the embed corpus (default 2000), the arch workload "
                    "(default 200)")
+    p.add_argument("--corpus", default="mixed", choices=["mixed", "long"],
+                   help="embed workload corpus: mixed (--corpus-size texts, half 5-15-word "
+                   "queries, half 50-250-word passages) or long (issue 30's mix: 300 texts of "
+                   "5-15 words and 300 of 50-250 words)")
     p.add_argument("--archs", default=None,
                    help="arch workload: comma-separated architectures (mpnet, deberta-v3, "
                    "gemma3, bert; default mpnet,deberta-v3,gemma3)")
@@ -67,7 +73,7 @@ def run(args) -> int:
                         quantization=args.quantization,
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         max_num_seqs=args.max_num_seqs,
-                        extra={"corpus_size": args.corpus_size,
+                        extra={"corpus_size": args.corpus_size, "corpus": args.corpus,
                                "archs": [a.strip() for a in args.archs.split(",") if a.strip()]
                                if args.archs else None})
     loads = (0, args.background_load) if args.background_load else (0,)

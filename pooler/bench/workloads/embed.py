@@ -23,6 +23,8 @@ _SWEEP_SAMPLE = 300
 
 
 def corpus_texts(opts: BenchOptions) -> list[str]:
+    if opts.extra.get("corpus") == "long":  # issue 30's long-text mix (300 + 300 texts)
+        return corpus.long_mix(*((24, 24) if opts.quick else (300, 300)))
     size = 48 if opts.quick else int(opts.extra.get("corpus_size") or 2000)
     return corpus.mixed_corpus(size)
 
@@ -85,9 +87,11 @@ def _sentence_transformer(opts: BenchOptions):
     from pooler.model_folder import resolve_model_path
 
     device = "cuda" if opts.device == "cuda" else "cpu"
-    # The peer runs in the dtype pooler runs in (e.g. bf16 on a GPU), or the ratio compares
-    # precisions instead of engines.
-    kwargs = {} if opts.dtype == "float32" else {"model_kwargs": {"dtype": opts.dtype}}
+    # On a GPU the peer runs in the dtype pooler runs in (e.g. bf16), or the ratio compares
+    # precisions instead of engines. On the CPU it runs fp32, as CPU users run it: pooler's
+    # bf16 side is its own row beside pooler fp32 (common.pooler_sides).
+    fp32 = opts.dtype == "float32" or device == "cpu"
+    kwargs = {} if fp32 else {"model_kwargs": {"dtype": opts.dtype}}
     return SentenceTransformer(str(resolve_model_path(opts.model)), device=device, **kwargs)
 
 
