@@ -16,6 +16,7 @@ from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_
 from pooler.precision_gate import ON_SLOWER_CHOICES
 from pooler.remote_layouts import remote_layout_of, to_native_config
 from pooler import architectures
+from pooler.precision_gate import ON_SLOWER_CHOICES
 from pooler.cpu_threads import default_num_threads
 from pooler.rerank_prompt import (RerankPrompt, apply_reranker_overrides,
                                   classifier_from_token_labels, rerank_prompt_of)
@@ -42,6 +43,10 @@ class ModelConfig:
     # (pooler/precision_gate.py).
     precision_check: str = "fallback"
     revision: str | None = None  # hub branch, tag or commit when `model` is a repository id
+    # What to do when a requested precision (bfloat16 or int8 on the CPU) is not faster than
+    # fp32 here (pooler/precision_gate.py): "fallback" runs fp32 with one log line, "refuse"
+    # raises, "off" skips the check and runs what was asked.
+    precision_check: str = "fallback"
 
     # Derived from the folder in __post_init__.
     path: Path = field(init=False)       # folder of the transformer (weights, tokenizer)
@@ -136,6 +141,13 @@ class ModelConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
+
+    @property
+    def cpu_bf16(self) -> bool:
+        """bfloat16 asked for on the CPU with the native runner: fp32 weights, bf16 GEMMs
+        (pooler/worker/cpu_bf16.py) instead of an all-bf16 model."""
+        return (self.torch_dtype == torch.bfloat16 and self.torch_device.type == "cpu"
+                and self.runner == "native")
 
     @property
     def torch_device(self) -> torch.device:

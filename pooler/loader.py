@@ -4,12 +4,14 @@ from __future__ import annotations
 import importlib
 import logging
 
+import torch
 from torch import nn
 
 from pooler import architectures
 from pooler.architectures import ArchSpec
 from pooler.checkpoint import iterate_weights, strip_prefix
 from pooler.config import ModelConfig
+from pooler.cpu_features import cpu_features
 from pooler.gliner import BACKBONE_PREFIX as GLINER_BACKBONE_PREFIX
 from pooler.pooling.dispatch import build_pooler
 
@@ -29,6 +31,8 @@ class PoolingModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.pooler = pooler
+        # What computes the GEMMs, for logs and the bench ("float32", "onednn-bf16 (amx)", ...).
+        self.precision_path = "float32"
 
 
 def load_weights_into(model: PoolingModel, model_config: ModelConfig) -> None:
@@ -57,9 +61,18 @@ def build_model(model_config: ModelConfig, quantize: bool = True) -> PoolingMode
     pooler = build_pooler(model_config, backbone)
     model = PoolingModel(backbone, pooler)
     load_weights_into(model, model_config)
-    model = model.to(device=model_config.torch_device, dtype=model_config.torch_dtype)
+    # bf16 on the CPU keeps fp32 weights: only the GEMMs run in bf16 (worker/cpu_bf16.py).
+    dtype = torch.float32 if model_config.cpu_bf16 else model_config.torch_dtype
+    model = model.to(device=model_config.torch_device, dtype=dtype)
     model.eval()
     model.requires_grad_(False)
+    if dtype != torch.float32:
+        model.precision_path = f"{model_config.dtype} ({model_config.torch_device.type})"
+    if model_config.cpu_bf16:
+        from pooler.worker.cpu_bf16 import bf16_path_name, choose_cpu_bf16
+        decision = choose_cpu_bf16(model.backbone, model_config)
+        model.precision_path = bf16_path_name(cpu_features()) if decision.use_candidate \
+            else "float32 (bf16 fallback)"
     if quantize and model_config.quantization is not None:
         from pooler.layers.quantization import apply_quantization
         apply_quantization(model, model_config)

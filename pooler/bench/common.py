@@ -30,26 +30,31 @@ def pooler_engine(model: str | Path, opts: BenchOptions, quantization: str | Non
                     quantization=quantization,
                     max_num_batched_tokens=opts.max_num_batched_tokens,
                     max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
-    _PRECISION_NOTES.append(precision_note(engine))
+    ENGINE_PATHS.append(engine_precision_path(engine))
     return engine
 
 
-# What each pooler engine built in this side's process ran as (one side, one process).
-_PRECISION_NOTES: list[str] = []
+# The precision path of every engine this (side) process built, for side.py to report.
+ENGINE_PATHS: list[str] = []
 
 
-def precision_note(engine) -> str:
-    """'int8 path avx512-vnni' / 'int8 -> float32 (slower here)' for a requested precision,
-    '' otherwise: the table says which path each precision took."""
+def engine_precision_path(engine) -> str:
+    """What computes an engine's GEMMs, as the bench reports it: bf16 and int8 say their own
+    path (Engine.precision_path); fp32 names the C kernel build that takes short steps (or
+    that there is none) beside oneDNN, which takes the rest."""
+    path = engine.precision_path
     decision = getattr(engine.core.model_runner, "precision_decision", None)
-    if decision is None:
-        return ""
-    if not decision.use_candidate:
-        return f"{decision.requested} -> float32 (precision check: slower here)"
-    from pooler.kernels.int8_cpu import int8_path
+    if decision is not None and decision.timings:  # int8's load-time check, as it timed it
+        timed = "; ".join(f"{n} {a * 1e3:.1f} vs {b * 1e3:.1f} ms"
+                          for n, a, b in decision.timings)
+        path += f" (load check, {decision.requested} vs float32: {timed})"
+    if path != "float32" or engine.model_config.torch_device.type != "cpu":
+        return path
+    from pooler.kernels.build import encoder_kernels
 
-    timed = "; ".join(f"{n} {a * 1e3:.1f} vs {b * 1e3:.1f} ms" for n, a, b in decision.timings)
-    return f"int8 path {int8_path()}" + (f" (load check: {timed})" if timed else "")
+    lib = encoder_kernels()
+    return f"float32: C kernel {lib.variant} + oneDNN" if lib is not None else \
+        "float32: torch/oneDNN"
 
 
 def shared_model(name: str) -> Path | None:
@@ -126,29 +131,37 @@ def pooler_sides(opts: BenchOptions, make: Callable[[str | None, str], Callable]
     """The pooler side of a workload, plus its int8 twin when --quantization int8 is given.
     `make(quantization, result_name)` returns the side's run function."""
     sides = [Side(f"pooler{suffix}", "pooler", make(None, f"pooler{suffix}"))]
+    if opts.dtype == "bfloat16" and opts.device == "cpu":
+        # bf16 on the CPU runs beside pooler fp32 (the ratio the bf16 target is about).
+        sides = [Side(f"pooler{suffix}", "pooler",
+                      _in_dtype(make(None, f"pooler{suffix}"), "float32")),
+                 Side(f"pooler bf16{suffix}", "pooler",
+                      _in_dtype(make(None, f"pooler-bf16{suffix}"), "bfloat16"))]
     if opts.quantization == "int8":
         sides.append(Side(f"pooler int8{suffix}", "pooler",
-                          _noted(make("int8", f"pooler-int8{suffix}"))))
+                          make("int8", f"pooler-int8{suffix}")))
         from pooler.kernels.int8_cpu import runnable_paths
 
         if runnable_paths()[:1] == ["avx512-vnni"] and "avx2" in runnable_paths():
             # the AVX2 build on this VNNI CPU: what an AVX2-only CPU runs (issue 30)
             sides.append(Side(f"pooler int8 avx2{suffix}", "pooler",
-                              _noted(make("int8", f"pooler-int8-avx2{suffix}"),
-                                     {"POOLER_CPU_KERNELS": "avx2"})))
+                              _with_env(make("int8", f"pooler-int8-avx2{suffix}"),
+                                        {"POOLER_CPU_KERNELS": "avx2"})))
     return sides
 
 
-def _noted(run: Callable, env: dict[str, str] | None = None) -> Callable:
-    """The side's run with `env` set first (its own process) and the precision path its
-    engines took added to its note."""
-    def noted(opts: BenchOptions):
-        os.environ.update(env or {})
-        result = run(opts)
-        notes = [n for n in dict.fromkeys(_PRECISION_NOTES) if n]
-        result.note = "; ".join(([result.note] if result.note else []) + notes)
-        return result
-    return noted
+def _with_env(run: Callable, env: dict[str, str]) -> Callable:
+    """The side's run with `env` set first (each side runs in its own process)."""
+    def with_env(opts: BenchOptions):
+        os.environ.update(env)
+        return run(opts)
+    return with_env
+
+
+def _in_dtype(run: Callable[[BenchOptions], object], dtype: str):
+    from dataclasses import replace
+
+    return lambda opts: run(replace(opts, dtype=dtype))
 
 
 def save_json(opts: BenchOptions, name: str, obj) -> str | None:

@@ -65,4 +65,14 @@ def long_corpus(n: int = 600, seed: int = 0) -> list[str]:
     return [_sentence(rng, rng.randint(100, 250)) for _ in range(n)]
 
 
-CORPORA = ("mixed", "long")
+def long_mix(short: int = 300, long: int = 300, seed: int = 30) -> list[str]:
+    """The mix issue 30 measured on: `short` texts of 5-15 words and `long` of 50-250 words
+    (about 78 tokens a text on average, up to ~250), shuffled in a fixed order. The same
+    recipe as mixed_corpus at that size, with its own seed."""
+    texts = queries(short, seed) + passages(long, seed + 1)
+    random.Random(seed + 2).shuffle(texts)
+    return texts
+
+
+# --corpus choices: mixed (mixed_corpus), long (long_mix, issue 30), passages (long_corpus)
+CORPORA = ("mixed", "long", "passages")

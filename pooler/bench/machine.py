@@ -64,10 +64,34 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def precision_paths() -> dict[str, str]:
+    """What each precision runs on this CPU (before any load-time timing): fp32's C kernel
+    build for short steps, bf16's oneDNN path or its fallback, int8's kernel."""
+    from pooler.kernels.build import encoder_kernels
+    from pooler.worker.cpu_bf16 import bf16_path_name
+
+    cpu = cpu_features()
+    lib = encoder_kernels()
+    fp32 = f"C kernel {lib.variant} (steps <= 48 tokens) + oneDNN" if lib is not None else \
+        "torch/oneDNN (no C kernel here)"
+    bf16 = bf16_path_name(cpu) + ", timed against fp32 at load" if cpu.bf16 else \
+        "float32 fallback (no AVX512_BF16 / AMX-BF16)"
+    return {"float32": fp32, "bfloat16": bf16, "int8": _int8_path(cpu)}
+
+
+def _int8_path(cpu) -> str:
+    # The int8 kernels say their own path where they provide `int8_path_name(cpu)`.
+    from pooler.layers import quantization
+
+    name = getattr(quantization, "int8_path_name", None)
+    return name(cpu) if name is not None else "torch._int_mm"
+
+
 def machine_info() -> dict:
     cpu = cpu_features()
     return {
-        "cpu": cpu.model, "cpu_kind": cpu.kind(), "cpu_flags": " ".join(cpu.named()), "cores": os.cpu_count(),
+        "cpu": cpu.model, "cpu_kind": cpu.kind(), "cpu_flags": " ".join(cpu.named()),
+        "precision_paths": precision_paths(), "cores": os.cpu_count(),
         "python": platform.python_version(), "torch": _version("torch"),
         "transformers": _version("transformers"),
         "sentence-transformers": _version("sentence-transformers"),

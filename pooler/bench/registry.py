@@ -45,6 +45,9 @@ class SideResult:
     loaded_rss_mb: float = 0.0    # after loading the model, before the timed part
     note: str = ""                # e.g. the batch size a sweep picked
     outputs_file: str | None = None  # .npy of outputs, compared across sides by the runner
+    # What computed a pooler side's GEMMs ("float32: C kernel avx512 + oneDNN",
+    # "onednn-bf16 (avx512_bf16)", ...); empty for peers. Filled by side.py.
+    precision_path: str = ""
 
 
 @dataclass

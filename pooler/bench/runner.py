@@ -35,6 +35,7 @@ class Row:
     note: str = ""
     error: str | None = None
     skipped: bool = False        # the workload cannot run here; `error` says why
+    path: str = ""               # a pooler side's precision path (SideResult.precision_path)
 
 
 @dataclass
@@ -125,7 +126,7 @@ def _rows(workload: Workload, results: list[SideResult], errors: dict[str, str],
         rows.append(Row(workload.name, r.side, r.role, texts_per_s, tokens_per_s, p50, p99,
                         r.peak_rss_mb, r.loaded_rss_mb, ratio,
                         100 * tokens_per_s / ceiling if ceiling else None,
-                        cos_min, cos_mean, r.note))
+                        cos_min, cos_mean, r.note, path=r.precision_path))
     for side, error in errors.items():
         rows.append(Row(workload.name, side, "?", 0, 0, None, None, 0, 0, None, None, None, None,
                         error=error))
@@ -236,7 +237,7 @@ def contention_lines(report: BenchReport) -> list[str]:
 
 # ---- rendering ----------------------------------------------------------------------------
 _HEADERS = ["workload", "side", "texts/s", "tokens/s", "p50 ms", "p99 ms", "RSS MB loaded/peak",
-            "vs baseline", "% ceiling", "match min / mean", "note"]
+            "vs baseline", "% ceiling", "match min / mean", "note", "path"]
 
 
 def _cells(row: Row) -> list[str]:
@@ -244,13 +245,13 @@ def _cells(row: Row) -> list[str]:
         return "" if x is None else format(x, fmt)
     if row.error:
         status = "SKIPPED" if row.skipped else "FAILED"
-        return [row.workload, row.side, status, "", "", "", "", "", "", "", row.error[:100]]
+        return [row.workload, row.side, status, "", "", "", "", "", "", "", row.error[:100], ""]
     cos = "" if row.cos_min is None else f"{row.cos_min:.6f} / {row.cos_mean:.6f}"
     return [row.workload, row.side, f(row.texts_per_s, ".1f"), f(row.tokens_per_s, ".0f"),
             f(row.p50_ms, ".2f"), f(row.p99_ms, ".2f"),
             f"{row.loaded_rss_mb:.0f} / {row.peak_rss_mb:.0f}",
             "" if row.ratio is None else f"{row.ratio:.2f}x", f(row.ceiling_pct, ".0f"),
-            cos, row.note]
+            cos, row.note, row.path]
 
 
 def format_table(rows: list[Row], markdown: bool = False) -> str:
@@ -266,8 +267,11 @@ def format_table(rows: list[Row], markdown: bool = False) -> str:
 
 def summary_lines(report: BenchReport) -> list[str]:
     m, o = report.machine, report.options
-    lines = [f"machine: {m['cpu']} ({m['cpu_flags']}), {m['cores']} cores; threads {o.threads}; "
-             f"load average before {m['loadavg']}, after {report.loadavg_after}",
+    lines = [f"machine: {m['cpu']} ({m['cpu_kind']}: {m['cpu_flags']}), {m['cores']} cores; "
+             f"threads {o.threads}; load average before {m['loadavg']}, after "
+             f"{report.loadavg_after}",
+             "precision paths on this CPU: " + "; ".join(
+                 f"{name}: {path}" for name, path in m.get("precision_paths", {}).items()),
              f"versions: python {m['python']}, torch {m['torch']}, transformers "
              f"{m['transformers']}, sentence-transformers {m['sentence-transformers']}, "
              f"tokenizers {m['tokenizers']}",

@@ -28,6 +28,9 @@ def main(argv: list[str]) -> int:
     result = sides[side_name].run(opts)
     # A side that measures another process (a server) reports that process's peak itself.
     result.peak_rss_mb = result.peak_rss_mb or peak_rss_mb()
+    if result.role == "pooler" and not result.precision_path:
+        from pooler.bench.common import ENGINE_PATHS
+        result.precision_path = "; ".join(dict.fromkeys(ENGINE_PATHS))
     with open(result_path, "w") as f:
         json.dump(asdict(result), f)
     return 0

@@ -13,7 +13,9 @@ def add_parser(sub) -> None:
         description="Run each workload's sides (pooler, and the peer library) one after another "
         "in separate processes, on the same deterministic inputs and thread count, and print "
         "texts/s, real tokens/s, latency, peak RSS, the ratio to the peer and the share of the "
-        "fp32 GEMM ceiling. With --quantization int8 the int8 engine runs as an extra side.")
+        "fp32 GEMM ceiling. With --quantization int8 the int8 engine runs as an extra side; with "
+        "--dtype bfloat16 on the CPU a bf16 pooler side runs beside pooler fp32 (the peers stay "
+        "fp32).")
     add_engine_args(p)
     p.add_argument("--workload", default="embed,single_query",
                    help="comma-separated workload names, or 'all' (see --list)")
@@ -24,9 +26,10 @@ def add_parser(sub) -> None:
     p.add_argument("--corpus-size", type=int, default=None,
                    help="texts per side: the embed corpus (default 2000), the arch workload "
                    "(default 200), the lora workload (default 800)")
-    p.add_argument("--corpus", default="mixed", choices=["mixed", "long"],
-                   help="embed workload: mixed (default: 2,000 texts, half 5-15-word queries, "
-                   "half 50-250-word passages) or long (600 passages of 100-250 words)")
+    p.add_argument("--corpus", default="mixed", choices=["mixed", "long", "passages"],
+                   help="embed workload corpus: mixed (--corpus-size texts, half 5-15-word "
+                   "queries, half 50-250-word passages), long (issue 30's mix: 300 texts of "
+                   "5-15 words and 300 of 50-250 words) or passages (600 of 100-250 words)")
     p.add_argument("--archs", default=None,
                    help="arch workload: comma-separated architectures (mpnet, deberta-v3, "
                    "gemma3, bert; default mpnet,deberta-v3,gemma3)")

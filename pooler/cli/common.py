@@ -48,9 +48,10 @@ def add_engine_args(parser: argparse.ArgumentParser, task: bool = True,
                              "see docs/benchmarks.md for speed and accuracy)")
     parser.add_argument("--precision-check", default="fallback",
                         choices=["fallback", "refuse", "off"],
-                        help="when --quantization is slower than float32 on this CPU (timed "
-                             "at load): fallback runs float32 and logs why (default), refuse "
-                             "exits with the reason, off runs it anyway without timing")
+                        help="when --dtype bfloat16 or --quantization int8 is not faster than "
+                             "fp32 on this CPU (timed at load): fallback runs fp32 with one log "
+                             "line, refuse stops with an error, off runs it anyway "
+                             "(default: fallback)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

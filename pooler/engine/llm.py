@@ -152,6 +152,14 @@ class Engine:
         return self.core.model_runner.output_size("embed")
 
     @property
+    def precision_path(self) -> str:
+        """What computes the model's GEMMs: "float32", "onednn-bf16 (avx512_bf16)", "float32
+        (bf16 fallback)" when the load-time check kept fp32, ... (the fallback runner: its
+        dtype)."""
+        model = getattr(self.core.model_runner, "model", None)
+        return getattr(model, "precision_path", None) or self.model_config.dtype
+
+    @property
     def default_task(self) -> str:
         return self.core.model_runner.pooling_runner.selected_task
 

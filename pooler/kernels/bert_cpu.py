@@ -12,7 +12,9 @@ Taken when all of these hold, else the model runs its torch layers:
   with 32- or 64-wide heads);
 - the layers are the stock ones (plain nn.Linear / nn.LayerNorm; int8 layers only where they
   keep their fp32 weights for this path, `short_step_copy`) with a GELU (erf or tanh) or ReLU
-  activation.
+  activation. Bf16Linear layers (dtype="bfloat16" on the CPU) count as stock: they keep their
+  fp32 weights, and a short step is faster in this fp32 kernel than in bf16 oneDNN GEMMs
+  (pooler/worker/cpu_bf16.py).
 
 Measured on MiniLM-L6, 12 tokens, 2 threads (docs/benchmarks.md, "A short step in one C
 call"): the whole layer stack takes ~1.3 ms in C (its 24 GEMMs alone ~1.2 ms), where oneDNN's 24
@@ -32,6 +34,7 @@ import torch
 from torch import nn
 
 from pooler.kernels.build import encoder_kernels
+from pooler.layers.linear import Bf16Linear
 
 MAX_TOKENS = 48
 # config hidden_act -> encoder_cpu.c epilogue
@@ -41,6 +44,7 @@ _STATE = "_cpu_kernel_state"  # kept in the model's __dict__, like linear.py's p
 
 
 _LINEARS = ("qkv_proj", "o_proj", "up_proj", "down_proj")
+_STOCK_LINEARS = (nn.Linear, Bf16Linear)
 _NORMS = ("attn_norm", "mlp_norm")
 _PER_LAYER = 12  # tensors per layer (encoder_cpu.c's P_PER_LAYER), in its P_* order
 
@@ -63,9 +67,9 @@ def _layer_tensors(layer: nn.Module) -> list[torch.Tensor] | None:
 
 
 def _fp32_weights(module: nn.Module) -> dict | None:
-    """{"weight", "bias"} of a stock nn.Linear, or the fp32 copies an int8 layer keeps for
+    """{"weight", "bias"} of a stock nn.Linear (or Bf16Linear: fp32 weights), or the fp32 copies an int8 layer keeps for
     this path (pooler/layers/quantization.py, short_step_copy); None otherwise."""
-    if type(module) is nn.Linear:
+    if type(module) in _STOCK_LINEARS:
         return module._parameters
     buffers = module._buffers
     if buffers.get("fp32_weight") is not None:

@@ -6,10 +6,17 @@ its epilogue, saving one pass over the [num_tokens, intermediate] activations; m
 faster than `linear` then `gelu` for MiniLM's FFN, and oneDNN's plain GEMM ~5-8% faster than
 the MKL one `nn.Linear` calls on this CPU (docs/benchmarks.md). Anything else (CUDA,
 half precision, int8 layers, other activations, autograd) takes the plain path.
+
+bf16 on CPU (`Bf16Linear`, what `dtype="bfloat16"` swaps in on a CPU with AVX512_BF16 or
+AMX-BF16): the same oneDNN call on a bf16 copy of the weight and bf16 activations, accumulating
+in fp32 (VDPBF16PS / AMX tiles do twice the multiply-adds of an fp32 FMA per instruction).
+Only the GEMM inputs are rounded: the residual stream, norms, softmax and pooling stay fp32,
+which is what keeps cosine to fp32 >= 0.9999 (an all-bf16 model measured min 0.99988).
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pooler.kernels.int8_cpu import EPILOGUE_ACTS
@@ -47,9 +54,15 @@ if _HAS_ONEDNN:  # the op overloads, looked up once (each torch.ops.* lookup cos
 
 
 def _packed_for(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """The layer's weight in oneDNN's layout when the fast path applies to x, else None."""
-    if not (_HAS_ONEDNN and type(layer) is nn.Linear and x.is_cpu
-            and x.dtype == torch.float32 and x.dim() == 2):
+    """The layer's weight in oneDNN's layout when the fast path applies to x, else None
+    (a Bf16Linear's weight is packed in bf16, and x may be fp32 or bf16)."""
+    kind = type(layer)
+    if not (_HAS_ONEDNN and x.is_cpu and x.dim() == 2):
+        return None
+    if kind is nn.Linear:
+        if x.dtype != torch.float32:
+            return None
+    elif kind is not Bf16Linear or x.dtype not in _BF16_INPUTS or not BF16_ONEDNN:
         return None
     weight = layer.weight
     if weight.requires_grad and torch.is_grad_enabled():
@@ -58,30 +71,51 @@ def _packed_for(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     cached = layer.__dict__.get(_PACKED)
     if cached is None or cached[0] != key:
         with torch.inference_mode():
-            cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
+            source = weight.detach()
+            if kind is Bf16Linear:
+                source = source.to(torch.bfloat16)
+            cached = (key, torch.ops.mkldnn._reorder_linear_weight(source))
         layer.__dict__[_PACKED] = cached
     return cached[1]
 
 
 def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
-               postop: tuple[str, str] | None = _NO_POSTOP) -> torch.Tensor:
+               postop: tuple[str, str] | None = _NO_POSTOP,
+               keep_bf16: bool = False) -> torch.Tensor:
     """act(layer(x)) (act None: just layer(x)), as one oneDNN call when the fast path applies.
-    `postop` must be what `onednn_postop` gave for `act` (None: no fused form)."""
+    `postop` must be what `onednn_postop` gave for `act` (None: no fused form).
+    `keep_bf16`: the caller takes a bf16 result (it feeds another linear layer, or attention,
+    whose CPU kernel keeps scores in fp32), so on the bf16 path it skips a round trip to fp32
+    (for the FFN that is a pass over [num_tokens, intermediate])."""
     packed = None if postop is None else _packed_for(layer, x)
-    if packed is not None:
-        if has_lora(layer):  # the adapters' updates go in before the activation
-            y = add_lora(layer, x, _LINEAR(x, packed, layer.bias, "none", [], ""))
-            return y if act is None else _act_in_place(y, act, postop)
-        return _LINEAR(x, packed, layer.bias, postop[0], [], postop[1])
-    # int8 layers: the activation in their C epilogue (not with adapters: their updates go
-    # in before the activation, through the forward hook of layer(x) below)
-    fused = getattr(layer, "fused_forward", None)
-    if fused is not None and not has_lora(layer) and (act is None or postop in EPILOGUE_ACTS):
-        y = fused(x, EPILOGUE_ACTS[postop] if act is not None else 0)
-        if y is not None:
+    if has_lora(layer):
+        y = _with_lora(layer, x, packed)
+        if act is None:
             return y
-    y = layer(x)  # a targeted layer's forward hook adds the adapters' updates
-    return y if act is None else act(y)
+        return act(y) if postop is None else _act_in_place(y, act, postop)
+    if packed is None:
+        # int8 layers: the activation in their C epilogue
+        fused = getattr(layer, "fused_forward", None)
+        if fused is not None and (act is None or postop in EPILOGUE_ACTS):
+            y = fused(x, EPILOGUE_ACTS[postop] if act is not None else 0)
+            if y is not None:
+                return y
+        y = layer(_as_input_of(layer, x))
+        return y if act is None else act(y)
+    if type(layer) is nn.Linear:
+        return _LINEAR(x, packed, layer.bias, postop[0], [], postop[1])
+    y = _LINEAR(x.to(torch.bfloat16), packed, layer.bias, postop[0], [], postop[1])
+    return y if keep_bf16 else y.to(x.dtype)
+
+
+def _with_lora(layer: nn.Module, x: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """The base output of a layer adapters target in this pass, with each active adapter's
+    update on its rows, before any activation (so no fused epilogue). An fp32 layer on the
+    oneDNN path adds them after its GEMM; any other layer (int8, bf16, plain) runs its own
+    forward in fp32, whose hook adds them (a bf16 step with adapters is an fp32 step)."""
+    if packed is not None and type(layer) is nn.Linear:
+        return add_lora(layer, x, _LINEAR(x, packed, layer.bias, "none", [], ""))
+    return layer(x.float() if x.dtype == torch.bfloat16 else x)
 
 
 def _act_in_place(y: torch.Tensor, act, postop: tuple[str, str]) -> torch.Tensor:
@@ -97,11 +131,81 @@ def _act_in_place(y: torch.Tensor, act, postop: tuple[str, str]) -> torch.Tensor
 def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """layer(x) + residual, with the add in the GEMM's epilogue on the fast path: one pass and
     one allocation fewer per residual connection (a 12-token query measured within noise of
-    linear + add on the shared 2-core machine; see docs/benchmarks.md, issue 14 part 5)."""
+    linear + add on the shared 2-core machine; see docs/benchmarks.md, issue 14 part 5).
+    On the bf16 path the add reads the bf16 GEMM output and writes the fp32 residual stream."""
     packed = _packed_for(layer, x)
-    if packed is not None and residual.dtype == torch.float32 and residual.is_contiguous():
-        y = _LINEAR_BINARY(x, residual, packed, layer.bias, "add")
-        return add_lora(layer, x, y) if has_lora(layer) else y
-    fused = getattr(layer, "fused_forward", None)  # int8 layers: the add in their C epilogue
-    y = fused(x, 0, residual) if fused is not None and not has_lora(layer) else None
-    return y if y is not None else layer(x) + residual  # layer(x): its hook adds adapters
+    fp32_add = residual.dtype == torch.float32 and residual.is_contiguous()
+    if has_lora(layer):
+        if packed is not None and type(layer) is nn.Linear and fp32_add:
+            return add_lora(layer, x, _LINEAR_BINARY(x, residual, packed, layer.bias, "add"))
+        return _with_lora(layer, x, packed) + residual
+    if packed is None:
+        fused = getattr(layer, "fused_forward", None)  # int8 layers: the add in their C epilogue
+        y = fused(x, 0, residual) if fused is not None else None
+        return y if y is not None else layer(_as_input_of(layer, x)) + residual
+    if type(layer) is Bf16Linear:
+        return residual + _LINEAR(x.to(torch.bfloat16), packed, layer.bias, "none", [], "")
+    if fp32_add:
+        return _LINEAR_BINARY(x, residual, packed, layer.bias, "add")
+    return layer(x) + residual
+
+
+def _as_input_of(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x in a plain nn.Linear's dtype: a bf16 result kept by the layer before (keep_bf16)
+    may reach an fp32 layer that the bf16 path left out."""
+    weight = getattr(layer, "weight", None)
+    if type(layer) is nn.Linear and weight is not None and x.dtype != weight.dtype:
+        return x.to(weight.dtype)
+    return x
+
+
+_BF16_INPUTS = (torch.float32, torch.bfloat16)
+# oneDNN runs bf16 GEMMs natively on AVX512_BF16 / AMX and emulates them on plain AVX-512;
+# without AVX-512 it has no bf16 inner product, and Bf16Linear falls back to torch's own.
+BF16_ONEDNN = _HAS_ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+class Bf16Linear(nn.Linear):
+    """nn.Linear computed in bf16 with fp32 accumulation on the CPU: the weight parameter
+    stays fp32 (checkpoint loads and reloads are unchanged); a bf16 copy packed for oneDNN is
+    made on first use and after a reload. Returns x's dtype."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Bf16Linear":
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.weight, layer.bias = linear.weight, linear.bias  # shared, not copied
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # [tokens, in]
+        packed = _packed_for(self, rows)
+        if packed is None:  # no oneDNN bf16 here (or autograd): torch's bf16 GEMM
+            bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+            y = F.linear(rows.to(torch.bfloat16), self.weight.to(torch.bfloat16), bias)
+        else:
+            y = _LINEAR(rows.to(torch.bfloat16), packed, self.bias, "none", [], "")
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", bf16 compute"
+
+
+class Bf16Swap:
+    """Every nn.Linear under `module` (names ending in `skip` aside) paired with a Bf16Linear
+    sharing its parameters; `use(True)` puts the bf16 twins in place, `use(False)` the
+    originals. The same module objects are reused, so each keeps its packed weight across
+    swaps (the load-time check swaps back and forth while timing)."""
+
+    def __init__(self, module: nn.Module, skip: tuple[str, ...] = ()):
+        self.slots = []  # (parent, attribute, fp32 layer, bf16 layer)
+        for name, child in list(module.named_modules()):
+            if type(child) is nn.Linear and name and not name.endswith(skip):
+                parent_name, _, attr = name.rpartition(".")
+                parent = module.get_submodule(parent_name) if parent_name else module
+                self.slots.append((parent, attr, child, Bf16Linear.from_linear(child)))
+
+    def use(self, bf16: bool) -> None:
+        for parent, attr, fp32_layer, bf16_layer in self.slots:
+            setattr(parent, attr, bf16_layer if bf16 else fp32_layer)

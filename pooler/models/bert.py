@@ -73,13 +73,17 @@ class BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, inputs: ModelInputs,
                 position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         # x: [num_tokens, hidden]; position_bias: length -> [heads, L, L] (MPNet), else None
-        qkv = linear_act(self.qkv_proj, x).view(x.shape[0], 3, self.num_heads, self.head_dim)
+        # bf16 linears: q/k/v stay bf16 for torch's attention kernel (fp32 scores), except
+        # with MPNet's fp32 score bias, which that kernel does not mix with bf16.
+        qkv = linear_act(self.qkv_proj, x, keep_bf16=position_bias is None)
+        qkv = qkv.view(x.shape[0], 3, self.num_heads, self.head_dim)
         attn = packed_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], inputs.seq_lens,
                                 inputs.cu_seqlens, inputs.max_seqlen,
                                 num_unattended=inputs.num_unattended,
                                 position_bias=position_bias)
         x = self.attn_norm(linear_add(self.o_proj, attn.reshape(x.shape[0], -1), x))
-        h = linear_act(self.up_proj, x, self.act, self.act_postop)  # [num_tokens, inter]
+        h = linear_act(self.up_proj, x, self.act, self.act_postop,
+                       keep_bf16=True)  # [num_tokens, inter]
         return self.mlp_norm(linear_add(self.down_proj, h, x))
 
 

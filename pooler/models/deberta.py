@@ -273,7 +273,8 @@ class DebertaLayer(nn.Module):
                 index: _RelativeIndex | None) -> torch.Tensor:  # [num_tokens, hidden]
         attn = self.attention(x, inputs, rel, index)
         x = self.attn_norm(x + linear_act(self.attn_out, attn))
-        h = linear_act(self.up_proj, x, self.act, self.act_postop)  # [num_tokens, inter]
+        h = linear_act(self.up_proj, x, self.act, self.act_postop,
+                       keep_bf16=True)  # [num_tokens, inter]
         return self.mlp_norm(x + linear_act(self.down_proj, h))
 
 

@@ -67,6 +67,7 @@ def choose_int8_or_fp32(fp32_model: nn.Module, model_config: ModelConfig, token_
     path = int8_path()
     if policy == "off":
         quantize(fp32_model)
+        fp32_model.precision_path = f"int8 ({path})"
         decision = decide("int8", [], on_slower="off")
         logger.info("int8 path %s: %s", path, decision.reason)
         return fp32_model, decision
@@ -79,5 +80,7 @@ def choose_int8_or_fp32(fp32_model: nn.Module, model_config: ModelConfig, token_
     decision = decide("int8", cases, on_slower=policy, measure=timer)  # may raise (refuse)
     if decision.use_candidate:
         logger.info("int8 path %s: %s", path, decision.reason)
+        int8_model.precision_path = f"int8 ({path})"
         return int8_model, decision
+    fp32_model.precision_path = "float32 (int8 fallback)"
     return fp32_model, decision

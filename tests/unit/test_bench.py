@@ -230,3 +230,42 @@ def test_skipped_side_is_reported_without_running():
     [row] = report.runs[0].rows
     assert row.skipped and row.side == "x native" and "not native yet" in row.error
     assert "SKIPPED" in format_table([row])
+
+
+def test_bench_names_the_machine_and_each_precision_path(tiny_st_model, tmp_path, monkeypatch):
+    """Issue 30 part 5: the header names the CPU kind and what each precision runs; a bf16
+    run on the CPU adds a pooler bf16 side beside pooler fp32, each reporting its path."""
+    from pooler.bench.machine import machine_info
+    from pooler.bench.registry import BenchOptions
+    from pooler.bench.runner import BenchReport, run_side, summary_lines
+    from pooler.cpu_features import cpu_features
+
+    machine = machine_info()
+    assert set(machine["precision_paths"]) == {"float32", "bfloat16", "int8"}
+    opts = BenchOptions(model=str(tiny_st_model), threads=1, quick=True, dtype="bfloat16",
+                        out_dir=str(tmp_path))
+    header = "\n".join(summary_lines(BenchReport(opts, machine, [100.0, 100.0], {}, [])))
+    assert cpu_features().kind() in header and "precision paths on this CPU" in header
+    assert "bfloat16: " in header
+    embed = get_workload("embed")
+    assert [s.name for s in embed.sides(opts)][:2] == ["pooler", "pooler bf16"]
+    monkeypatch.setenv("POOLER_BENCH_CACHE", str(tmp_path / "cache"))
+    fp32 = run_side(embed, "pooler", opts)
+    assert fp32.precision_path.startswith("float32")
+    bf16 = run_side(embed, "pooler bf16", opts)
+    assert bf16.texts == 48
+    # bf16 where the silicon has it and the load-time check kept it, else the fallback.
+    allowed = {"float32 (bf16 fallback)"}
+    if cpu_features().bf16:
+        from pooler.worker.cpu_bf16 import bf16_path_name
+        allowed.add(bf16_path_name(cpu_features()))
+    assert bf16.precision_path in allowed
+
+
+def test_long_corpus_is_the_issue_mix():
+    from pooler.bench import corpus
+
+    texts = corpus.long_mix()
+    assert len(texts) == 600 and texts == corpus.long_mix()
+    lengths = sorted(len(t.split()) for t in texts)
+    assert lengths[0] >= 5 and lengths[299] <= 15 and lengths[300] >= 50 and lengths[-1] <= 250

@@ -23,11 +23,14 @@ _SWEEP_SAMPLE = 300
 
 
 def corpus_texts(opts: BenchOptions) -> list[str]:
-    """--corpus mixed (default): 2,000 texts, half queries, half passages; --corpus long: 600
-    passages of 100-250 words."""
+    """--corpus mixed (default): --corpus-size texts (2,000), half queries, half passages;
+    long: issue 30's mix (300 texts of 5-15 words, 300 of 50-250 words); passages: 600 passages
+    of 100-250 words."""
     kind = opts.extra.get("corpus") or "mixed"
-    if kind == "long":
+    if kind == "passages":
         return corpus.long_corpus(48 if opts.quick else int(opts.extra.get("corpus_size") or 600))
+    if kind == "long":
+        return corpus.long_mix(*((24, 24) if opts.quick else (300, 300)))
     size = 48 if opts.quick else int(opts.extra.get("corpus_size") or 2000)
     return corpus.mixed_corpus(size)
 
@@ -90,9 +93,11 @@ def _sentence_transformer(opts: BenchOptions):
     from pooler.model_folder import resolve_model_path
 
     device = "cuda" if opts.device == "cuda" else "cpu"
-    # The peer runs in the dtype pooler runs in (e.g. bf16 on a GPU), or the ratio compares
-    # precisions instead of engines.
-    kwargs = {} if opts.dtype == "float32" else {"model_kwargs": {"dtype": opts.dtype}}
+    # On a GPU the peer runs in the dtype pooler runs in (e.g. bf16), or the ratio compares
+    # precisions instead of engines. On the CPU it runs fp32, as CPU users run it: pooler's
+    # bf16 side is its own row beside pooler fp32 (common.pooler_sides).
+    fp32 = opts.dtype == "float32" or device == "cpu"
+    kwargs = {} if fp32 else {"model_kwargs": {"dtype": opts.dtype}}
     return SentenceTransformer(str(resolve_model_path(opts.model)), device=device, **kwargs)
 
 
