@@ -200,11 +200,11 @@ def _narrow_catch_alls(spec: dict, facts: dict) -> None:
         if "truncation_direction" in properties:
             _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
     elif pooling and "embed" in facts["tasks"]:
-        # The embeddings handler takes such a body first, whatever its `task` says.
+        # The embeddings handler takes such a body first, whatever its `task` holds (it
+        # ignores the field).
         invocation = copy.deepcopy(pooling)
         if "task" in invocation.get("properties", {}):
-            invocation["properties"]["task"] = {"anyOf": [{"type": "string"},
-                                                          {"type": "null"}]}
+            invocation["properties"]["task"] = {}
     root_inputs = [{"type": "string"},
                    {"type": "array", "items": {"type": "string"}, "minItems": 1}]
     if facts["default_task"] == "embed" and facts["vocab"]:
