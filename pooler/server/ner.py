@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from typing import Any
+from typing import Any, Union
 
 from fastapi import APIRouter, Body, Request
 
@@ -41,8 +41,12 @@ _NER_BODY = {"requestBody": {"required": True, "content": {"application/json": {
     "schema": {"anyOf": [NERRequest.model_json_schema(), _PIPELINE_BODY]}}}}}
 
 
-@router.post("/ner", response_model=NERResponse, responses=ERROR_RESPONSES,
-             openapi_extra=_NER_BODY)
+# pooler's answer, or the pipeline's entities (a list per text for a batch of texts).
+_PIPELINE_ANSWER = Union[list[dict[str, Any]], list[list[dict[str, Any]]]]
+
+
+@router.post("/ner", response_model=Union[NERResponse, _PIPELINE_ANSWER],
+             responses=ERROR_RESPONSES, openapi_extra=_NER_BODY)
 async def ner_route(request: Request, body: dict[str, Any] = Body(...)):
     """pooler's {input, ...} -> {data: [{entities}]}; a body with `inputs` instead is
     huggingface_hub's token_classification (InferenceClient(base_url=".../ner")), answered

@@ -575,8 +575,12 @@ async def entities(body: dict, request: Request):
     params = _parameters(body)
     kwargs: dict[str, Any] = {"aggregation_strategy": params.get("aggregation_strategy")
                               or "simple"}
-    if params.get("ignore_labels") is not None:
-        kwargs["ignore_labels"] = tuple(params["ignore_labels"])
+    ignore = params.get("ignore_labels")
+    if ignore is not None:
+        if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
+            raise TEIError("Validation", "`parameters.ignore_labels` must be a list of "
+                                         f"labels, got {ignore!r:.80}.")
+        kwargs["ignore_labels"] = tuple(ignore)
 
     def compute():
         results = state.call("ner", items, use_tqdm=False, **kwargs)
