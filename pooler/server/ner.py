@@ -37,8 +37,10 @@ _PIPELINE_BODY = {"type": "object", "required": ["inputs"], "properties": {
     "parameters": {"type": "object", "properties": {
         "aggregation_strategy": {"enum": ["none", "simple", "first", "average", "max"]},
         "ignore_labels": {"type": "array", "items": {"type": "string"}}}}}}
+# NERRequest goes to the spec's components (openapi_spec._hoist_defs moves $defs there).
 _NER_BODY = {"requestBody": {"required": True, "content": {"application/json": {
-    "schema": {"anyOf": [NERRequest.model_json_schema(), _PIPELINE_BODY]}}}}}
+    "schema": {"anyOf": [{"$ref": "#/$defs/NERRequest"}, _PIPELINE_BODY],
+               "$defs": {"NERRequest": NERRequest.model_json_schema()}}}}}}
 
 
 # pooler's answer, or the pipeline's entities (a list per text for a batch of texts).

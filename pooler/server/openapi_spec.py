@@ -100,6 +100,8 @@ def narrow_openapi(spec: dict, engine) -> dict:
                 _narrow_properties(media.get("schema", {}), facts)
                 _hoist_defs(media.get("schema", {}), spec)
     _narrow_catch_alls(spec, facts)
+    if facts["gliner"]:  # /ner's pipeline body (no labels) is not served by a GLiNER model
+        _keep_first_option(spec, "/ner")
     if not facts["cross_encoder"]:
         _drop_tei_rerank(spec)
     _nullable_optionals(spec)
@@ -149,6 +151,14 @@ def _or_null(prop: dict) -> dict:
     kept = {k: prop[k] for k in ("default", "description", "title") if k in prop}
     inner = {k: v for k, v in prop.items() if k not in kept}
     return {"anyOf": [inner, {"type": "null"}], **kept}
+
+
+def _keep_first_option(spec: dict, path: str) -> None:
+    content = spec.get("paths", {}).get(path, {}).get("post", {}).get(
+        "requestBody", {}).get("content", {}).get("application/json", {})
+    options = content.get("schema", {}).get("anyOf")
+    if options:
+        content["schema"] = options[0]
 
 
 def _drop_tei_rerank(spec: dict) -> None:
