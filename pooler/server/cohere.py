@@ -99,6 +99,9 @@ router = APIRouter(tags=["Cohere"], route_class=CohereRoute)
 
 # ---- the embed call ---------------------------------------------------------------------------
 def _texts(body: CohereEmbedRequest) -> list[str]:
+    if body.inputs is not None and not body.inputs:
+        raise bad_request("'inputs' is empty: pass at least one input, or leave it out.",
+                          "inputs")
     if body.texts is not None:
         texts = list(body.texts)
     elif body.inputs is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from typing import Any
+from typing import Any, Union
 
 from fastapi import APIRouter, Body, Request
 
@@ -37,12 +37,18 @@ _PIPELINE_BODY = {"type": "object", "required": ["inputs"], "properties": {
     "parameters": {"type": "object", "properties": {
         "aggregation_strategy": {"enum": ["none", "simple", "first", "average", "max"]},
         "ignore_labels": {"type": "array", "items": {"type": "string"}}}}}}
+# NERRequest goes to the spec's components (openapi_spec._hoist_defs moves $defs there).
 _NER_BODY = {"requestBody": {"required": True, "content": {"application/json": {
-    "schema": {"anyOf": [NERRequest.model_json_schema(), _PIPELINE_BODY]}}}}}
+    "schema": {"anyOf": [{"$ref": "#/$defs/NERRequest"}, _PIPELINE_BODY],
+               "$defs": {"NERRequest": NERRequest.model_json_schema()}}}}}}
 
 
-@router.post("/ner", response_model=NERResponse, responses=ERROR_RESPONSES,
-             openapi_extra=_NER_BODY)
+# pooler's answer, or the pipeline's entities (a list per text for a batch of texts).
+_PIPELINE_ANSWER = Union[list[dict[str, Any]], list[list[dict[str, Any]]]]
+
+
+@router.post("/ner", response_model=Union[NERResponse, _PIPELINE_ANSWER],
+             responses=ERROR_RESPONSES, openapi_extra=_NER_BODY)
 async def ner_route(request: Request, body: dict[str, Any] = Body(...)):
     """pooler's {input, ...} -> {data: [{entities}]}; a body with `inputs` instead is
     huggingface_hub's token_classification (InferenceClient(base_url=".../ner")), answered

@@ -103,6 +103,8 @@ def narrow_openapi(spec: dict, engine) -> dict:
                 _narrow_properties(media.get("schema", {}), facts)
                 _hoist_defs(media.get("schema", {}), spec)
     _narrow_catch_alls(spec, facts)
+    if facts["gliner"]:  # /ner's pipeline body (no labels) is not served by a GLiNER model
+        _keep_first_option(spec, "/ner")
     if not facts["cross_encoder"]:
         _drop_tei_rerank(spec)
     _nullable_optionals(spec)
@@ -154,6 +156,14 @@ def _or_null(prop: dict) -> dict:
     return {"anyOf": [inner, {"type": "null"}], **kept}
 
 
+def _keep_first_option(spec: dict, path: str) -> None:
+    content = spec.get("paths", {}).get(path, {}).get("post", {}).get(
+        "requestBody", {}).get("content", {}).get("application/json", {})
+    options = content.get("schema", {}).get("anyOf")
+    if options:
+        content["schema"] = options[0]
+
+
 def _drop_tei_rerank(spec: dict) -> None:
     """/rerank's TEI body ({query, texts}) needs a cross-encoder (else 424): keep the vLLM one."""
     content = spec.get("paths", {}).get("/rerank", {}).get("post", {}).get(
@@ -203,11 +213,11 @@ def _narrow_catch_alls(spec: dict, facts: dict) -> None:
         if "truncation_direction" in properties:
             _set_enum(properties["truncation_direction"], ["right", "Right"], nullable=False)
     elif pooling and "embed" in facts["tasks"]:
-        # The embeddings handler takes such a body first, whatever its `task` says.
+        # The embeddings handler takes such a body first, whatever its `task` holds (it
+        # ignores the field).
         invocation = copy.deepcopy(pooling)
         if "task" in invocation.get("properties", {}):
-            invocation["properties"]["task"] = {"anyOf": [{"type": "string"},
-                                                          {"type": "null"}]}
+            invocation["properties"]["task"] = {}
     root_inputs = [{"type": "string"},
                    {"type": "array", "items": {"type": "string"}, "minItems": 1}]
     if facts["default_task"] == "embed" and facts["vocab"]:

@@ -46,8 +46,9 @@ def _scoring_options(state: ServerState, body) -> dict[str, Any]:
     max_len = state.engine.model_config.max_model_len
     if limit is not None and limit > max_len:
         raise bad_request(TRUNCATION_TOO_BIG, "truncate_prompt_tokens")
-    if limit is not None and limit != -1 and limit <= 0:
-        raise bad_request(f"truncate_prompt_tokens must be a positive integer or -1, got "
+    if limit is not None and limit != -1 and limit < state.min_truncation():
+        raise bad_request(f"truncate_prompt_tokens must be -1 or at least "
+                          f"{state.min_truncation()} (the special tokens plus one), got "
                           f"{limit}.", "truncate_prompt_tokens")
     if body.max_tokens_per_doc is not None and body.max_tokens_per_doc <= 0:
         raise bad_request(f"max_tokens_per_doc must be a positive integer, got "

@@ -381,8 +381,18 @@ async def _predict(body: TEIPredictRequest, request: Request):
     return await state.respond(request, len(texts), "inputs", compute)
 
 
+def _predict_schema() -> dict:
+    """TEIPredictRequest's schema with `inputs` as predict_inputs takes it: a text, a
+    [text] or [text, pair] list, or a batch of those lists (not a flat list of 3+ texts)."""
+    schema = TEIPredictRequest.model_json_schema()
+    one = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2}
+    schema["properties"]["inputs"] = {"anyOf": [
+        {"type": "string"}, one, {"type": "array", "items": one, "minItems": 1}]}
+    return schema
+
+
 _PREDICT_BODY = {"requestBody": {"required": True, "content": {"application/json": {
-    "schema": TEIPredictRequest.model_json_schema()}}}}
+    "schema": _predict_schema()}}}}
 
 
 @router.post("/predict", response_model=list, responses=_TEI_ERRORS,
@@ -516,11 +526,21 @@ async def root(request: Request, body: dict[str, Any] = Body(...)):
     return await _embed(TEIEmbedRequest.model_validate(body), request)
 
 
+def _parameters(body: dict) -> dict:
+    """The HF Inference API's `parameters` object (absent or null: none)."""
+    params = body.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise TEIError("Validation", f"`parameters` must be an object, got {params!r:.80}.")
+    return params
+
+
 async def _pipeline_classify(body: dict, request: Request):
     """huggingface_hub's text_classification: {inputs: text, parameters: {top_k,
     function_to_apply}} -> [[{label, score}]] best first, as the transformers pipeline answers
     (TEI's /predict shape would lose all but the top label in that client)."""
-    raw, params = body.get("inputs"), body.get("parameters") or {}
+    raw, params = body.get("inputs"), _parameters(body)
     if not isinstance(raw, str):
         raise TEIError("Validation", "`inputs` must be one text for text classification.")
     top_k = params.get("top_k")
@@ -553,11 +573,15 @@ async def entities(body: dict, request: Request):
     raw = body.get("inputs")
     single = isinstance(raw, str)
     items = inputs(state, raw)
-    params = body.get("parameters") or {}
+    params = _parameters(body)
     kwargs: dict[str, Any] = {"aggregation_strategy": params.get("aggregation_strategy")
                               or "simple"}
-    if params.get("ignore_labels") is not None:
-        kwargs["ignore_labels"] = tuple(params["ignore_labels"])
+    ignore = params.get("ignore_labels")
+    if ignore is not None:
+        if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
+            raise TEIError("Validation", "`parameters.ignore_labels` must be a list of "
+                                         f"labels, got {ignore!r:.80}.")
+        kwargs["ignore_labels"] = tuple(ignore)
 
     def compute():
         results = state.call("ner", items, use_tqdm=False, **kwargs)

@@ -127,3 +127,12 @@ def test_explicit_null_means_unset(client, cross_encoder_server):
     # A required field stays required.
     r = client.post("/v1/rerank", json={"query": None, "documents": ["a"]})
     assert r.status_code in (400, 404)
+
+
+def test_pipeline_bodies_with_bad_parameters_are_client_errors(token_classifier_server,
+                                                               classifier_server):
+    """Found by the fuzzer: `parameters` that is not an object was a 500. (/predict then
+    takes the body as TEI's, which ignores unknown fields.)"""
+    for url, route in ((token_classifier_server[0], "/ner"), (classifier_server[0], "/")):
+        r = httpx.post(f"{url}{route}", json={"inputs": "a", "parameters": [None, None]})
+        assert r.status_code in (400, 422), (route, r.text)

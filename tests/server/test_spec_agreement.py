@@ -102,3 +102,16 @@ def test_root_spec_takes_token_ids_on_an_embedder(client, spec):
         "schema"]["properties"]["inputs"]["anyOf"]
     assert any(o.get("type") == "array" and o["items"].get("type") == "integer"
                for o in options)
+
+
+@pytest.mark.parametrize("route,body,param", [
+    ("/rerank", {"query": "q", "documents": ["a b c"], "truncate_prompt_tokens": 1},
+     "truncate_prompt_tokens"),
+    ("/v1/embed", {"texts": ["a"], "inputs": []}, "inputs"),
+])
+def test_more_schema_violating_requests_are_refused(client, route, body, param):
+    r = client.post(route, json=body)
+    assert r.status_code == 400, r.text
+    payload = r.json()
+    assert (payload["error"]["param"] if "error" in payload else payload["message"]) and \
+        param in (payload["error"]["param"] if "error" in payload else payload["message"])
