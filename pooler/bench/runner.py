@@ -292,17 +292,17 @@ def pooler_ratio_lines(rows: list[Row]) -> list[str]:
     suffix such as "1x100") against plain fp32 "pooler" of the same workload and shape, in the
     sense of the "vs baseline" column (texts/s ratio; p50 ratio for latency workloads)."""
     def split(side: str) -> tuple[str, str]:  # -> (variant, shape suffix)
-        words = side.split()[1:]
+        words = side.replace("-", " ").split()[1:]  # results are named "pooler-int8"
         shape = " ".join(w for w in words if w[0].isdigit())
         return " ".join(w for w in words if not w[0].isdigit()), shape
 
     plain = {(r.workload, split(r.side)[1]): r for r in rows
-             if r.side.split()[0] == "pooler" and not split(r.side)[0]}
+             if r.side.replace("-", " ").split()[0] == "pooler" and not split(r.side)[0]}
     lines = []
     for r in rows:
         variant, shape = split(r.side)
         base = plain.get((r.workload, shape))
-        if r.side.split()[0] != "pooler" or not variant or base is None or not r.ratio \
+        if r.side.replace("-", " ").split()[0] != "pooler" or not variant or base is None or not r.ratio \
                 or not base.ratio:
             continue
         lines.append(f"{r.workload}: {r.side} vs pooler (fp32) {r.ratio / base.ratio:.2f}x")

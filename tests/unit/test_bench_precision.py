@@ -17,12 +17,12 @@ def test_ratio_lines_compare_each_variant_to_pooler_fp32():
     rows = [_row("embed", "pooler", 1.5), _row("embed", "pooler int8", 3.0),
             _row("embed", "pooler int8 avx2", 2.25), _row("embed", "st b32", 1.0),
             _row("colbert", "pooler 1x100", 1.4), _row("colbert", "pooler int8 1x100", 2.8),
-            _row("single_query", "pooler", 0.40), _row("single_query", "pooler int8", 0.38)]
+            _row("single_query", "pooler", 0.40), _row("single_query", "pooler-int8", 0.38)]
     assert pooler_ratio_lines(rows) == [
         "embed: pooler int8 vs pooler (fp32) 2.00x",
         "embed: pooler int8 avx2 vs pooler (fp32) 1.50x",
         "colbert: pooler int8 1x100 vs pooler (fp32) 2.00x",
-        "single_query: pooler int8 vs pooler (fp32) 0.95x"]
+        "single_query: pooler-int8 vs pooler (fp32) 0.95x"]
 
 
 def test_int8_sides_include_the_forced_avx2_build_on_a_vnni_cpu():
