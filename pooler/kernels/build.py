@@ -78,7 +78,9 @@ def _build(cc: str, cflags: list[str], source: Path = _SOURCE) -> Path:
 def _build_in(cc: str, cflags: list[str], folder: Path, source_path: Path = _SOURCE) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True,
                              check=True).stdout
-    source = source_path.read_bytes()
+    # The source and the headers beside it (vector_math.h): editing either rebuilds.
+    source = source_path.read_bytes() + b"".join(
+        h.read_bytes() for h in sorted(source_path.parent.glob("*.h")))
     flags = _COMMON_FLAGS + cflags
     digest = hashlib.sha256(source + " ".join(flags).encode() + version.encode())
     target = folder / f"{source_path.stem}-{digest.hexdigest()[:16]}.so"

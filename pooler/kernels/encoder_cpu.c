@@ -39,7 +39,11 @@ typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 #define NR 32 /* panel width: 32 output columns, NV vectors */
 #define NV (NR / VW)
 
-enum epilogue { EPI_NONE = 0, EPI_RESIDUAL = 1, EPI_GELU_ERF = 2, EPI_GELU_TANH = 3, EPI_RELU = 4 };
+#include "vector_math.h"
+
+/* What a GEMM does to its output: a residual add, or an activation (vector_math.h's codes). */
+enum epilogue { EPI_NONE = ACT_NONE, EPI_RESIDUAL = 1, EPI_GELU_ERF = ACT_GELU_ERF,
+                EPI_GELU_TANH = ACT_GELU_TANH, EPI_RELU = ACT_RELU };
 
 /* The parameters of one layer, in this order (what bert_cpu.py passes per layer). */
 enum { P_QKV_W, P_QKV_B, P_O_W, P_O_B, P_LN1_W, P_LN1_B, P_UP_W, P_UP_B, P_DOWN_W, P_DOWN_B,
@@ -53,47 +57,6 @@ void pack_linear_weight(const float *w, float *out, int n, int k) {
                 int col = p * NR + j;
                 out[((size_t)p * k + kk) * NR + j] = col < n ? w[(size_t)col * k + kk] : 0.f;
             }
-}
-
-static inline vf vsplat(float v) { return (vf){} + v; }
-static inline vf vselect(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
-
-/* exp on every lane, ~2 ulp: 2^n * e^r with n = round(x / ln2), |r| <= ln2/2 and a degree-6
- * Taylor series. Rounding by the 1.5 * 2^23 trick leaves n in the low mantissa bits. */
-static inline vf vexp(vf x) {
-    x = vselect(x < -87.3f, vsplat(-87.3f), x);
-    x = vselect(x > 88.3f, vsplat(88.3f), x);
-    const float magic = 12582912.f; /* 1.5 * 2^23, bits 0x4B400000 */
-    vf t = x * 1.44269504f + magic;
-    vf n = t - magic;
-    vf r = x - n * 0.693145752f - n * 1.42860677e-6f; /* ln2 split in two for exactness */
-    vf p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 +
-            r * (1.f / 720))))));
-    vi bits = (((vi)t - 0x4B400000) + 127) << 23;
-    return p * (vf)bits;
-}
-
-/* erf on every lane to ~1.5e-7 absolute (Abramowitz & Stegun 7.1.26), odd-symmetric. */
-static inline vf verf(vf x) {
-    vi sign = (vi)x & (int32_t)0x80000000;
-    vf a = (vf)((vi)x & 0x7fffffff);
-    vf t = 1.f / (1.f + 0.3275911f * a);
-    vf poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
-               t * (-1.453152027f + t * 1.061405429f))));
-    vf y = 1.f - poly * vexp(-a * a);
-    return (vf)((vi)y | sign);
-}
-
-static inline vf activate(vf y, int epi) {
-    if (epi == EPI_GELU_ERF)
-        return 0.5f * y * (1.f + verf(y * 0.70710678f));
-    if (epi == EPI_GELU_TANH) {
-        vf u = 0.7978845608f * (y + 0.044715f * y * y * y);
-        return 0.5f * y * (2.f - 2.f / (1.f + vexp(2.f * u))); /* 1 + tanh(u) */
-    }
-    if (epi == EPI_RELU)
-        return vselect(y > 0.f, y, vsplat(0.f));
-    return y;
 }
 
 static inline float hsum(vf v) {  /* lanes added in a fixed order: results are reproducible */

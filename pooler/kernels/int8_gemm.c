@@ -59,51 +59,13 @@
 
 int int8_levels(void) { return LEVELS; }
 
-/* The epilogue's optional activation (the same codes as encoder_cpu.c's), on one vector of
- * CW/2 floats: GELU's erf to ~1.5e-7 (Abramowitz & Stegun 7.1.26) with a degree-6 exp, as in
- * encoder_cpu.c. */
-enum act { ACT_NONE = 0, ACT_GELU_ERF = 2, ACT_GELU_TANH = 3, ACT_RELU = 4 };
+/* The epilogue's optional activation (vector_math.h, shared with encoder_cpu.c) on one vector
+ * of CW/2 floats. */
 #define VW (CW / 2)
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4)));
 
-static inline vf vsplat(float v) { return (vf){} + v; }
-static inline vf vselect(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
-
-static inline vf vexp(vf x) {
-    x = vselect(x < -87.3f, vsplat(-87.3f), x);
-    x = vselect(x > 88.3f, vsplat(88.3f), x);
-    const float magic = 12582912.f; /* 1.5 * 2^23: rounds to an integer in the low bits */
-    vf t = x * 1.44269504f + magic;
-    vf n = t - magic;
-    vf r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    vf p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 +
-            r * (1.f / 720))))));
-    vi bits = (((vi)t - 0x4B400000) + 127) << 23;
-    return p * (vf)bits;
-}
-
-static inline vf verf(vf x) {
-    vi sign = (vi)x & (int32_t)0x80000000;
-    vf a = (vf)((vi)x & 0x7fffffff);
-    vf t = 1.f / (1.f + 0.3275911f * a);
-    vf poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
-               t * (-1.453152027f + t * 1.061405429f))));
-    vf y = 1.f - poly * vexp(-a * a);
-    return (vf)((vi)y | sign);
-}
-
-static inline vf activate(vf y, int act) {
-    if (act == ACT_GELU_ERF)
-        return 0.5f * y * (1.f + verf(y * 0.70710678f));
-    if (act == ACT_GELU_TANH) {
-        vf u = 0.7978845608f * (y + 0.044715f * y * y * y);
-        return 0.5f * y * (2.f - 2.f / (1.f + vexp(2.f * u))); /* 1 + tanh(u) */
-    }
-    if (act == ACT_RELU)
-        return vselect(y > 0.f, y, vsplat(0.f));
-    return y;
-}
+#include "vector_math.h"
 
 static inline int round_up4(int k) { return (k + 3) & ~3; }
 

@@ -309,3 +309,22 @@ def test_embed_other_bert_layouts(family, tmp_path):
     for i, (out, lora) in enumerate(zip(mixed, loras)):
         expected = ref[i] if lora else base_ref[i]
         np.testing.assert_allclose(out, expected, atol=ATOL, err_msg=f"text {i} {lora}")
+
+
+def test_bf16_layers_take_adapters(bert_embed):
+    """dtype='bfloat16' on the CPU swaps the backbone's linears for bf16 GEMM layers: a step
+    with adapters runs their layers in fp32 with the updates added (never silently without)."""
+    from pooler.layers.linear import BF16_ONEDNN
+
+    if not BF16_ONEDNN:
+        pytest.skip("no oneDNN bf16 GEMM on this CPU")
+    base, adapters, refs = bert_embed
+    engine = Engine(str(base), dtype="bfloat16", precision_check="off",
+                    lora_modules={"all": str(adapters["all"])})
+    kinds = {type(m).__name__ for m in engine.core.model_runner.model.backbone.modules()}
+    assert "Bf16Linear" in kinds
+    ours = np.stack([o.embedding for o in engine.embed(TEXTS, lora="all", normalize=True)])
+    ref = refs["all"] / np.linalg.norm(refs["all"], axis=1, keepdims=True)
+    assert (ours * ref).sum(1).min() > 0.999
+    base_out = np.stack([o.embedding for o in engine.embed(TEXTS, normalize=True)])
+    assert np.abs(base_out - ours).max() > 1e-2

@@ -1,0 +1,52 @@
+/* Vector math shared by pooler's C kernels (encoder_cpu.c, int8_gemm.c): exp, erf and the
+ * epilogue activations on one GCC vector of floats. The including file defines `vf` and `vi`
+ * (float and int32 vectors of its width) before including this. build.py hashes this header
+ * with each source, so editing it rebuilds both kernels. */
+#ifndef POOLER_VECTOR_MATH_H
+#define POOLER_VECTOR_MATH_H
+
+/* Epilogue activation codes, as pooler/kernels/*.py pass them (EPILOGUE_ACTS). */
+enum activation { ACT_NONE = 0, ACT_GELU_ERF = 2, ACT_GELU_TANH = 3, ACT_RELU = 4 };
+
+static inline vf vsplat(float v) { return (vf){} + v; }
+static inline vf vselect(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
+
+/* exp on every lane, ~2 ulp: 2^n * e^r with n = round(x / ln2), |r| <= ln2/2 and a degree-6
+ * Taylor series. Rounding by the 1.5 * 2^23 trick leaves n in the low mantissa bits. */
+static inline vf vexp(vf x) {
+    x = vselect(x < -87.3f, vsplat(-87.3f), x);
+    x = vselect(x > 88.3f, vsplat(88.3f), x);
+    const float magic = 12582912.f; /* 1.5 * 2^23, bits 0x4B400000 */
+    vf t = x * 1.44269504f + magic;
+    vf n = t - magic;
+    vf r = x - n * 0.693145752f - n * 1.42860677e-6f; /* ln2 split in two for exactness */
+    vf p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 +
+            r * (1.f / 720))))));
+    vi bits = (((vi)t - 0x4B400000) + 127) << 23;
+    return p * (vf)bits;
+}
+
+/* erf on every lane to ~1.5e-7 absolute (Abramowitz & Stegun 7.1.26), odd-symmetric. */
+static inline vf verf(vf x) {
+    vi sign = (vi)x & (int32_t)0x80000000;
+    vf a = (vf)((vi)x & 0x7fffffff);
+    vf t = 1.f / (1.f + 0.3275911f * a);
+    vf poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
+               t * (-1.453152027f + t * 1.061405429f))));
+    vf y = 1.f - poly * vexp(-a * a);
+    return (vf)((vi)y | sign);
+}
+
+static inline vf activate(vf y, int act) {
+    if (act == ACT_GELU_ERF)
+        return 0.5f * y * (1.f + verf(y * 0.70710678f));
+    if (act == ACT_GELU_TANH) {
+        vf u = 0.7978845608f * (y + 0.044715f * y * y * y);
+        return 0.5f * y * (2.f - 2.f / (1.f + vexp(2.f * u))); /* 1 + tanh(u) */
+    }
+    if (act == ACT_RELU)
+        return vselect(y > 0.f, y, vsplat(0.f));
+    return y;
+}
+
+#endif
