@@ -51,8 +51,8 @@ def quantization_ranges(embeddings: np.ndarray, ranges=None,
 def quantize_embeddings(embeddings, precision: str, ranges=None,
                         calibration_embeddings=None, clip: bool = False) -> np.ndarray:
     """embeddings [n, dim] float -> [n, dim] (float32, int8, uint8) or [n, ceil(dim/8)]
-    (binary as int8, ubinary as uint8). clip: values outside `ranges` go to the end buckets
-    (sentence-transformers does not clip; the server does, with its fixed default ranges)."""
+    (binary as int8, ubinary as uint8). Values outside `ranges` always go to the end buckets
+    (sentence-transformers 6 does the same); `clip` is kept for callers and changes nothing."""
     check_precision(precision)
     embeddings = np.asarray(embeddings)
     if embeddings.dtype in (np.int8, np.uint8):
@@ -68,9 +68,9 @@ def quantize_embeddings(embeddings, precision: str, ranges=None,
         bounds = quantization_ranges(embeddings, ranges, calibration_embeddings)
         starts = bounds[0]  # [dim]
         steps = (bounds[1] - bounds[0]) / 255  # [dim]
-        buckets = (embeddings - starts) / steps  # [n, dim], 0..255 inside the range
-        if clip:
-            buckets = np.clip(buckets, 0, 255)
+        # [n, dim], 0..255 inside the range; values outside go to the end buckets, as
+        # sentence-transformers >= 6 does (5.x let them wrap around)
+        buckets = np.clip(np.floor((embeddings - starts) / steps), 0, 255)
         if precision == "uint8":
             return buckets.astype(np.uint8)
         return (buckets - 128).astype(np.int8)
