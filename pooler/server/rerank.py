@@ -125,6 +125,7 @@ async def rerank_vllm(body: RerankRequest, request: Request):
     # router picks by it (404 for a name it does not serve).
     state = get_state(request)
     check_priority(body)
+    state.pick_lora(body.model)  # any name is accepted; a LoRA adapter's name picks it
     not_served = _not_served(state, request.url.path)
     if not_served is not None:
         return not_served

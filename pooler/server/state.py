@@ -85,10 +85,12 @@ class ServerState:
         _request_lora.set(model if model in adapters else None)
 
     def pick_lora(self, model: str | None) -> None:
-        """Run this request with the adapter `model` names, if it names one (routes where any
-        model name is accepted, e.g. Cohere's)."""
-        if model is not None and model in self.lora_names:
-            _request_lora.set(model)
+        """On routes where any model name is accepted (TEI's and Cohere's rule, for clients set
+        up for another server): run this request with the adapter `model` names. A server
+        with LoRA enabled checks the name as check_model does: there `model` chooses the
+        weights, so a misspelt adapter must be a 404, never the base model's answer."""
+        if getattr(self.engine, "lora_enabled", False):
+            self.check_model(model)
 
     @property
     def lora_names(self) -> list[str]:

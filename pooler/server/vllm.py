@@ -63,9 +63,11 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     add_special_tokens, embed_dtype, endianness, truncate_prompt_tokens, ...).
     `model` may be any name, as on TEI's /v1/embeddings: a client set up for another server
     ("tei", "text-embedding-3-small") works unchanged on this single-model server (with
-    several models, the router picks by it and answers 404 for a name it does not serve)."""
+    several models, the router picks by it and answers 404 for a name it does not serve);
+    a served LoRA adapter's name runs the request with that adapter."""
     state = get_state(request)
     check_priority(body)
+    state.pick_lora(body.model)  # any name is accepted; a LoRA adapter's name picks it
     require_task(state, "embed", "embeddings")
     items, add_special = prompt_inputs(state, body)
     state.check_dimensions(body.dimensions)
