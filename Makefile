@@ -39,8 +39,9 @@ demo: $(VENV)/.base
 	$(VENV)/bin/pooler embed --preview --model sentence-transformers/all-MiniLM-L6-v2 \
 		"pooler serves embedding models" "The cat sat on the mat." "A feline rested on a rug."
 
-# -rs: why each skipped test skipped; --durations: where the suite's time goes.
-PYTEST := $(PY) -m pytest -q -rs --durations=15
+# -rfEs: the failures, errors and why each skipped test skipped; --durations: where the
+# suite's time goes.
+PYTEST := $(PY) -m pytest -q -rfEs --durations=15
 test: install
 	$(PYTEST) --ignore=tests/ray
 

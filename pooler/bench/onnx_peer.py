@@ -43,7 +43,8 @@ def skip_reason(*packages: str) -> str | None:
     """Why an ONNX side cannot run here (a package is missing), or None."""
     missing = missing_packages(*packages)
     if missing:
-        return f"needs {', '.join(missing)} ({install_command('bench-peers')})"
+        return (f"needs {', '.join(missing)} (the bench-peers extra: "
+                f"{install_command('bench-peers')})")
     return None
 
 
@@ -57,7 +58,8 @@ class Recipe:
 
 
 def recipe(model_path: Path) -> Recipe:
-    from pooler.model_folder import read_json, read_sentence_transformer_layout
+    from pooler.config import ModelConfig
+    from pooler.model_folder import read_sentence_transformer_layout
 
     layout = read_sentence_transformer_layout(model_path)
     if layout is None or layout.pooling is None:
@@ -66,8 +68,11 @@ def recipe(model_path: Path) -> Recipe:
     if layout.pooling.mode not in ("mean", "cls") or layout.dense:
         raise ValueError(f"{model_path}: the ONNX peers do mean or CLS pooling without Dense "
                          f"modules; this folder has {layout.module_types}.")
-    config = read_json(model_path / "config.json") or {}
-    max_length = layout.max_seq_length or config.get("max_position_embeddings", 512)
+    # Truncate where pooler and sentence-transformers do: sentence-transformers 6 keeps
+    # max_seq_length in tokenizer_config.json (model_max_length), 5.x in
+    # sentence_bert_config.json; ModelConfig reads both (runner="transformers": folder only).
+    max_length = ModelConfig(model=str(model_path), device="cpu",
+                             runner="transformers").max_model_len
     return Recipe(layout.pooling.mode, layout.normalize, int(max_length), layout.do_lower_case)
 
 
