@@ -11,6 +11,10 @@ import torch
 
 from tests.models.fallback_families import FAMILIES, HEADS, save_family
 
+# Slow: 40 transformers families through the fallback (minutes).
+# make test (and CI) runs them; make test-quick leaves them out.
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 TEXTS = ["short", "a somewhat longer sentence, with more tokens than the others in it",

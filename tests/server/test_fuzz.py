@@ -22,6 +22,10 @@ import pytest
 
 from pooler.server.settings import ServerSettings
 
+# Slow: schemathesis over every model kind's spec (minutes).
+# make test (and CI) runs them; make test-quick leaves them out.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("schemathesis")
 
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"

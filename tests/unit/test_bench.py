@@ -6,6 +6,10 @@ import pytest
 
 from pooler.bench.registry import Workload, get_workload, load_workloads, register
 
+# Slow: runs pooler bench's workloads end to end (minutes).
+# make test (and CI) runs them; make test-quick leaves them out.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def tiny_st_model(tmp_path_factory):
