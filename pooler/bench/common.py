@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from pooler.bench.registry import BenchOptions, Side
+from pooler.precision_gate import median_seconds
 
 _REPO = Path(__file__).resolve().parents[2]
 # ../shared from the main checkout, ../../shared from a worktree under /work/wt.
@@ -205,15 +206,8 @@ def one_at_a_time(fn: Callable[[object], object], inputs: list) -> tuple[list[fl
 
 def median_call_seconds(fn: Callable[[], object], reps: int, warmup: int = 10) -> float:
     """Median wall time of fn() over `reps` calls after `warmup` unmeasured ones (the
-    micro-benchmarks under benchmarks/)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    micro-benchmarks under benchmarks/): the precision check's timer, with their defaults."""
+    return median_seconds(fn, repeats=reps, warmup=warmup)
 
 
 def digest(obj) -> str:
