@@ -48,6 +48,23 @@ class RotaryEncoderConfig:
     gate_up_bias: bool = False    # the gated MLP's gate and up (or the plain MLP's fc1)
     down_bias: bool = True        # the MLP's output projection
 
+    @classmethod
+    def from_hf(cls, d: dict, *, theta: float, act: str, eps: float, type_vocab: int,
+                eps_key: str = "layer_norm_eps", **switches) -> "RotaryEncoderConfig":
+        """From a transformers config dict: the sizes every family names the same way, the
+        family's defaults for what its configs may leave out (rotary base, activation, norm
+        epsilon, token types), and its fixed `switches` (norm placement, biases, MLP kind)."""
+        heads = d["num_attention_heads"]
+        head_dim = d.get("head_dim") or d["hidden_size"] // heads
+        rope_theta, rope_factor = rope_of(d, theta, head_dim)
+        return cls(
+            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=heads, num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=head_dim, hidden_act=d.get("hidden_act", act),
+            norm_eps=d.get(eps_key, eps), rope_theta=rope_theta, rope_factor=rope_factor,
+            type_vocab_size=d.get("type_vocab_size", type_vocab), **switches)
+
     @property
     def qkv_sizes(self) -> list[int]:
         return [self.num_attention_heads * self.head_dim,

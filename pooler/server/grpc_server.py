@@ -38,6 +38,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pooler.server import tei, tei_pb2 as pb, tei_pb2_grpc as pb_grpc
+from pooler.server.asgi_call import call_asgi
 
 logger = logging.getLogger(__name__)
 
@@ -108,32 +109,7 @@ class RouteCaller:
                  "raw_path": path.encode(), "root_path": "", "query_string": b"",
                  "headers": headers, "client": ("127.0.0.1", 0),
                  "server": ("127.0.0.1", 0), "pooler.grpc_method": rpc}
-        sent = False
-        answered = asyncio.Event()
-        status, chunks = 500, []
-
-        async def receive():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": payload, "more_body": False}
-            await answered.wait()  # the body is read: the next message is the disconnect
-            return {"type": "http.disconnect"}
-
-        async def send(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    answered.set()
-
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            answered.set()
-        raw = b"".join(chunks)
+        status, raw = await call_asgi(self.app, scope, payload)
         try:
             data = json.loads(raw) if raw else None
         except ValueError:

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from pooler.server.asgi_call import call_asgi
 from pooler.server.peer_metrics import render_text
 
 # The task a route serves, for requests that name no model (the first model with it wins).
@@ -251,16 +252,4 @@ async def _asgi_get(app, path: str, scope) -> tuple[int, bytes]:
     """GET `path` on one model's app in process (its own auth and handlers run)."""
     inner = {**scope, "path": path, "raw_path": path.encode(), "query_string": b"",
              "method": "GET"}
-    status, chunks = 500, []
-
-    async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message):
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-    await app(inner, receive, send)
-    return status, b"".join(chunks)
+    return await call_asgi(app, inner)

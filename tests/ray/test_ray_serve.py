@@ -4,7 +4,6 @@ replica under load gives errors or answers (never a hang) while Serve replaces i
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import httpx
@@ -16,6 +15,7 @@ from ray import serve
 from pooler.engine.llm import Engine
 from pooler.ray.serve import REPLICA_HEADER, serve_app
 from tests.batch.conftest import corpus_texts
+from tests.ray.load_under_kill import load_through_kill
 
 
 def free_port() -> int:
@@ -98,43 +98,16 @@ def test_killed_replica_under_load(embed_app, tiny_embedder):
     engine = Engine(str(tiny_embedder))
     texts = corpus_texts(32, seed=23)
     want = np.stack([o.embedding for o in engine.embed(texts)])
-    results: list[tuple[float, str]] = []  # (seconds, "ok" | "error NNN" | exception name)
-    stop = threading.Event()
-
-    def client_loop():
-        with httpx.Client(base_url=embed_app, timeout=60) as client:
-            while not stop.is_set():
-                start = time.monotonic()
-                try:
-                    r = client.post("/v1/embeddings", json={"input": texts})
-                    if r.status_code == 200:
-                        got = np.array([d["embedding"] for d in r.json()["data"]])
-                        np.testing.assert_allclose(got, want, atol=1e-5)
-                        outcome = "ok"
-                    else:
-                        outcome = f"error {r.status_code}"
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
-                results.append((time.monotonic() - start, outcome))
-
     names = _replica_actors()
     assert len(names) == 2
-    threads = [threading.Thread(target=client_loop) for _ in range(4)]
-    for t in threads:
-        t.start()
-    time.sleep(3)
-    before = len(results)
-    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
-    time.sleep(8)
-    stop.set()
-    for t in threads:
-        t.join(timeout=90)
-    assert not any(t.is_alive() for t in threads), "a client hung"
+    before, results = load_through_kill(
+        embed_app, texts, want,
+        kill=lambda: ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True))
     outcomes = [o for _, o in results]
     assert before > 0 and outcomes.count("ok") > before  # the other replica kept serving
     assert all(o == "ok" or o.startswith("error 5") for o in outcomes), set(outcomes)
     # At most the requests in flight at the kill (one per client) are lost.
-    assert len([o for o in outcomes if o != "ok"]) <= len(threads), outcomes
+    assert len([o for o in outcomes if o != "ok"]) <= 4, outcomes
     assert max(s for s, _ in results) < 60  # no request waited for the timeout
     # Serve replaces the dead replica.
     deadline = time.monotonic() + 120

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from pooler.engine.llm import Engine
 from pooler.ray.serve import REPLICA_HEADER
 from tests.batch.conftest import corpus_texts
+from tests.ray.load_under_kill import load_through_kill
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS = 4
@@ -123,36 +123,8 @@ def test_serve_ray_two_replicas_and_a_killed_one(server, tiny_embedder):
     pids = replica_pids(proc)
     assert len(pids) == 2, pids
 
-    results: list[tuple[float, str]] = []  # (seconds, "ok" | "error NNN" | exception name)
-    stop = threading.Event()
-
-    def client_loop():
-        with httpx.Client(base_url=url, timeout=60) as client:
-            while not stop.is_set():
-                start = time.monotonic()
-                try:
-                    r = client.post("/v1/embeddings", json={"input": texts})
-                    if r.status_code == 200:
-                        got = np.array([d["embedding"] for d in r.json()["data"]])
-                        np.testing.assert_allclose(got, want, atol=1e-5)
-                        outcome = "ok"
-                    else:
-                        outcome = f"error {r.status_code}"
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
-                results.append((time.monotonic() - start, outcome))
-
-    threads = [threading.Thread(target=client_loop) for _ in range(CLIENTS)]
-    for t in threads:
-        t.start()
-    time.sleep(3)
-    before = len(results)
-    os.kill(pids[0], signal.SIGKILL)
-    time.sleep(8)
-    stop.set()
-    for t in threads:
-        t.join(timeout=90)
-    assert not any(t.is_alive() for t in threads), "a client hung"
+    before, results = load_through_kill(url, texts, want, clients=CLIENTS,
+                                        kill=lambda: os.kill(pids[0], signal.SIGKILL))
     outcomes = [o for _, o in results]
     failed = [o for o in outcomes if o != "ok"]
     print("outcomes:", {o: outcomes.count(o) for o in set(outcomes)})
