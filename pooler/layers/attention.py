@@ -21,6 +21,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from pooler.kernels.attention_cpu import attention_on_cpu
+
 try:  # torch >= 2.9 ships a varlen flash-attention entry point (CUDA only).
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
     _VARLEN_PARAMS = frozenset(inspect.signature(_varlen_attn).parameters)
@@ -132,6 +134,17 @@ def packed_attention(
     if num_unattended is not None and not any(num_unattended):
         num_unattended = None
     enable_gqa = num_heads != num_kv_heads
+    if num_unattended is not None:
+        for length, unattended in zip(seq_lens, num_unattended):
+            if unattended >= length:
+                raise ValueError(f"num_unattended must leave at least one attended token: got "
+                                 f"{unattended} for a sequence of {length}.")
+    if q.device.type == "cpu" and not causal and half_window is None and not enable_gqa:
+        out = attention_on_cpu(q, k, v, seq_lens, cu_seqlens,
+                               scale if scale is not None else q.shape[-1] ** -0.5,
+                               num_unattended, position_bias)
+        if out is not None:
+            return out
     if (_varlen_attn is not None and q.is_cuda
             and num_unattended is None  # key masks: the per-sequence path below
             and position_bias is None
@@ -161,9 +174,6 @@ def packed_attention(
         mask = _band_mask(length, half_window, causal, q.device.type) if half_window is not None \
             else None
         if unattended:
-            if unattended >= length:
-                raise ValueError(f"num_unattended must leave at least one attended token: got "
-                                 f"{unattended} for a sequence of {length}.")
             key_mask = _key_mask(length, unattended, causal, q.device.type)
             mask = key_mask if mask is None else mask & key_mask
         bias = None if position_bias is None else position_bias[length]  # [heads, L, L]
