@@ -12,7 +12,7 @@ region on torch's thread pool.
 Taken by packed_attention when all of these hold, else its torch paths run:
 - the kernels are built here (pooler/kernels/build.py: Linux x86-64 with AVX-512 or AVX2, a C
   compiler, `POOLER_CPU_KERNELS` not 0) and `ENABLED` is true;
-- fp32 q/k/v on the CPU, as many k/v heads as q heads, head size a multiple of the build's
+- fp32 or bf16 q/k/v on the CPU (bf16 is widened to fp32 first, the result rounded back), as many k/v heads as q heads, head size a multiple of the build's
   vector (16 floats on AVX-512, 8 on AVX2), each head's dims contiguous, no autograd;
 - bidirectional (no causal or local mask); an unattended suffix (ColBERT) and an additive fp32
   score bias per length (MPNet) are handled.
@@ -27,6 +27,9 @@ from pooler.kernels.build import encoder_kernels
 
 # Benchmarks and tests turn the kernel off here to time or check the torch paths.
 ENABLED = True
+# q/k/v dtypes taken; bf16 (the bf16 engine keeps its q/k/v projection in bf16) is widened to
+# fp32 first, three copies of [num_tokens, heads, head_dim] that cost far less than attention.
+_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _row_stride(t: torch.Tensor, heads: int, head_dim: int) -> int | None:
@@ -47,9 +50,8 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     """softmax(q k^T * scale + bias) v within each packed sequence, or None when this call
     does not qualify (see the module docstring). num_unattended must already be checked to
     leave each sequence at least one key."""
-    if not (ENABLED and q.device.type == "cpu" and q.dtype == torch.float32
-            and k.dtype == v.dtype == torch.float32 and q.dim() == 3
-            and k.shape == q.shape == v.shape):
+    if not (ENABLED and q.device.type == "cpu" and q.dtype in _DTYPES
+            and k.dtype == v.dtype == q.dtype and q.dim() == 3 and k.shape == q.shape == v.shape):
         return None
     num_tokens, heads, head_dim = q.shape
     lib = encoder_kernels()
@@ -60,6 +62,10 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return None
+    dtype = q.dtype
+    if dtype != torch.float32:  # bf16 from the bf16 engine's projection: fp32 math inside
+        q, k, v = (t.float().contiguous() for t in (q, k, v))  # [num_tokens, heads, head_dim]
+        strides = [heads * head_dim] * 3
     count = len(seq_lens)
     if not (cu_seqlens.dtype == torch.int32 and cu_seqlens.is_cpu
             and cu_seqlens.is_contiguous() and cu_seqlens.numel() == count + 1):
@@ -81,4 +87,4 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     lib.packed_attention_f32(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
                              out.data_ptr(), heads, head_dim, count, cu_seqlens.data_ptr(),
                              keys, bias, scale, max_len, work.data_ptr(), threads)
-    return out
+    return out if dtype == torch.float32 else out.to(dtype)

@@ -1,14 +1,20 @@
 """Attention over packed sequences: never computes a padded position.
 
-CPU: sequences of equal length share one call. In fp32, sequences up to _MATH_MAX_LEN tokens
-run as two batched matmuls and a softmax, in chunks whose [chunk, heads, L, L] scores fit in L2
-(_SCORE_BYTES); measured 8-57% faster per token than torch's CPU flash kernel for L <= 200
-and slower from L = 256, which runs the longer ones; whole jobs 2-8% faster (docs/benchmarks.md).
+CPU, bidirectional without GQA, fp32 or bf16 q/k/v (bf16 widened to fp32), head size a
+multiple of 16 (8 on AVX2): one C call over all the step's sequences
+(pooler/kernels/attention_cpu.py), bias and unattended keys included; 3.5-5x faster than the
+torch paths below on the long mix's steps, whole fp32 jobs ~10-15% faster (docs/benchmarks.md,
+"Attention in one C call"). Where it does not apply (causal or local masks, GQA, other head
+sizes, no compiler, `POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length share
+one call. In fp32, sequences up to _MATH_MAX_LEN tokens run as two batched matmuls and a
+softmax, in chunks whose [chunk, heads, L, L] scores fit in L2 (_SCORE_BYTES); measured 8-57%
+faster per token than torch's CPU flash kernel for L <= 200 and slower from L = 256, which runs
+the longer ones.
 CUDA: torch's varlen flash kernel for fp16/bf16 when this torch's signature can express the
 pattern (causal, local window, GQA: see varlen_kwargs), else the per-sequence SDPA path.
 Optional per-sequence key mask (`num_unattended`): the last n tokens of a sequence are computed
-as queries but no token attends to them (ColBERT query expansion); sequences with a count run
-on the per-sequence path with a [L, L] mask, never padded.
+as queries but no token attends to them (ColBERT query expansion); on the torch paths,
+sequences with a count run on the per-sequence path with a [L, L] mask, never padded.
 Optional additive score bias per sequence length (`position_bias`, MPNet's relative position
 bias): {length: [heads, L, L]} added to the scaled scores before the softmax; it never takes
 the varlen kernel, whose signature has no bias.

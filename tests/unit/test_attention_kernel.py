@@ -2,7 +2,8 @@
 against scaled_dot_product_attention on each sequence alone, in both builds (AVX-512 and AVX2,
 forced on an AVX-512 machine): lengths around its 32-query blocks and 12-row tiles, head sizes
 that take one- and two-vector tiles, q/k/v as views of one fused projection or as separate
-tensors, MPNet's score bias, ColBERT's unattended keys, and thread-count invariance."""
+tensors, bf16 inputs, MPNet's score bias, ColBERT's unattended keys, and thread-count
+invariance."""
 from __future__ import annotations
 
 import pytest
@@ -91,6 +92,15 @@ def test_position_bias_and_unattended_keys(kernel_build):
                                    atol=1e-5, rtol=1e-5)
     plain = attention_cpu.attention_on_cpu(q, k, v, seq_lens, cu, 32 ** -0.5)
     assert not torch.allclose(plain, got, atol=1e-3)  # the bias and the mask changed it
+
+
+def test_bf16_inputs_run_fp32_math(kernel_build):
+    seq_lens = [9, 65, 200]
+    q, k, v = (t.to(torch.bfloat16) for t in _fused_qkv(seq_lens, 2, 32, seed=6))
+    got = attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), 32 ** -0.5)
+    assert got is not None and got.dtype == torch.bfloat16
+    expected = _reference(q.float(), k.float(), v.float(), seq_lens)  # the same values in fp32
+    torch.testing.assert_close(got.float(), expected, atol=4e-3, rtol=8e-3)  # one bf16 rounding
 
 
 def test_thread_count_does_not_change_the_result(kernel_build):
