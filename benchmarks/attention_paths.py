@@ -11,7 +11,7 @@ packed_attention takes without it, over the steps the engine packs from the long
 from word counts; 2048-token steps in arrival order), for MiniLM's 12 heads x 32 and
 BERT-base's 12 x 64. q/k/v are views of one [tokens, 3, heads, head_dim] projection, as
 BertLayer passes them. Rounds alternate which path goes first; prints ms per pass over all
-steps and torch / kernel per round and its median.
+steps and torch / kernel per round and its median (--cpu-time: by the process's CPU time).
 
 --engine: the whole Engine on all-MiniLM-L6-v2 over the long mix (fp32, or --dtype bfloat16),
 with the kernel on and off (attention_cpu.ENABLED) in alternating rounds; prints texts/s and
@@ -70,7 +70,7 @@ def steps_of(lengths: list[int]) -> list[list[int]]:
     return steps + [current]
 
 
-def packed_steps(threads: int, rounds: int) -> None:
+def packed_steps(threads: int, rounds: int, cpu_time: bool) -> None:
     steps = steps_of(long_mix_lengths())
     tokens = sum(map(sum, steps))
     print(f"{len(steps)} steps, {tokens} tokens, {threads} threads; cpu: "
@@ -85,10 +85,11 @@ def packed_steps(threads: int, rounds: int) -> None:
 
         def one_pass(kernel: bool) -> float:
             attention_cpu.ENABLED = kernel
-            start = time.perf_counter()
+            clock = time.process_time if cpu_time else time.perf_counter
+            start = clock()
             for args in inputs:
                 packed_attention(*args)
-            return time.perf_counter() - start
+            return clock() - start
 
         for kernel in (True, False):  # warm-up, and the answers agree
             one_pass(kernel)
@@ -219,7 +220,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="--engine / --profile: the engine's dtype")
     parser.add_argument("--cpu-time", action="store_true",
-                        help="--engine: time by this process's CPU time (use with --threads 1)")
+                        help="default and --engine: time by this process's CPU time (use with "
+                             "--threads 1)")
     parser.add_argument("--kernel-off", action="store_true",
                         help="--profile: with the torch attention paths")
     args = parser.parse_args()
@@ -235,7 +237,7 @@ def main() -> int:
         attention_cpu.ENABLED = not args.kernel_off
         profile(args.threads, args.dtype)
     else:
-        packed_steps(args.threads, args.rounds)
+        packed_steps(args.threads, args.rounds, args.cpu_time)
     return 0
 
 

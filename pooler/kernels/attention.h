@@ -123,8 +123,8 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
     vf mx0 = vsplat(-INFINITY), mx1 = mx0, sum0 = vsplat(0.f), sum1 = sum0;
     for (int j = 0; j < nk; j++) {
         vf s0 = *(const vf *)(st + (size_t)j * QB), s1 = *(const vf *)(st + (size_t)j * QB + VW);
-        mx0 = vselect(s0 > mx0, s0, mx0);
-        mx1 = vselect(s1 > mx1, s1, mx1);
+        mx0 = vmax(s0, mx0);
+        mx1 = vmax(s1, mx1);
     }
     for (int j = 0; j < nk; j++) {
         float *sj = st + (size_t)j * QB;
