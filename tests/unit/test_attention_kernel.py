@@ -96,11 +96,15 @@ def test_position_bias_and_unattended_keys(kernel_build):
 
 def test_bf16_inputs_run_fp32_math(kernel_build):
     seq_lens = [9, 65, 200]
-    q, k, v = (t.to(torch.bfloat16) for t in _fused_qkv(seq_lens, 2, 32, seed=6))
-    got = attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), 32 ** -0.5)
-    assert got is not None and got.dtype == torch.bfloat16
-    expected = _reference(q.float(), k.float(), v.float(), seq_lens)  # the same values in fp32
-    torch.testing.assert_close(got.float(), expected, atol=4e-3, rtol=8e-3)  # one bf16 rounding
+    q, k, v = _fused_qkv(seq_lens, 2, 32, seed=6)
+    fused = torch.stack([q, k, v], 1).to(torch.bfloat16)  # [tokens, 3, heads, dim]
+    expected = _reference(*(fused[:, i].float() for i in range(3)), seq_lens)  # same values
+    # views of one fused projection (widened in one pass), then three separate tensors
+    for q, k, v in ((fused[:, 0], fused[:, 1], fused[:, 2]),
+                    tuple(fused[:, i].contiguous() for i in range(3))):
+        got = attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), 32 ** -0.5)
+        assert got is not None and got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), expected, atol=4e-3, rtol=8e-3)  # one rounding
 
 
 def test_thread_count_does_not_change_the_result(kernel_build):
