@@ -122,7 +122,8 @@ def encoder_kernels() -> ctypes.CDLL | None:
             detail = getattr(e, "stderr", None) or str(e)
             why = f"the build failed: {detail.strip()[:500]}"
     if why is not None:
-        log.info("CPU encoder kernels off (%s); short sequences take the torch path.", why)
+        log.info("CPU encoder kernels off (%s); short sequences and attention take the torch "
+                 "path.", why)
         return None
     P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
     lib.pack_linear_weight.argtypes = [P, P, I, I]
@@ -131,6 +132,12 @@ def encoder_kernels() -> ctypes.CDLL | None:
     lib.bert_scratch_floats.restype = ctypes.c_long
     lib.bert_layers.argtypes = [P, I, I, P, P, P, I, I, I, I, P, ctypes.c_float, I, P, I]
     lib.bert_layers.restype = None
+    lib.attention_scratch_floats.argtypes = [I, I, I]
+    lib.attention_scratch_floats.restype = ctypes.c_long
+    lib.packed_attention_f32.argtypes = [P, P, P, I, I, I, P, I, I, I, P, P, P, ctypes.c_float,
+                                         I, P, I]
+    lib.packed_attention_f32.restype = None
     lib.variant = variant[0]
+    lib.vector_floats = 16 if variant[0] == "avx512" else 8  # the build's VW
     log.debug("CPU encoder kernels: the %s build", variant[0])
     return lib

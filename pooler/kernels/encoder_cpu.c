@@ -23,6 +23,7 @@
 #include <omp.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* One vector register: 16 floats (zmm) on AVX-512, 8 (ymm) in the AVX2 build. */
@@ -149,65 +150,30 @@ static void layer_norm(const float *in, float *out, int m, int h, const float *w
     }
 }
 
-/* Bidirectional attention within each packed sequence (head size % 16 == 0). qkv [m, 3h]
- * (q | k | v, each head's dims contiguous), ctx [m, h]. Sequence s holds tokens
- * [starts[s], starts[s + 1]); its queries see its first keys[s] tokens (a shorter keys[s]:
- * ColBERT's unattended query expansion). bias: NULL, or per sequence a [heads][len][len] score
- * bias added before the softmax (MPNet's relative positions). (sequence, head) pairs are
- * shared out; each thread
- * works in its own slice of `work` (attention_floats(m, d) floats): the head's keys transposed
- * to [d][keys rounded up to whole vectors], so that scores, softmax and exp run a vector of
- * keys per op. */
-static long attention_floats(int m, int d) { return (long)(d + m) * (m + 16); }
+#include "attention.h"
 
-static void attention(const float *qkv, float *ctx, float *work, int m, int h, int heads,
-                      int seqs, const int *starts, const int *keys,
-                      const float *const *bias) {
-    int d = h / heads, ld = 3 * h;
-    float scale = 1.f / sqrtf((float)d);
-    float *kt = work + (size_t)omp_get_thread_num() * attention_floats(m, d);
-    float *sc = kt + (size_t)d * (m + 16);
-#pragma omp for schedule(static)
-    for (int task = 0; task < seqs * heads; task++) {
-        int sq = task / heads, hd = task % heads;
-        int first = starts[sq], len = starts[sq + 1] - first, nk = keys[sq];
-        int nkp = (nk + VW - 1) & ~(VW - 1);
-        const float *q = qkv + (size_t)first * ld + hd * d;
-        const float *k = q + h, *v = q + 2 * h;
-        for (int c = 0; c < d; c++) {
-            for (int j = 0; j < nk; j++) kt[(size_t)c * nkp + j] = k[(size_t)j * ld + c];
-            for (int j = nk; j < nkp; j++) kt[(size_t)c * nkp + j] = 0.f;
-        }
-        for (int i = 0; i < len; i++) {
-            const float *qi = q + (size_t)i * ld;
-            float *si = sc + (size_t)i * nkp;
-            for (int jb = 0; jb < nkp; jb += VW) {  /* scores of VW keys */
-                vf acc = vsplat(0.f);
-                for (int c = 0; c < d; c++) acc += qi[c] * *(const vf *)(kt + (size_t)c * nkp + jb);
-                *(vf *)(si + jb) = acc * scale;
-            }
-            if (bias) {
-                const float *bi = bias[sq] + ((size_t)hd * len + i) * len;
-                for (int j = 0; j < nk; j++) si[j] += bi[j];
-            }
-            float mx = -INFINITY;
-            for (int j = 0; j < nk; j++) mx = si[j] > mx ? si[j] : mx;
-            vf total = vsplat(0.f);
-            for (int jb = 0; jb < nkp; jb += VW) {
-                vf e = vexp(*(const vf *)(si + jb) - mx);
-                for (int j = nk - jb; j < VW; j++) e[j] = 0.f;  /* the padding keys */
-                *(vf *)(si + jb) = e;
-                total += e;
-            }
-            float inv = 1.f / hsum(total);
-            float *o = ctx + (size_t)(first + i) * h + hd * d;
-            for (int c = 0; c < d; c += VW) {
-                vf acc = vsplat(0.f);
-                for (int j = 0; j < nk; j++) acc += si[j] * *(const vf *)(v + (size_t)j * ld + c);
-                *(vf *)(o + c) = acc * inv;
-            }
-        }
-    }
+/* Bidirectional attention for callers outside the layer stack (pooler/kernels/attention_cpu.py):
+ * q, k, v rows as in struct attention_args (any row strides: straight from a fused q/k/v
+ * projection, or three tensors), out [tokens][heads][d]; keys and bias as there (NULL: none).
+ * d % VW == 0. work: attention_scratch_floats(max_len, d, threads) floats, max_len >= every
+ * sequence's length. Runs its own parallel region of `threads` threads. */
+long attention_scratch_floats(int max_len, int d, int threads) {
+    return threads * attention_work_floats(max_len, d);
+}
+
+void packed_attention_f32(const float *q, const float *k, const float *v, int ldq, int ldk,
+                          int ldv, float *out, int heads, int d, int seqs, const int *starts,
+                          const int *keys, const float *const *bias, float scale, int max_len,
+                          float *work, int threads) {
+    int *task_starts = malloc(sizeof(int) * (seqs + 1));
+    if (!task_starts) return;
+    attention_tasks(seqs, starts, heads, task_starts);
+    struct attention_args a = {q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, bias,
+                               scale, task_starts};
+    long per_thread = attention_work_floats(max_len, d);
+#pragma omp parallel num_threads(threads)
+    attention(&a, work, per_thread);
+    free(task_starts);
 }
 
 /* Runs `layers` post-norm BERT layers over x [m, h] in place: `seqs` sequences packed back to
@@ -217,7 +183,7 @@ static void attention(const float *qkv, float *ctx, float *work, int m, int h, i
  * scratch: at least bert_scratch_floats(m, h, inter, heads, threads) floats. act: EPI_GELU_ERF,
  * EPI_GELU_TANH or EPI_RELU. */
 long bert_scratch_floats(int m, int h, int inter, int heads, int threads) {
-    return (long)m * (3 * h + h + h + inter) + threads * attention_floats(m, h / heads);
+    return (long)m * (3 * h + h + h + inter) + threads * attention_work_floats(m, h / heads);
 }
 
 void bert_layers(float *x, int m, int seqs, const int *starts, const int *keys,
@@ -225,11 +191,17 @@ void bert_layers(float *x, int m, int seqs, const int *starts, const int *keys,
                  const float *const *params, float eps, int act, float *scratch, int threads) {
     float *qkv = scratch, *ctx = qkv + (size_t)m * 3 * h, *t = ctx + (size_t)m * h;
     float *up = t + (size_t)m * h, *work = up + (size_t)m * inter;
+    int task_starts[seqs + 1];  /* a short step: a few sequences */
+    attention_tasks(seqs, starts, heads, task_starts);
+    int d = h / heads;
+    struct attention_args a = {qkv, qkv + h, qkv + 2 * h, 3 * h, 3 * h, 3 * h, ctx, heads, d,
+                               seqs, starts, keys, bias, 1.f / sqrtf((float)d), task_starts};
+    long per_thread = attention_work_floats(m, d);
 #pragma omp parallel num_threads(threads)
     for (int l = 0; l < layers; l++) {
         const float *const *p = params + (size_t)l * P_PER_LAYER;
         gemm(x, p[P_QKV_W], p[P_QKV_B], NULL, qkv, m, 3 * h, h, EPI_NONE);
-        attention(qkv, ctx, work, m, h, heads, seqs, starts, keys, bias);
+        attention(&a, work, per_thread);
         gemm(ctx, p[P_O_W], p[P_O_B], x, t, m, h, h, EPI_RESIDUAL);
         layer_norm(t, x, m, h, p[P_LN1_W], p[P_LN1_B], eps);
         gemm(x, p[P_UP_W], p[P_UP_B], NULL, up, m, inter, h, act);

@@ -8,14 +8,23 @@
 /* Epilogue activation codes, as pooler/kernels/*.py pass them (EPILOGUE_ACTS). */
 enum activation { ACT_NONE = 0, ACT_GELU_ERF = 2, ACT_GELU_TANH = 3, ACT_RELU = 4 };
 
+#include <immintrin.h>
+
 static inline vf vsplat(float v) { return (vf){} + v; }
 static inline vf vselect(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
+/* lane-wise max / min in one instruction (a compare and a select are three or four) */
+#if defined(__AVX512F__) && VW == 16
+static inline vf vmax(vf a, vf b) { return (vf)_mm512_max_ps((__m512)a, (__m512)b); }
+static inline vf vmin(vf a, vf b) { return (vf)_mm512_min_ps((__m512)a, (__m512)b); }
+#else
+static inline vf vmax(vf a, vf b) { return (vf)_mm256_max_ps((__m256)a, (__m256)b); }
+static inline vf vmin(vf a, vf b) { return (vf)_mm256_min_ps((__m256)a, (__m256)b); }
+#endif
 
 /* exp on every lane, ~2 ulp: 2^n * e^r with n = round(x / ln2), |r| <= ln2/2 and a degree-6
  * Taylor series. Rounding by the 1.5 * 2^23 trick leaves n in the low mantissa bits. */
 static inline vf vexp(vf x) {
-    x = vselect(x < -87.3f, vsplat(-87.3f), x);
-    x = vselect(x > 88.3f, vsplat(88.3f), x);
+    x = vmin(vmax(x, vsplat(-87.3f)), vsplat(88.3f));
     const float magic = 12582912.f; /* 1.5 * 2^23, bits 0x4B400000 */
     vf t = x * 1.44269504f + magic;
     vf n = t - magic;

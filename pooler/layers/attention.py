@@ -1,14 +1,21 @@
 """Attention over packed sequences: never computes a padded position.
 
-CPU: sequences of equal length share one call. In fp32, sequences up to _MATH_MAX_LEN tokens
-run as two batched matmuls and a softmax, in chunks whose [chunk, heads, L, L] scores fit in L2
-(_SCORE_BYTES); measured 8-57% faster per token than torch's CPU flash kernel for L <= 200
-and slower from L = 256, which runs the longer ones; whole jobs 2-8% faster (docs/benchmarks.md).
+CPU, bidirectional without GQA, fp32 or bf16 q/k/v (bf16 widened to fp32), head size a
+multiple of 16 (8 on AVX2): one C call over all the step's sequences
+(pooler/kernels/attention_cpu.py), bias and unattended keys included. On the long mix's steps
+it takes 1.5-1.9x less CPU time than the torch paths below (5-8x less wall time at 2 threads on
+a loaded machine, where their many small parallel ops wait on each other); whole MiniLM jobs
+6-15% faster in fp32 and bf16 (docs/benchmarks.md, "Attention in one C call"). Where it does not apply (causal or local masks, GQA, other head
+sizes, no compiler, `POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length share
+one call. In fp32, sequences up to _MATH_MAX_LEN tokens run as two batched matmuls and a
+softmax, in chunks whose [chunk, heads, L, L] scores fit in L2 (_SCORE_BYTES); measured 8-57%
+faster per token than torch's CPU flash kernel for L <= 200 and slower from L = 256, which runs
+the longer ones.
 CUDA: torch's varlen flash kernel for fp16/bf16 when this torch's signature can express the
 pattern (causal, local window, GQA: see varlen_kwargs), else the per-sequence SDPA path.
 Optional per-sequence key mask (`num_unattended`): the last n tokens of a sequence are computed
-as queries but no token attends to them (ColBERT query expansion); sequences with a count run
-on the per-sequence path with a [L, L] mask, never padded.
+as queries but no token attends to them (ColBERT query expansion); on the torch paths,
+sequences with a count run on the per-sequence path with a [L, L] mask, never padded.
 Optional additive score bias per sequence length (`position_bias`, MPNet's relative position
 bias): {length: [heads, L, L]} added to the scaled scores before the softmax; it never takes
 the varlen kernel, whose signature has no bias.
@@ -20,6 +27,8 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+
+from pooler.kernels.attention_cpu import attention_on_cpu
 
 try:  # torch >= 2.9 ships a varlen flash-attention entry point (CUDA only).
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
@@ -132,6 +141,17 @@ def packed_attention(
     if num_unattended is not None and not any(num_unattended):
         num_unattended = None
     enable_gqa = num_heads != num_kv_heads
+    if num_unattended is not None:
+        for length, unattended in zip(seq_lens, num_unattended):
+            if unattended >= length:
+                raise ValueError(f"num_unattended must leave at least one attended token: got "
+                                 f"{unattended} for a sequence of {length}.")
+    if q.device.type == "cpu" and not causal and half_window is None and not enable_gqa:
+        out = attention_on_cpu(q, k, v, seq_lens, cu_seqlens,
+                               scale if scale is not None else q.shape[-1] ** -0.5,
+                               num_unattended, position_bias)
+        if out is not None:
+            return out
     if (_varlen_attn is not None and q.is_cuda
             and num_unattended is None  # key masks: the per-sequence path below
             and position_bias is None
@@ -161,9 +181,6 @@ def packed_attention(
         mask = _band_mask(length, half_window, causal, q.device.type) if half_window is not None \
             else None
         if unattended:
-            if unattended >= length:
-                raise ValueError(f"num_unattended must leave at least one attended token: got "
-                                 f"{unattended} for a sequence of {length}.")
             key_mask = _key_mask(length, unattended, causal, q.device.type)
             mask = key_mask if mask is None else mask & key_mask
         bias = None if position_bias is None else position_bias[length]  # [heads, L, L]

@@ -73,8 +73,9 @@ class BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, inputs: ModelInputs,
                 position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         # x: [num_tokens, hidden]; position_bias: length -> [heads, L, L] (MPNet), else None
-        # bf16 linears: q/k/v stay bf16 for torch's attention kernel (fp32 scores), except
-        # with MPNet's fp32 score bias, which that kernel does not mix with bf16.
+        # bf16 linears: q/k/v stay bf16 into attention, which computes in fp32 either way (the
+        # C kernel widens them, torch's keeps fp32 scores), except with MPNet's fp32 score
+        # bias, which torch's kernel does not mix with bf16.
         qkv = linear_act(self.qkv_proj, x, keep_bf16=position_bias is None)
         qkv = qkv.view(x.shape[0], 3, self.num_heads, self.head_dim)
         attn = packed_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], inputs.seq_lens,

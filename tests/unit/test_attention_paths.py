@@ -1,15 +1,21 @@
-"""packed_attention's CPU paths (chunked matmul+softmax up to _MATH_MAX_LEN, SDPA beyond and for
-groups of at most _SDPA_MAX_COUNT short sequences) give the same result as SDPA on each
-sequence alone; varlen_kwargs speaks each varlen_attn
-signature or declines."""
+"""packed_attention's torch CPU paths (chunked matmul+softmax up to _MATH_MAX_LEN, SDPA beyond and
+for groups of at most _SDPA_MAX_COUNT short sequences) give the same result as SDPA on each
+sequence alone; varlen_kwargs speaks each varlen_attn signature or declines. The C kernel that
+runs before them where it can is off here (tests/unit/test_attention_kernel.py covers it)."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from pooler.kernels import attention_cpu
 from pooler.layers import attention
 from pooler.layers.attention import packed_attention, varlen_kwargs
+
+
+@pytest.fixture(autouse=True)
+def torch_paths_only(monkeypatch):
+    monkeypatch.setattr(attention_cpu, "ENABLED", False)
 
 
 def _per_sequence_sdpa(q, k, v, seq_lens):

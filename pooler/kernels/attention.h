@@ -1,0 +1,180 @@
+/* Bidirectional attention over packed (varlen) sequences in fp32, shared by encoder_cpu.c's
+ * short-step layer stack (bert_layers) and its stand-alone entry point (packed_attention_f32,
+ * what pooler/kernels/attention_cpu.py calls for larger steps). The including file defines
+ * VW, `vf`, `vi` and includes vector_math.h first.
+ *
+ * Work unit: one (sequence, head, block of QB queries). Its scores are kept transposed,
+ * st[key][query], so that a vector holds one key's score for QB/2 queries: the softmax over
+ * the keys is then lane-wise (max, exp, sum: no horizontal reductions, no padded keys), and
+ * neither K nor V is ever copied or transposed: the score tile broadcasts K's elements straight
+ * from the q/k/v rows, the P@V tile reads V's rows as vectors. Only the block's queries are
+ * transposed (d x QB floats, pre-scaled). A block's scores take QB x keys floats (64 KB for 512
+ * keys on AVX-512), so they stay in L2 while P@V reads them back.
+ *
+ * Every output element is computed by one thread in a fixed order: results do not depend on
+ * the thread count or the schedule. */
+#ifndef POOLER_ATTENTION_H
+#define POOLER_ATTENTION_H
+
+#define QB (2 * VW) /* queries per block: two vectors */
+#ifdef __AVX512F__
+#define KR 12 /* rows per tile (keys in the score tile, queries in P@V): 12 x 2 accumulators */
+#else
+#define KR 6 /* 6 x 2 accumulators + 2 operands + a broadcast in 16 ymm */
+#endif
+
+struct attention_args {
+    const float *q, *k, *v; /* row t of sequence-major tokens at q + t * ldq, head hd at + hd*d */
+    int ldq, ldk, ldv;
+    float *out; /* [tokens][heads][d] */
+    int heads, d, seqs;
+    const int *starts;        /* seqs + 1 token offsets */
+    const int *keys;          /* attended keys per sequence (a trailing unattended suffix), or
+                                 NULL: all of them */
+    const float *const *bias; /* NULL, or per sequence [heads][len][len] added to the scores */
+    float scale;
+    const int *task_starts;   /* seqs + 1: first work unit of each sequence (attention_tasks) */
+};
+
+/* floats of per-thread scratch for sequences of up to max_len tokens, head size d */
+static long attention_work_floats(int max_len, int d) {
+    return (long)QB * (d + max_len + 1);
+}
+
+static int attention_blocks(int len) { return (len + QB - 1) / QB; }
+
+/* task_starts[s]: the first work unit of sequence s; returns the number of units. */
+static int attention_tasks(int seqs, const int *starts, int heads, int *task_starts) {
+    task_starts[0] = 0;
+    for (int s = 0; s < seqs; s++)
+        task_starts[s + 1] = task_starts[s] + heads * attention_blocks(starts[s + 1] - starts[s]);
+    return task_starts[seqs];
+}
+
+/* st[r][0..QB) = keys row r . qt (qt: [d][QB] queries, pre-scaled), for mr key rows */
+static inline __attribute__((always_inline)) void score_tile(
+        int mr, const float *k, int ldk, const float *qt, int d, float *st) {
+    vf acc[KR][2];
+    for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = vsplat(0.f);
+    for (int c = 0; c < d; c++) {
+        vf b0 = *(const vf *)(qt + c * QB), b1 = *(const vf *)(qt + c * QB + VW);
+        for (int r = 0; r < mr; r++) {
+            float a = k[(size_t)r * ldk + c];
+            acc[r][0] += a * b0;
+            acc[r][1] += a * b1;
+        }
+    }
+    for (int r = 0; r < mr; r++) {
+        *(vf *)(st + r * QB) = acc[r][0];
+        *(vf *)(st + r * QB + VW) = acc[r][1];
+    }
+}
+
+/* o[r][0 .. nv*VW) = inv[r] * sum_j pt[j][r] v[j], for mr query rows; pt is st offset to the
+ * tile's first query (row stride QB) */
+static inline __attribute__((always_inline)) void pv_tile(
+        int mr, int nv, const float *pt, const float *v, int ldv, int nk, const float *inv,
+        float *o, int ldo) {
+    vf acc[KR][2];
+    for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = vsplat(0.f);
+    for (int j = 0; j < nk; j++) {
+        const float *vj = v + (size_t)j * ldv, *pj = pt + (size_t)j * QB;
+        vf b0 = *(const vf *)vj, b1 = nv == 2 ? *(const vf *)(vj + VW) : b0;
+        for (int r = 0; r < mr; r++) {
+            acc[r][0] += pj[r] * b0;
+            if (nv == 2) acc[r][1] += pj[r] * b1;
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int w = 0; w < nv; w++) *(vf *)(o + (size_t)r * ldo + w * VW) = acc[r][w] * inv[r];
+}
+
+/* One (sequence, head, query block) unit; work: attention_work_floats floats. */
+static void attention_unit(const struct attention_args *a, int s, int hd, int block,
+                           float *work) {
+    int d = a->d, first = a->starts[s], len = a->starts[s + 1] - first;
+    int nk = a->keys ? a->keys[s] : len;
+    int q0 = block * QB, nq = len - q0 < QB ? len - q0 : QB;
+    float *qt = work, *inv = qt + (size_t)d * QB, *st = inv + QB;
+    const float *q = a->q + (size_t)(first + q0) * a->ldq + hd * d;
+    const float *k = a->k + (size_t)first * a->ldk + hd * d;
+    const float *v = a->v + (size_t)first * a->ldv + hd * d;
+    for (int c = 0; c < d; c++) {
+        for (int i = 0; i < nq; i++) qt[c * QB + i] = q[(size_t)i * a->ldq + c] * a->scale;
+        for (int i = nq; i < QB; i++) qt[c * QB + i] = 0.f;  /* padding queries: never stored */
+    }
+    for (int j0 = 0; j0 < nk; j0 += KR) {
+        int mr = nk - j0 < KR ? nk - j0 : KR;
+        const float *kr = k + (size_t)j0 * a->ldk;
+        float *sr = st + (size_t)j0 * QB;
+        switch (mr) {
+#define TILE(R) case R: if (R <= KR) score_tile(R, kr, a->ldk, qt, d, sr); break;
+            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+            TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+#undef TILE
+        }
+    }
+    if (a->bias) {
+        const float *b = a->bias[s] + ((size_t)hd * len + q0) * len;
+        for (int i = 0; i < nq; i++)
+            for (int j = 0; j < nk; j++) st[(size_t)j * QB + i] += b[(size_t)i * len + j];
+    }
+    /* softmax over the keys, QB queries at a time; the 1/sum is applied after P@V */
+    vf mx0 = vsplat(-INFINITY), mx1 = mx0, sum0 = vsplat(0.f), sum1 = sum0;
+    for (int j = 0; j < nk; j++) {
+        vf s0 = *(const vf *)(st + (size_t)j * QB), s1 = *(const vf *)(st + (size_t)j * QB + VW);
+        mx0 = vmax(s0, mx0);
+        mx1 = vmax(s1, mx1);
+    }
+    for (int j = 0; j < nk; j++) {
+        float *sj = st + (size_t)j * QB;
+        vf e0 = vexp(*(const vf *)sj - mx0), e1 = vexp(*(const vf *)(sj + VW) - mx1);
+        *(vf *)sj = e0;
+        *(vf *)(sj + VW) = e1;
+        sum0 += e0;
+        sum1 += e1;
+    }
+    *(vf *)inv = 1.f / sum0;
+    *(vf *)(inv + VW) = 1.f / sum1;
+    int ldo = a->heads * d;
+    float *o = a->out + (size_t)(first + q0) * ldo + hd * d;
+    for (int i0 = 0; i0 < nq; i0 += KR) {
+        int mr = nq - i0 < KR ? nq - i0 : KR;
+        for (int c = 0; c < d; c += 2 * VW) {
+            int nv = d - c >= 2 * VW ? 2 : 1;
+            const float *pt = st + i0, *vc = v + c;
+            float *oc = o + (size_t)i0 * ldo + c;
+            switch (mr * 2 + nv - 1) {
+#define TILE(R) \
+    case 2 * R: if (R <= KR) pv_tile(R, 1, pt, vc, a->ldv, nk, inv + i0, oc, ldo); break; \
+    case 2 * R + 1: if (R <= KR) pv_tile(R, 2, pt, vc, a->ldv, nk, inv + i0, oc, ldo); break;
+                TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+                TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+#undef TILE
+            }
+        }
+    }
+}
+
+/* Every unit of a->task_starts, shared among the threads of the enclosing parallel region
+ * (implicit barrier at the end); each thread uses its slice of `work` (work_floats each). */
+static void attention(const struct attention_args *a, float *work, long work_floats) {
+    float *mine = work + (size_t)omp_get_thread_num() * work_floats;
+    int units = a->task_starts[a->seqs];
+    /* chunks of about 1/16 of a thread's share: balances mixed lengths at little cost */
+    int chunk = units / (16 * omp_get_num_threads());
+    chunk = chunk < 1 ? 1 : chunk;
+#pragma omp for schedule(dynamic, chunk)
+    for (int t = 0; t < units; t++) {
+        int lo = 0, hi = a->seqs - 1;  /* the sequence: the last s with task_starts[s] <= t */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (a->task_starts[mid] <= t) lo = mid; else hi = mid - 1;
+        }
+        int rel = t - a->task_starts[lo];
+        int blocks = attention_blocks(a->starts[lo + 1] - a->starts[lo]);
+        attention_unit(a, lo, rel / blocks, rel % blocks, mine);
+    }
+}
+
+#endif

@@ -1,0 +1,106 @@
+"""Bidirectional fp32 attention over packed sequences in one C call (encoder_cpu.c's
+packed_attention_f32, the attention of its short-step layer stack; attention.h explains the
+kernel).
+
+Why: torch's CPU attention for an encoder step is a dozen ops per group of equal lengths
+(matmul, scale, softmax, matmul, a strided copy into place) whose FLOPs are ~5% of the
+linears' but which took ~26% of fp32 time on the long mix. The kernel reads q/k/v straight from
+the fused projection's rows (no transposes or copies), keeps each block of 32 queries' scores in
+L2, and writes [num_tokens, heads, head_dim] as o_proj reads it, all sequences in one OpenMP
+region on torch's thread pool.
+
+Taken by packed_attention when all of these hold, else its torch paths run:
+- the kernels are built here (pooler/kernels/build.py: Linux x86-64 with AVX-512 or AVX2, a C
+  compiler, `POOLER_CPU_KERNELS` not 0) and `ENABLED` is true;
+- fp32 or bf16 q/k/v on the CPU (bf16 is widened to fp32 first, the result rounded back), as many k/v heads as q heads, head size a multiple of the build's
+  vector (16 floats on AVX-512, 8 on AVX2), each head's dims contiguous, no autograd;
+- bidirectional (no causal or local mask); an unattended suffix (ColBERT) and an additive fp32
+  score bias per length (MPNet) are handled.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from pooler.kernels.build import encoder_kernels
+
+# Benchmarks and tests turn the kernel off here to time or check the torch paths.
+ENABLED = True
+# q/k/v dtypes taken; bf16 (the bf16 engine keeps its q/k/v projection in bf16) is widened to
+# fp32 first, three copies of [num_tokens, heads, head_dim] that cost far less than attention.
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _row_stride(t: torch.Tensor, heads: int, head_dim: int) -> int | None:
+    """Floats between consecutive tokens' rows of t [num_tokens, heads, head_dim], or None when
+    the heads are not laid out back to back within a row."""
+    if t.stride(2) != 1 or (heads > 1 and t.stride(1) != head_dim):
+        return None
+    return t.stride(0)
+
+
+def _widened(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, strides: list[int]
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """q, k, v in fp32 and their row strides. Views of one fused projection [num_tokens,
+    3 * heads * head_dim] (BertLayer's) widen in one contiguous pass over it: three strided
+    copies cost ~1% more of a bf16 job on the long mix (profile: copies 4.6% -> 3.7%)."""
+    num_tokens, heads, head_dim = q.shape
+    width, step = heads * head_dim, heads * head_dim * q.element_size()
+    if (strides == [3 * width] * 3 and k.data_ptr() == q.data_ptr() + step
+            and v.data_ptr() == q.data_ptr() + 2 * step
+            and k.untyped_storage().data_ptr() == q.untyped_storage().data_ptr()):
+        fused = q.as_strided((num_tokens, 3 * width), (3 * width, 1)).float()  # [tokens, 3 w]
+        parts = fused.view(num_tokens, 3, heads, head_dim).unbind(1)
+        return (*parts, [3 * width] * 3)
+    q, k, v = (t.float().contiguous() for t in (q, k, v))  # [num_tokens, heads, head_dim]
+    return q, k, v, [width] * 3
+
+
+def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
+                     k: torch.Tensor, v: torch.Tensor,  # [num_tokens, heads, head_dim]
+                     seq_lens: list[int], cu_seqlens: torch.Tensor,  # [num_seqs + 1] int32
+                     scale: float,
+                     num_unattended: list[int] | None = None,
+                     position_bias: dict[int, torch.Tensor] | None = None,  # L -> [heads, L, L]
+                     ) -> torch.Tensor | None:  # [num_tokens, heads, head_dim]
+    """softmax(q k^T * scale + bias) v within each packed sequence, or None when this call
+    does not qualify (see the module docstring). num_unattended must already be checked to
+    leave each sequence at least one key."""
+    if not (ENABLED and q.device.type == "cpu" and q.dtype in _DTYPES
+            and k.dtype == v.dtype == q.dtype and q.dim() == 3 and k.shape == q.shape == v.shape):
+        return None
+    num_tokens, heads, head_dim = q.shape
+    lib = encoder_kernels()
+    if lib is None or head_dim % lib.vector_floats or num_tokens == 0:
+        return None
+    strides = [_row_stride(t, heads, head_dim) for t in (q, k, v)]
+    if None in strides:
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return None
+    dtype = q.dtype
+    if dtype != torch.float32:  # bf16 from the bf16 engine's projection: fp32 math inside
+        q, k, v, strides = _widened(q, k, v, strides)
+    count = len(seq_lens)
+    if not (cu_seqlens.dtype == torch.int32 and cu_seqlens.is_cpu
+            and cu_seqlens.is_contiguous() and cu_seqlens.numel() == count + 1):
+        cu_seqlens = torch.tensor([0, *seq_lens]).cumsum(0).to(torch.int32)
+    keys = None
+    if num_unattended is not None:
+        keys = (ctypes.c_int * count)(*(n - u for n, u in zip(seq_lens, num_unattended)))
+    bias = None
+    if position_bias is not None:
+        tables = [position_bias[n] for n in seq_lens]  # [heads, n, n] each
+        if any(t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu"
+               or t.shape != (heads, n, n) for t, n in zip(tables, seq_lens)):
+            return None
+        bias = (ctypes.c_void_p * count)(*(t.data_ptr() for t in tables))
+    max_len = max(seq_lens)
+    threads = torch.get_num_threads()
+    work = torch.empty(lib.attention_scratch_floats(max_len, head_dim, threads))
+    out = torch.empty(num_tokens, heads, head_dim)
+    lib.packed_attention_f32(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
+                             out.data_ptr(), heads, head_dim, count, cu_seqlens.data_ptr(),
+                             keys, bias, scale, max_len, work.data_ptr(), threads)
+    return out if dtype == torch.float32 else out.to(dtype)
