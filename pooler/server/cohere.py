@@ -4,7 +4,8 @@ also a Cohere body, {texts, ...}, on TEI's /embed path).
 `embedding_types` float, int8, uint8, binary, ubinary and base64 (little-endian float32 bytes)
 come back side by side under `embeddings`; the quantized kinds are pooler's
 (pooler/server/quantized.py: fixed ranges, so a vector's codes do not depend on its batch), not
-Cohere's own calibration. `model` may be any name (the server serves one model). `truncate`:
+Cohere's own calibration. `model` may be any name (the server serves one model). `texts` or
+`inputs` (text parts only), not both, as Cohere takes one kind of input per request. `truncate`:
 END (default) / START cut an over-long text on that side, NONE makes it a 400. Errors are
 Cohere's {"message": ...}.
 """
@@ -102,6 +103,10 @@ def _texts(body: CohereEmbedRequest) -> list[str]:
     if body.inputs is not None and not body.inputs:
         raise bad_request("'inputs' is empty: pass at least one input, or leave it out.",
                           "inputs")
+    # Cohere takes one kind of input per request (texts, images or inputs): both would leave
+    # one of them silently unembedded.
+    if body.texts is not None and body.inputs is not None:
+        raise bad_request("Pass either 'texts' or 'inputs', not both.", "inputs")
     if body.texts is not None:
         texts = list(body.texts)
     elif body.inputs is not None:

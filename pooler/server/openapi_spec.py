@@ -84,6 +84,15 @@ _NON_EMPTY = {"input", "inputs", "documents", "texts", "queries", "text_1", "tex
 # Fields that carry token ids (alone or among texts).
 _TOKEN_ID_FIELDS = {"input", "inputs", "tokens", "ids", "queries", "documents", "text_1",
                     "text_2", "query"}
+# A score body's query side and the fields it pairs with (vLLM's four spellings).
+_QUERY_SIDES = {"queries": ("documents", "items"), "data_1": ("data_2",), "text_1": ("text_2",)}
+# Bodies that carry the truncation fields but never truncate (vLLM's tokenizer routes): any
+# integer is taken there and ignored.
+_NO_TRUNCATION = {"TokenizeRequest", "DetokenizeRequest"}
+# A text with one printable ASCII character has at least one token under any tokenizer
+# (WordPiece, BPE, SentencePiece; [UNK] at worst); whitespace, control characters and lone
+# combining marks may have none.
+_HAS_A_TOKEN = "[!-~]"
 
 
 def narrow_openapi(spec: dict, engine) -> dict:
@@ -270,6 +279,7 @@ def _model_facts(engine) -> dict:
             "max_len": engine.model_config.max_model_len,
             "colbert": engine.model_config.colbert is not None,
             "min_truncation": specials + 1,
+            "specials": specials,
             "score_directions": "truncation_direction" in score_params,
             "cross_encoder": engine.model_config.colbert is None
             and "classify" in engine.supported_tasks,
@@ -333,9 +343,10 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 node["minimum"] = facts["min_truncation"]
                 if facts["max_len"]:
                     node["maximum"] = facts["max_len"]
-        elif name == "add_special_tokens" and not {"prompt", "inputs"} & set(properties):
-            # false leaves an empty (or blank) text with no tokens at all, a 400 the spec cannot
-            # tie to the text: it promises the default and true (a chat renders without them).
+        elif name == "add_special_tokens" and not {"prompt", "inputs", "input"} & set(
+                properties):
+            # false leaves a blank text with no tokens at all (a 400): with no text field to
+            # tie it to, the spec promises the default and true.
             properties[name] = {"anyOf": [{"type": "boolean", "enum": [True]},
                                           {"type": "null"}], "default": None}
         elif name == "content":  # Cohere inputs: text parts only (others are a 400)
@@ -364,10 +375,16 @@ def _narrow_node(schema: dict, facts: dict) -> None:
         elif name == "priority":  # only 0 unless priority scheduling is on (vllm_common.py)
             for node in _integer_nodes(prop):
                 node["minimum"] = node["maximum"] = 0
+        elif name == "truncate_prompt_tokens" and schema.get("title") in _NO_TRUNCATION:
+            pass  # taken and ignored: any integer (or null)
         elif name == "truncate_prompt_tokens":  # -1 (the model's maximum) or a positive count
+            # A scored text keeps its special tokens plus one; any other text may be cut to
+            # its special tokens alone (as vLLM cuts it).
+            scoring = {"query", "queries", "text_1", "data_1"} & set(properties)
+            low = facts["min_truncation"] if scoring else max(1, facts["specials"])
             for node in _integer_nodes(prop):
                 node.clear()
-                node["anyOf"] = [{"type": "integer", "minimum": facts["min_truncation"],
+                node["anyOf"] = [{"type": "integer", "minimum": low,
                                   "maximum": facts["max_len"]},
                                  {"type": "integer", "enum": [-1]}]
         elif name == "documents":  # an object document needs its text
@@ -375,9 +392,10 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 if node.get("type") == "object":
                     node["required"] = sorted(set(node.get("required", [])) | {"text"})
                     node.setdefault("properties", {})["text"] = {"type": "string"}
-        elif name in ("queries", "text_1", "data_1"):
-            # 1 query x N documents. N x N pairs are accepted too, but JSON Schema cannot tie
-            # two lists' lengths, so the spec shows the form that always holds.
+        elif name in _QUERY_SIDES and not set(_QUERY_SIDES[name]) & set(properties):
+            # 1 query x N documents (with its other side in another schema). N x N pairs are
+            # accepted too, but JSON Schema cannot tie two lists' lengths, so the spec shows
+            # the form that always holds (the field's description states the rule).
             for node in _array_nodes(prop):
                 node["maxItems"] = 1
         if name in _NON_EMPTY:
@@ -389,6 +407,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 node["maximum"] = facts["vocab"] - 1
     if {"aggregation_strategy", "labels"} <= set(properties):
         _narrow_ner(schema, properties, facts["gliner"], facts["max_len"])
+    _one_query_when_paired(schema, properties)
+    _special_tokens_need_text(schema, properties)
     # Raw (pre-activation) scores exist only for cross-encoders.
     scoring = {"query", "queries", "text_1"} & set(properties)
     if scoring and not facts["cross_encoder"]:
@@ -415,9 +435,11 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                                ("texts", "inputs"))
              if set(pair) <= set(properties)]
     # Flags the handlers refuse together: add_generation_prompt and continue_final_message
-    # both true; normalize and use_activation both given (one switch for embeddings).
+    # both true; normalize and use_activation both given (one switch for embeddings); Cohere's
+    # texts and inputs both given (one kind of input per request).
     for a, b, unset in (("add_generation_prompt", "continue_final_message", {"enum": [False]}),
-                        ("normalize", "use_activation", {"type": "null"})):
+                        ("normalize", "use_activation", {"type": "null"}),
+                        ("texts", "inputs", {"type": "null"})):
         if {a, b} <= set(properties):
             schema.setdefault("allOf", []).append({"anyOf": [
                 {"not": {"required": [a]}}, {"not": {"required": [b]}},
@@ -456,6 +478,34 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     if needs:
         schema.setdefault("allOf", []).extend([{"anyOf": [{"required": [name], "properties": {
             name: {"not": {"type": "null"}}}} for name in pair]} for pair in needs])
+
+
+def _one_query_when_paired(schema: dict, properties: dict) -> None:
+    """A score body's query side holds one query whenever a field it pairs with is given
+    (1 x N; N x N is served too but JSON Schema cannot tie the lengths). A query side whose
+    pair is absent or null is not scored, and any list of texts is taken there."""
+    for side, partners in _QUERY_SIDES.items():
+        for partner in partners:
+            if {side, partner} <= set(properties):
+                schema.setdefault("allOf", []).append({"anyOf": [
+                    {"not": {"required": [partner]}},
+                    {"properties": {partner: {"type": "null"}}},
+                    {"properties": {side: {"not": {"type": "array", "minItems": 2}}}}]})
+
+
+def _special_tokens_need_text(schema: dict, properties: dict) -> None:
+    """add_special_tokens false with a text that has no tokens of its own (blank) is a 400,
+    as in vLLM: the spec takes false with texts that always have a token (a printable ASCII
+    character each; token ids and chats as they are)."""
+    if not {"add_special_tokens", "input"} <= set(properties):
+        return
+    texts = copy.deepcopy(properties["input"])
+    for node in _walk(texts):
+        if node.get("type") == "string":
+            node["pattern"] = _HAS_A_TOKEN
+    schema.setdefault("allOf", []).append({"anyOf": [
+        {"properties": {"add_special_tokens": {"enum": [True, None]}}},
+        {"properties": {"input": {"anyOf": [texts, {"type": "null"}]}}}]})
 
 
 def _narrow_ner(schema: dict, properties: dict, gliner: bool, max_len: int | None) -> None:

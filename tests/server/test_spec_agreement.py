@@ -115,3 +115,72 @@ def test_more_schema_violating_requests_are_refused(client, route, body, param):
     payload = r.json()
     assert (payload["error"]["param"] if "error" in payload else payload["message"]) and \
         param in (payload["error"]["param"] if "error" in payload else payload["message"])
+
+
+# ---- the long run's second seed (4321): both ways, each case checked against the spec itself
+def _spec_takes(spec, route, body) -> bool:
+    """Whether `body` is valid for POST `route` under the served spec (JSON Schema 2020-12,
+    refs resolved against the whole document, as schemathesis reads it)."""
+    import jsonschema
+
+    schema = spec["paths"][route]["post"]["requestBody"]["content"]["application/json"][
+        "schema"]
+    root = {**schema, "components": spec.get("components", {})}
+    return jsonschema.Draft202012Validator(root).is_valid(body)
+
+
+def _param(payload) -> str:
+    return payload["error"]["param"] if "error" in payload else payload["message"]
+
+
+@pytest.mark.parametrize("route,body", [
+    # A query side whose pair is not given is not scored: any list of texts is taken there.
+    ("/v1/score", {"data_1": "a", "data_2": "b", "text_1": ["a", "b"]}),
+    ("/score", {"data_1": "a", "data_2": "b", "text_1": ["a", "b"], "text_2": None}),
+    # add_special_tokens false with a text that has tokens of its own (vLLM takes it).
+    ("/v1/embeddings", {"input": "0", "add_special_tokens": False}),
+    ("/pooling", {"input": ["a b", "0"], "add_special_tokens": False}),
+    # Cut to the special tokens alone: the tokenizer can, as vLLM's does.
+    ("/v1/embeddings", {"input": "0", "truncate_prompt_tokens": 2}),
+    ("/invocations", {"input": "0", "truncate_prompt_tokens": 2}),
+    # The tokenizer routes take the truncation fields and ignore them.
+    ("/tokenize", {"prompt": "a b", "truncate_prompt_tokens": 0}),
+    ("/detokenize", {"tokens": [101], "truncate_prompt_tokens": 0}),
+])
+def test_spec_takes_what_the_server_serves(client, spec, route, body):
+    assert _spec_takes(spec, route, body)
+    r = client.post(route, json=body)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("route,body,param", [
+    # N queries need N texts on the other side, in every spelling given (scored or not).
+    ("/v1/score", {"data_1": "a", "data_2": "b", "text_1": ["a", "b"], "text_2": "c"},
+     "text_2"),
+    ("/score", {"queries": ["a", "b"], "documents": ["c", "d", "e"]}, "documents"),
+    # Cohere takes texts or inputs, not both (an input without text among them, too).
+    ("/v1/embed", {"texts": [""], "inputs": [{"content": [{"type": "text"}]}]}, "inputs"),
+    ("/v2/embed", {"texts": ["a"], "inputs": [{"content": [{"type": "text", "text": "b"}]}]},
+     "inputs"),
+    # A blank text without special tokens has no tokens at all.
+    ("/v1/embeddings", {"input": " ", "add_special_tokens": False}, None),
+    # Fewer tokens than the special tokens.
+    ("/v1/embeddings", {"input": "0", "truncate_prompt_tokens": 1}, "truncate_prompt_tokens"),
+])
+def test_server_refuses_what_the_spec_forbids(client, spec, route, body, param):
+    assert not _spec_takes(spec, route, body)
+    r = client.post(route, json=body)
+    assert r.status_code == 400, r.text
+    if param is not None:
+        assert param in _param(r.json()), r.text
+
+
+def test_n_to_n_scores_are_served_and_described(client, spec):
+    """N x N pairs are served (vLLM); JSON Schema cannot tie the two lengths, so the spec
+    shows the one-query form and the query side's description states the rule."""
+    r = client.post("/v1/score", json={"text_1": ["a", "b"], "text_2": ["c", "d"]})
+    assert r.status_code == 200, r.text
+    assert [d["index"] for d in r.json()["data"]] == [0, 1]
+    props = _body_schema(spec, "/v1/score")["properties"]
+    for side in ("queries", "data_1", "text_1"):
+        assert "N queries" in props[side]["description"], side
