@@ -93,6 +93,9 @@ _NO_TRUNCATION = {"TokenizeRequest", "DetokenizeRequest"}
 # (WordPiece, BPE, SentencePiece; [UNK] at worst); whitespace, control characters and lone
 # combining marks may have none.
 _HAS_A_TOKEN = "[!-~]"
+# A character that is not whitespace for Python's str.strip (the server's check) nor for JSON
+# Schema's \s.
+_NOT_BLANK = "[^\\s\\x1c-\\x1f\\x85]"
 
 
 def narrow_openapi(spec: dict, engine) -> dict:
@@ -361,6 +364,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             for node in _walk(prop):
                 if node.get("type") == "string":
                     node["minLength"] = 1
+                    if name == "document":  # a blank document is refused
+                        node["pattern"] = _NOT_BLANK
         elif name in ("ranges", "chunks"):
             # ranges: every maximum above its minimum, per dimension of the served vector;
             # chunks: spans inside the document. JSON Schema cannot tie either to the other
@@ -409,6 +414,16 @@ def _narrow_node(schema: dict, facts: dict) -> None:
         _narrow_ner(schema, properties, facts["gliner"], facts["max_len"])
     _one_query_when_paired(schema, properties)
     _special_tokens_need_text(schema, properties)
+    # One switch under three names (normalize is use_activation on embeddings; activation is
+    # use_activation's old name): two of them given must agree.
+    for a, b in (("normalize", "use_activation"), ("normalize", "activation"),
+                 ("use_activation", "activation")):
+        if {a, b} <= set(properties):
+            schema.setdefault("allOf", []).append({"anyOf": [
+                {"not": {"required": [a]}}, {"not": {"required": [b]}},
+                {"properties": {a: {"type": "null"}}}, {"properties": {b: {"type": "null"}}},
+                {"properties": {a: {"const": True}, b: {"const": True}}},
+                {"properties": {a: {"const": False}, b: {"const": False}}}]})
     # Raw (pre-activation) scores exist only for cross-encoders.
     scoring = {"query", "queries", "text_1"} & set(properties)
     if scoring and not facts["cross_encoder"]:
@@ -435,10 +450,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                                ("texts", "inputs"))
              if set(pair) <= set(properties)]
     # Flags the handlers refuse together: add_generation_prompt and continue_final_message
-    # both true; normalize and use_activation both given (one switch for embeddings); Cohere's
-    # texts and inputs both given (one kind of input per request).
+    # both true; Cohere's texts and inputs both given (one kind of input per request).
     for a, b, unset in (("add_generation_prompt", "continue_final_message", {"enum": [False]}),
-                        ("normalize", "use_activation", {"type": "null"}),
                         ("texts", "inputs", {"type": "null"})):
         if {a, b} <= set(properties):
             schema.setdefault("allOf", []).append({"anyOf": [
@@ -520,12 +533,11 @@ def _narrow_ner(schema: dict, properties: dict, gliner: bool, max_len: int | Non
                 _set_null(properties[name])
         return
     description = properties["labels"].get("description")
-    # A character that is not whitespace for Python's str.strip (the server's check) nor for
-    # JSON Schema's \s: blank labels are refused.
+    # Blank labels are refused.
     properties["labels"] = {"type": "array", "minItems": 1, "description": description,
                             "maxItems": max(1, ((max_len or 2048) - 1) // _TOKENS_PER_LABEL),
                             "items": {"type": "string", "maxLength": _LABEL_CHARS,
-                                      "pattern": "[^\\s\\x1c-\\x1f\\x85]"}}
+                                      "pattern": _NOT_BLANK}}
     schema["required"] = sorted(set(schema.get("required", [])) | {"labels"})
     _set_enum(properties["aggregation_strategy"], ["simple"], nullable=False)
     _set_null(properties["ignore_labels"])

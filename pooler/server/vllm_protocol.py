@@ -125,6 +125,16 @@ class EmbeddingRequest(_InputOrChat, _Encoding, _ActivationAlias):
     long_input: Optional[Literal["truncate", "chunk"]] = None
     chunk_overlap: StrictInt = 0
 
+    @model_validator(mode="after")
+    def _one_normalize_switch(self):
+        # On embeddings use_activation (or its old name, activation) is the normalization.
+        if None not in (self.normalize, self.use_activation) \
+                and self.normalize != self.use_activation:
+            raise FieldError(f"normalize={self.normalize} and use_activation (or activation)="
+                             f"{self.use_activation} disagree; for embeddings they are the "
+                             "same switch, pass one of them.", "normalize")
+        return self
+
 
 class PoolingRequest(_InputOrChat, _Encoding, _ActivationAlias):
     # A string, not a Literal: an unknown task is vLLM's "Unsupported task: ..." error.

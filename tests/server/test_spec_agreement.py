@@ -146,6 +146,8 @@ def _param(payload) -> str:
     # The tokenizer routes take the truncation fields and ignore them.
     ("/tokenize", {"prompt": "a b", "truncate_prompt_tokens": 0}),
     ("/detokenize", {"tokens": [101], "truncate_prompt_tokens": 0}),
+    # normalize and use_activation (or activation) are one switch: given together, they agree.
+    ("/v1/embeddings", {"input": "a", "normalize": True, "activation": True}),
 ])
 def test_spec_takes_what_the_server_serves(client, spec, route, body):
     assert _spec_takes(spec, route, body)
@@ -166,6 +168,8 @@ def test_spec_takes_what_the_server_serves(client, spec, route, body):
     ("/v1/embeddings", {"input": " ", "add_special_tokens": False}, None),
     # Fewer tokens than the special tokens.
     ("/v1/embeddings", {"input": "0", "truncate_prompt_tokens": 1}, "truncate_prompt_tokens"),
+    ("/v1/embeddings", {"input": "a", "normalize": True, "activation": False}, "normalize"),
+    ("/embed_chunks", {"document": " \n "}, "document"),
 ])
 def test_server_refuses_what_the_spec_forbids(client, spec, route, body, param):
     assert not _spec_takes(spec, route, body)
@@ -184,3 +188,16 @@ def test_n_to_n_scores_are_served_and_described(client, spec):
     props = _body_schema(spec, "/v1/score")["properties"]
     for side in ("queries", "data_1", "text_1"):
         assert "N queries" in props[side]["description"], side
+
+
+@pytest.mark.parametrize("document,texts", [
+    ("\u008d", []),  # seed 1234: one control character (no token) was a 400 from numpy
+    ("Hello there. \u008d", ["Hello there."]),
+])
+def test_embed_chunks_leaves_out_sentences_without_a_token(client, spec, document, texts):
+    body = {"document": document}
+    assert _spec_takes(spec, "/embed_chunks", body)
+    r = client.post("/embed_chunks", json=body)
+    assert r.status_code == 200, r.text
+    assert [c["text"] for c in r.json()["data"]] == texts
+    assert r.json()["usage"]["prompt_tokens"] >= 2  # the special tokens at least
