@@ -156,7 +156,7 @@ def _nullable_optionals(spec: dict) -> None:
 
 
 def _allows_null(prop: dict) -> bool:
-    if not prop or prop.get("type") == "null":
+    if not prop or prop.get("type") == "null" or None in prop.get("enum", ()):
         return True
     return any(_allows_null(o) for o in prop.get("anyOf", []) + prop.get("oneOf", [])
                if isinstance(o, dict))
@@ -415,15 +415,14 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     _one_query_when_paired(schema, properties)
     _special_tokens_need_text(schema, properties)
     # One switch under three names (normalize is use_activation on embeddings; activation is
-    # use_activation's old name): two of them given must agree.
-    for a, b in (("normalize", "use_activation"), ("normalize", "activation"),
-                 ("use_activation", "activation")):
-        if {a, b} <= set(properties):
-            schema.setdefault("allOf", []).append({"anyOf": [
-                {"not": {"required": [a]}}, {"not": {"required": [b]}},
-                {"properties": {a: {"type": "null"}}}, {"properties": {b: {"type": "null"}}},
-                {"properties": {a: {"const": True}, b: {"const": True}}},
-                {"properties": {a: {"const": False}, b: {"const": False}}}]})
+    # use_activation's old name): those given agree (all true or all false; null is unset).
+    # One anyOf of two branches: schemathesis's generator folds it, a pairwise spelling of the
+    # same rule is too many branches for it.
+    switch = [n for n in ("normalize", "use_activation", "activation") if n in properties]
+    if len(switch) > 1:
+        schema.setdefault("allOf", []).append({"anyOf": [
+            {"properties": {n: {"enum": [value, None]} for n in switch}}
+            for value in (True, False)]})
     # Raw (pre-activation) scores exist only for cross-encoders.
     scoring = {"query", "queries", "text_1"} & set(properties)
     if scoring and not facts["cross_encoder"]:
