@@ -98,13 +98,15 @@ _HAS_A_TOKEN = "[!-~]"
 _NOT_BLANK = "[^\\s\\x1c-\\x1f\\x85]"
 
 
-def narrow_openapi(spec: dict, engine) -> dict:
-    """Narrow a generated spec (FastAPI's app.openapi()) to what `engine` serves; in place."""
+def narrow_openapi(spec: dict, engine, long_input: str = "truncate") -> dict:
+    """Narrow a generated spec (FastAPI's app.openapi()) to what `engine` serves; in place.
+    long_input: the server's --long-input (what an unset `long_input` means)."""
     for path in list(spec.get("paths", {})):
         check = ROUTE_NEEDS.get(path)
         if check is not None and not _safe(check, engine):
             del spec["paths"][path]
     facts = _model_facts(engine)
+    facts["long_input"] = long_input
     for schema in spec.get("components", {}).get("schemas", {}).values():
         _narrow_properties(schema, facts)
     # Inline request bodies (openapi_extra) too.
@@ -413,7 +415,7 @@ def _narrow_node(schema: dict, facts: dict) -> None:
     if {"aggregation_strategy", "labels"} <= set(properties):
         _narrow_ner(schema, properties, facts["gliner"], facts["max_len"])
     _one_query_when_paired(schema, properties)
-    _special_tokens_need_text(schema, properties)
+    _special_tokens_need_text(schema, properties, facts["long_input"])
     # One switch under three names (normalize is use_activation on embeddings; activation is
     # use_activation's old name): those given agree (all true or all false; null is unset).
     # One anyOf of two branches: schemathesis's generator folds it, a pairwise spelling of the
@@ -505,19 +507,26 @@ def _one_query_when_paired(schema: dict, properties: dict) -> None:
                     {"properties": {side: {"not": {"type": "array", "minItems": 2}}}}]})
 
 
-def _special_tokens_need_text(schema: dict, properties: dict) -> None:
+def _special_tokens_need_text(schema: dict, properties: dict, long_input: str) -> None:
     """add_special_tokens false with a text that has no tokens of its own (blank) is a 400,
     as in vLLM: the spec takes false with texts that always have a token (a printable ASCII
-    character each; token ids and chats as they are)."""
+    character each; token ids and chats as they are). long_input "chunk" puts the special
+    tokens around every window: it refuses false."""
     if not {"add_special_tokens", "input"} <= set(properties):
         return
     texts = copy.deepcopy(properties["input"])
     for node in _walk(texts):
         if node.get("type") == "string":
             node["pattern"] = _HAS_A_TOKEN
+    without = {"input": {"anyOf": [texts, {"type": "null"}]}}
+    if "long_input" in properties:
+        without["long_input"] = {"enum": ["truncate"]} if long_input == "chunk" \
+            else {"enum": ["truncate", None]}
+    takes_false = {"properties": without}
+    if "long_input" in properties and long_input == "chunk":  # unset means chunk there
+        takes_false["required"] = ["long_input"]
     schema.setdefault("allOf", []).append({"anyOf": [
-        {"properties": {"add_special_tokens": {"enum": [True, None]}}},
-        {"properties": {"input": {"anyOf": [texts, {"type": "null"}]}}}]})
+        {"properties": {"add_special_tokens": {"enum": [True, None]}}}, takes_false]})
 
 
 def _narrow_ner(schema: dict, properties: dict, gliner: bool, max_len: int | None) -> None:

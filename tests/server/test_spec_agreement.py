@@ -166,6 +166,9 @@ def test_spec_takes_what_the_server_serves(client, spec, route, body):
      "inputs"),
     # A blank text without special tokens has no tokens at all.
     ("/v1/embeddings", {"input": " ", "add_special_tokens": False}, None),
+    # long_input chunk puts the special tokens around every window (seed 4321, third pass).
+    ("/v1/embeddings", {"input": "a b", "add_special_tokens": False, "long_input": "chunk"},
+     "add_special_tokens"),
     # Fewer tokens than the special tokens.
     ("/v1/embeddings", {"input": "0", "truncate_prompt_tokens": 1}, "truncate_prompt_tokens"),
     ("/v1/embeddings", {"input": "a", "normalize": True, "activation": False}, "normalize"),
@@ -201,3 +204,17 @@ def test_embed_chunks_leaves_out_sentences_without_a_token(client, spec, documen
     assert r.status_code == 200, r.text
     assert [c["text"] for c in r.json()["data"]] == texts
     assert r.json()["usage"]["prompt_tokens"] >= 2  # the special tokens at least
+
+
+def test_chunking_servers_spec_needs_special_tokens(server):
+    """On a server started with --long-input chunk an unset long_input chunks, which needs
+    the special tokens: its spec takes add_special_tokens false only beside long_input
+    "truncate"."""
+    from pooler.server.app import create_app
+    from pooler.server.settings import ServerSettings
+
+    engine = server[1].state.pooler.engine
+    spec = create_app(engine, ServerSettings(long_input="chunk")).openapi()
+    assert not _spec_takes(spec, "/v1/embeddings", {"input": "a", "add_special_tokens": False})
+    assert _spec_takes(spec, "/v1/embeddings", {"input": "a", "add_special_tokens": False,
+                                                "long_input": "truncate"})
