@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.server import quantized
@@ -55,9 +55,13 @@ class CohereEmbedRequest(_Request):
     model: Optional[StrictStr] = None
     input_type: Optional[StrictStr] = None
     embedding_types: Optional[list[EmbeddingType]] = None
-    truncate: Literal["NONE", "START", "END"] = "END"
+    truncate: Literal["NONE", "START", "END"] = Field("END", description=(
+        "END / START cut an over-long text on that side; NONE refuses it (a 400): a text of "
+        "more tokens than max_tokens, or than the model's maximum without it."))
     output_dimension: Optional[int] = None
-    max_tokens: Optional[int] = None
+    max_tokens: Optional[int] = Field(None, description=(
+        "Cut each text to this many tokens (special tokens included), on the side `truncate` "
+        "names; with truncate NONE a longer text is a 400."))
 
 
 # ---- errors in Cohere's shape -----------------------------------------------------------------

@@ -234,6 +234,11 @@ def _narrow_catch_alls(spec: dict, facts: dict) -> None:
             invocation["properties"]["task"] = {}
     root_inputs = [{"type": "string"},
                    {"type": "array", "items": {"type": "string"}, "minItems": 1}]
+    if facts["default_task"] == "classify":
+        # /predict: a text, [text] or [text, pair], or a batch of those lists (a flat list of
+        # more than two texts is a 422 there)
+        one = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2}
+        root_inputs = [{"type": "string"}, one, {"type": "array", "items": one, "minItems": 1}]
     if facts["default_task"] == "embed" and facts["vocab"]:
         # /embed (and /embed_sparse) take token ids too
         ids = {"type": "integer", "minimum": 0, "maximum": facts["vocab"] - 1}

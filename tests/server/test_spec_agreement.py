@@ -218,3 +218,32 @@ def test_chunking_servers_spec_needs_special_tokens(server):
     assert not _spec_takes(spec, "/v1/embeddings", {"input": "a", "add_special_tokens": False})
     assert _spec_takes(spec, "/v1/embeddings", {"input": "a", "add_special_tokens": False,
                                                 "long_input": "truncate"})
+
+
+def test_classifier_root_body_is_predicts(cross_encoder_server):
+    """POST / on a classifier is TEI's /predict: a text, [text] or [text, pair], or a batch of
+    those lists; a flat list of more than two texts is a 422 there and outside the spec."""
+    import httpx
+
+    url = cross_encoder_server[0]
+    spec = httpx.get(f"{url}/openapi.json").json()
+    for body, status in (({"inputs": ["a", "b", "c"]}, 422),
+                         ({"inputs": [["a"], ["b", "c"]]}, 200),
+                         ({"inputs": ["a", "b"]}, 200)):
+        assert _spec_takes(spec, "/", body) == (status == 200), body
+        assert httpx.post(f"{url}/", json=body, timeout=60).status_code == status, body
+
+
+def test_cohere_truncate_none_refuses_a_text_past_max_tokens(client, spec):
+    """A rule JSON Schema cannot state (a text's token count): described in the spec, a 400
+    from the server, and kept out of the fuzzer's bodies by its documented filter_body hook."""
+    body = {"texts": ["one two three four"], "truncate": "NONE", "max_tokens": 3}
+    r = client.post("/v2/embed", json=body)
+    assert r.status_code == 400, r.text
+    props = _body_schema(spec, "/v2/embed")["properties"]
+    assert "NONE" in props["max_tokens"]["description"]
+    from tests.server import schemathesis_hooks
+
+    assert not schemathesis_hooks.filter_body(None, body)
+    assert schemathesis_hooks.filter_body(None, {**body, "texts": ["a"]})
+    assert schemathesis_hooks.filter_body(None, {**body, "truncate": "END"})
