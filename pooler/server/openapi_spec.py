@@ -9,7 +9,11 @@ then sees schema-valid requests refused. This module narrows the generated spec 
     `prompt_name` (its declared prompts), `dimensions` (1 .. its vector size), token ids
     (0 .. vocabulary size - 1);
   - fields the handlers refuse when empty get minItems 1;
-  - the score request needs `queries` or `text_1`.
+  - the score request needs `queries` or `text_1`, with one query when its other side is
+    given (N x N is served too; JSON Schema cannot tie two lists' lengths);
+  - fields the handlers refuse together, or must agree, say so (allOf / anyOf).
+Rules no schema can state (token counts) are in the fields' descriptions; the fuzzer keeps them
+out of its bodies with a documented hook (tests/server/schemathesis_hooks.py).
 Routes not named in ROUTE_NEEDS are kept as they are (new routes stay visible by default).
 """
 from __future__ import annotations
