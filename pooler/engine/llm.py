@@ -248,7 +248,9 @@ class Engine:
         the max length) and pool each chunk from the document's token states: the mean of the
         token vectors inside the chunk's character span, then Matryoshka truncation and
         normalization as for embed. `chunks`: (start, end) character spans; without them the
-        document is cut into sentences (chunker="sentences")."""
+        document is cut into sentences (chunker="sentences"); a sentence with no token (only
+        characters the tokenizer drops, e.g. control characters) has nothing to pool and is
+        left out, so a document without any token has no chunks (an empty list)."""
         if not isinstance(document, str) or not document.strip():
             raise ValueError("document must be a non-empty string.")
         if chunks is None:
@@ -263,6 +265,19 @@ class Engine:
         token_params = self.verify_params(PoolingParams(task="token_embed", normalize=False))
         [item] = self.processor.process([document], whole=True)
         special = item.special_tokens_mask or [0] * len(item.prompt_token_ids)
+        content_index = [i for i, m in enumerate(special) if not m]
+        offsets = [item.offsets[i] for i in content_index]
+        # Each span's content tokens, before any model work.
+        insides = [long_inputs.tokens_in_span(offsets, [0] * len(offsets), s, e)
+                   for s, e in spans]
+        if chunks is None:  # the chunker's sentences: those without a token are left out
+            spans, insides = [s for s, i in zip(spans, insides) if i], [i for i in insides if i]
+            if not spans:
+                return []
+        for (start, end), inside in zip(spans, insides):
+            if not inside:
+                raise ValueError(f"chunk ({start}, {end}) covers no token of the document "
+                                 "(only whitespace or characters the tokenizer drops).")
         max_len = self.model_config.max_model_len
         windows = long_inputs.split_into_windows(
             item, max_len, max_len // 4 if window_overlap is None else window_overlap,
@@ -274,14 +289,8 @@ class Engine:
         vectors = [as_numpy(r.data) for r in results]  # [window_len, dim] each
         picks = long_inputs.assign_tokens(num_content, windows.spans)
         content = np.stack([vectors[w][windows.num_prefix + i] for w, i in picks])
-        content_index = [i for i, m in enumerate(special) if not m]
-        offsets = [item.offsets[i] for i in content_index]
         out = []
-        for start, end in spans:
-            inside = long_inputs.tokens_in_span(offsets, [0] * len(offsets), start, end)
-            if not inside:
-                raise ValueError(f"chunk ({start}, {end}) covers no token of the document "
-                                 "(only whitespace or characters the tokenizer drops).")
+        for (start, end), inside in zip(spans, insides):
             vector = content[inside].astype(np.float64).mean(0)
             out.append(ChunkEmbeddingOutput(
                 long_inputs.finalize(vector, final.dimensions, final.normalize), start, end,

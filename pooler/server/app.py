@@ -108,7 +108,8 @@ def create_app(engine, settings: ServerSettings | None = None, *,
     def model_openapi():
         # FastAPI caches the spec on app.openapi_schema: narrow it once, on first use.
         if app.openapi_schema is None:
-            app.openapi_schema = narrow_openapi(default_openapi(), engine)
+            app.openapi_schema = narrow_openapi(default_openapi(), engine,
+                                                long_input=settings.long_input)
         return app.openapi_schema
 
     app.openapi = model_openapi

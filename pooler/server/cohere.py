@@ -4,7 +4,8 @@ also a Cohere body, {texts, ...}, on TEI's /embed path).
 `embedding_types` float, int8, uint8, binary, ubinary and base64 (little-endian float32 bytes)
 come back side by side under `embeddings`; the quantized kinds are pooler's
 (pooler/server/quantized.py: fixed ranges, so a vector's codes do not depend on its batch), not
-Cohere's own calibration. `model` may be any name (the server serves one model). `truncate`:
+Cohere's own calibration. `model` may be any name (the server serves one model). `texts` or
+`inputs` (text parts only), not both, as Cohere takes one kind of input per request. `truncate`:
 END (default) / START cut an over-long text on that side, NONE makes it a 400. Errors are
 Cohere's {"message": ...}.
 """
@@ -20,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.server import quantized
@@ -54,9 +55,13 @@ class CohereEmbedRequest(_Request):
     model: Optional[StrictStr] = None
     input_type: Optional[StrictStr] = None
     embedding_types: Optional[list[EmbeddingType]] = None
-    truncate: Literal["NONE", "START", "END"] = "END"
+    truncate: Literal["NONE", "START", "END"] = Field("END", description=(
+        "END / START cut an over-long text on that side; NONE refuses it (a 400): a text of "
+        "more tokens than max_tokens, or than the model's maximum without it."))
     output_dimension: Optional[int] = None
-    max_tokens: Optional[int] = None
+    max_tokens: Optional[int] = Field(None, description=(
+        "Cut each text to this many tokens (special tokens included), on the side `truncate` "
+        "names; with truncate NONE a longer text is a 400."))
 
 
 # ---- errors in Cohere's shape -----------------------------------------------------------------
@@ -102,6 +107,10 @@ def _texts(body: CohereEmbedRequest) -> list[str]:
     if body.inputs is not None and not body.inputs:
         raise bad_request("'inputs' is empty: pass at least one input, or leave it out.",
                           "inputs")
+    # Cohere takes one kind of input per request (texts, images or inputs): both would leave
+    # one of them silently unembedded.
+    if body.texts is not None and body.inputs is not None:
+        raise bad_request("Pass either 'texts' or 'inputs', not both.", "inputs")
     if body.texts is not None:
         texts = list(body.texts)
     elif body.inputs is not None:

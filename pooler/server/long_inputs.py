@@ -7,7 +7,7 @@ import uuid
 from typing import Literal, Optional
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from pooler.engine.long_inputs import check_overlap
 from pooler.server.errors import ERROR_RESPONSES, bad_request
@@ -19,7 +19,9 @@ router = APIRouter(tags=["pooler"])
 
 class EmbedChunksRequest(NullMeansUnset):
     model_config = ConfigDict(extra="forbid")
-    document: StrictStr
+    document: StrictStr = Field(description=(
+        "The text to chunk: not blank (a 400). Sentences with no token (only characters the "
+        "tokenizer drops) are left out, so such a document has no chunks (`data` is empty)."))
     model: Optional[StrictStr] = None
     # (start, end) character spans; without them the document is cut into sentences.
     chunks: Optional[list[tuple[StrictInt, StrictInt]]] = None
@@ -56,6 +58,8 @@ async def embed_chunks(body: EmbedChunksRequest, request: Request):
     state.check_model(body.model)
     state.require("embed_chunks", "token_embed", "late chunking")
     state.check_dimensions(body.dimensions)
+    if not body.document.strip():
+        raise bad_request("'document' is blank: pass text to chunk.", "document")
     if body.window_overlap is not None:
         _check_window_overlap(state, body.window_overlap)
 
@@ -68,7 +72,10 @@ async def embed_chunks(body: EmbedChunksRequest, request: Request):
         data = [{"index": i, "object": "chunk_embedding", "start": c.start, "end": c.end,
                  "text": c.text, "embedding": c.embedding.tolist()}
                 for i, c in enumerate(chunks)]
-        tokens = chunks[0].document_tokens  # the engine's own count: no second tokenization
+        # The engine's own count (no second tokenization); a document whose sentences have no
+        # token has no chunks: its special tokens alone.
+        tokens = chunks[0].document_tokens if chunks else \
+            state.engine.tokenizer.num_special_tokens_to_add(pair=False)
         return {"id": f"chunks-{uuid.uuid4().hex}", "object": "list",
                 "created": int(time.time()), "model": state.model_name, "data": data,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

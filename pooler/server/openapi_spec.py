@@ -9,7 +9,11 @@ then sees schema-valid requests refused. This module narrows the generated spec 
     `prompt_name` (its declared prompts), `dimensions` (1 .. its vector size), token ids
     (0 .. vocabulary size - 1);
   - fields the handlers refuse when empty get minItems 1;
-  - the score request needs `queries` or `text_1`.
+  - the score request needs `queries` or `text_1`, with one query when its other side is
+    given (N x N is served too; JSON Schema cannot tie two lists' lengths);
+  - fields the handlers refuse together, or must agree, say so (allOf / anyOf).
+Rules no schema can state (token counts) are in the fields' descriptions; the fuzzer keeps them
+out of its bodies with a documented hook (tests/server/schemathesis_hooks.py).
 Routes not named in ROUTE_NEEDS are kept as they are (new routes stay visible by default).
 """
 from __future__ import annotations
@@ -84,15 +88,29 @@ _NON_EMPTY = {"input", "inputs", "documents", "texts", "queries", "text_1", "tex
 # Fields that carry token ids (alone or among texts).
 _TOKEN_ID_FIELDS = {"input", "inputs", "tokens", "ids", "queries", "documents", "text_1",
                     "text_2", "query"}
+# A score body's query side and the fields it pairs with (vLLM's four spellings).
+_QUERY_SIDES = {"queries": ("documents", "items"), "data_1": ("data_2",), "text_1": ("text_2",)}
+# Bodies that carry the truncation fields but never truncate (vLLM's tokenizer routes): any
+# integer is taken there and ignored.
+_NO_TRUNCATION = {"TokenizeRequest", "DetokenizeRequest"}
+# A text with one printable ASCII character has at least one token under any tokenizer
+# (WordPiece, BPE, SentencePiece; [UNK] at worst); whitespace, control characters and lone
+# combining marks may have none.
+_HAS_A_TOKEN = "[!-~]"
+# A character that is not whitespace for Python's str.strip (the server's check) nor for JSON
+# Schema's \s.
+_NOT_BLANK = "[^\\s\\x1c-\\x1f\\x85]"
 
 
-def narrow_openapi(spec: dict, engine) -> dict:
-    """Narrow a generated spec (FastAPI's app.openapi()) to what `engine` serves; in place."""
+def narrow_openapi(spec: dict, engine, long_input: str = "truncate") -> dict:
+    """Narrow a generated spec (FastAPI's app.openapi()) to what `engine` serves; in place.
+    long_input: the server's --long-input (what an unset `long_input` means)."""
     for path in list(spec.get("paths", {})):
         check = ROUTE_NEEDS.get(path)
         if check is not None and not _safe(check, engine):
             del spec["paths"][path]
     facts = _model_facts(engine)
+    facts["long_input"] = long_input
     for schema in spec.get("components", {}).get("schemas", {}).values():
         _narrow_properties(schema, facts)
     # Inline request bodies (openapi_extra) too.
@@ -144,7 +162,7 @@ def _nullable_optionals(spec: dict) -> None:
 
 
 def _allows_null(prop: dict) -> bool:
-    if not prop or prop.get("type") == "null":
+    if not prop or prop.get("type") == "null" or None in prop.get("enum", ()):
         return True
     return any(_allows_null(o) for o in prop.get("anyOf", []) + prop.get("oneOf", [])
                if isinstance(o, dict))
@@ -220,6 +238,11 @@ def _narrow_catch_alls(spec: dict, facts: dict) -> None:
             invocation["properties"]["task"] = {}
     root_inputs = [{"type": "string"},
                    {"type": "array", "items": {"type": "string"}, "minItems": 1}]
+    if facts["default_task"] == "classify":
+        # /predict: a text, [text] or [text, pair], or a batch of those lists (a flat list of
+        # more than two texts is a 422 there)
+        one = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2}
+        root_inputs = [{"type": "string"}, one, {"type": "array", "items": one, "minItems": 1}]
     if facts["default_task"] == "embed" and facts["vocab"]:
         # /embed (and /embed_sparse) take token ids too
         ids = {"type": "integer", "minimum": 0, "maximum": facts["vocab"] - 1}
@@ -270,6 +293,7 @@ def _model_facts(engine) -> dict:
             "max_len": engine.model_config.max_model_len,
             "colbert": engine.model_config.colbert is not None,
             "min_truncation": specials + 1,
+            "specials": specials,
             "score_directions": "truncation_direction" in score_params,
             "cross_encoder": engine.model_config.colbert is None
             and "classify" in engine.supported_tasks,
@@ -333,9 +357,10 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 node["minimum"] = facts["min_truncation"]
                 if facts["max_len"]:
                     node["maximum"] = facts["max_len"]
-        elif name == "add_special_tokens" and not {"prompt", "inputs"} & set(properties):
-            # false leaves an empty (or blank) text with no tokens at all, a 400 the spec cannot
-            # tie to the text: it promises the default and true (a chat renders without them).
+        elif name == "add_special_tokens" and not {"prompt", "inputs", "input"} & set(
+                properties):
+            # false leaves a blank text with no tokens at all (a 400): with no text field to
+            # tie it to, the spec promises the default and true.
             properties[name] = {"anyOf": [{"type": "boolean", "enum": [True]},
                                           {"type": "null"}], "default": None}
         elif name == "content":  # Cohere inputs: text parts only (others are a 400)
@@ -350,6 +375,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             for node in _walk(prop):
                 if node.get("type") == "string":
                     node["minLength"] = 1
+                    if name == "document":  # a blank document is refused
+                        node["pattern"] = _NOT_BLANK
         elif name in ("ranges", "chunks"):
             # ranges: every maximum above its minimum, per dimension of the served vector;
             # chunks: spans inside the document. JSON Schema cannot tie either to the other
@@ -364,10 +391,16 @@ def _narrow_node(schema: dict, facts: dict) -> None:
         elif name == "priority":  # only 0 unless priority scheduling is on (vllm_common.py)
             for node in _integer_nodes(prop):
                 node["minimum"] = node["maximum"] = 0
+        elif name == "truncate_prompt_tokens" and schema.get("title") in _NO_TRUNCATION:
+            pass  # taken and ignored: any integer (or null)
         elif name == "truncate_prompt_tokens":  # -1 (the model's maximum) or a positive count
+            # A scored text keeps its special tokens plus one; any other text may be cut to
+            # its special tokens alone (as vLLM cuts it).
+            scoring = {"query", "queries", "text_1", "data_1"} & set(properties)
+            low = facts["min_truncation"] if scoring else max(1, facts["specials"])
             for node in _integer_nodes(prop):
                 node.clear()
-                node["anyOf"] = [{"type": "integer", "minimum": facts["min_truncation"],
+                node["anyOf"] = [{"type": "integer", "minimum": low,
                                   "maximum": facts["max_len"]},
                                  {"type": "integer", "enum": [-1]}]
         elif name == "documents":  # an object document needs its text
@@ -375,9 +408,10 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 if node.get("type") == "object":
                     node["required"] = sorted(set(node.get("required", [])) | {"text"})
                     node.setdefault("properties", {})["text"] = {"type": "string"}
-        elif name in ("queries", "text_1", "data_1"):
-            # 1 query x N documents. N x N pairs are accepted too, but JSON Schema cannot tie
-            # two lists' lengths, so the spec shows the form that always holds.
+        elif name in _QUERY_SIDES and not set(_QUERY_SIDES[name]) & set(properties):
+            # 1 query x N documents (with its other side in another schema). N x N pairs are
+            # accepted too, but JSON Schema cannot tie two lists' lengths, so the spec shows
+            # the form that always holds (the field's description states the rule).
             for node in _array_nodes(prop):
                 node["maxItems"] = 1
         if name in _NON_EMPTY:
@@ -389,6 +423,17 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 node["maximum"] = facts["vocab"] - 1
     if {"aggregation_strategy", "labels"} <= set(properties):
         _narrow_ner(schema, properties, facts["gliner"], facts["max_len"])
+    _one_query_when_paired(schema, properties)
+    _special_tokens_need_text(schema, properties, facts["long_input"])
+    # One switch under three names (normalize is use_activation on embeddings; activation is
+    # use_activation's old name): those given agree (all true or all false; null is unset).
+    # One anyOf of two branches: schemathesis's generator folds it, a pairwise spelling of the
+    # same rule is too many branches for it.
+    switch = [n for n in ("normalize", "use_activation", "activation") if n in properties]
+    if len(switch) > 1:
+        schema.setdefault("allOf", []).append({"anyOf": [
+            {"properties": {n: {"enum": [value, None]} for n in switch}}
+            for value in (True, False)]})
     # Raw (pre-activation) scores exist only for cross-encoders.
     scoring = {"query", "queries", "text_1"} & set(properties)
     if scoring and not facts["cross_encoder"]:
@@ -415,9 +460,9 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                                ("texts", "inputs"))
              if set(pair) <= set(properties)]
     # Flags the handlers refuse together: add_generation_prompt and continue_final_message
-    # both true; normalize and use_activation both given (one switch for embeddings).
+    # both true; Cohere's texts and inputs both given (one kind of input per request).
     for a, b, unset in (("add_generation_prompt", "continue_final_message", {"enum": [False]}),
-                        ("normalize", "use_activation", {"type": "null"})):
+                        ("texts", "inputs", {"type": "null"})):
         if {a, b} <= set(properties):
             schema.setdefault("allOf", []).append({"anyOf": [
                 {"not": {"required": [a]}}, {"not": {"required": [b]}},
@@ -458,6 +503,41 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             name: {"not": {"type": "null"}}}} for name in pair]} for pair in needs])
 
 
+def _one_query_when_paired(schema: dict, properties: dict) -> None:
+    """A score body's query side holds one query whenever a field it pairs with is given
+    (1 x N; N x N is served too but JSON Schema cannot tie the lengths). A query side whose
+    pair is absent or null is not scored, and any list of texts is taken there."""
+    for side, partners in _QUERY_SIDES.items():
+        for partner in partners:
+            if {side, partner} <= set(properties):
+                schema.setdefault("allOf", []).append({"anyOf": [
+                    {"not": {"required": [partner]}},
+                    {"properties": {partner: {"type": "null"}}},
+                    {"properties": {side: {"not": {"type": "array", "minItems": 2}}}}]})
+
+
+def _special_tokens_need_text(schema: dict, properties: dict, long_input: str) -> None:
+    """add_special_tokens false with a text that has no tokens of its own (blank) is a 400,
+    as in vLLM: the spec takes false with texts that always have a token (a printable ASCII
+    character each; token ids and chats as they are). long_input "chunk" puts the special
+    tokens around every window: it refuses false."""
+    if not {"add_special_tokens", "input"} <= set(properties):
+        return
+    texts = copy.deepcopy(properties["input"])
+    for node in _walk(texts):
+        if node.get("type") == "string":
+            node["pattern"] = _HAS_A_TOKEN
+    without = {"input": {"anyOf": [texts, {"type": "null"}]}}
+    if "long_input" in properties:
+        without["long_input"] = {"enum": ["truncate"]} if long_input == "chunk" \
+            else {"enum": ["truncate", None]}
+    takes_false = {"properties": without}
+    if "long_input" in properties and long_input == "chunk":  # unset means chunk there
+        takes_false["required"] = ["long_input"]
+    schema.setdefault("allOf", []).append({"anyOf": [
+        {"properties": {"add_special_tokens": {"enum": [True, None]}}}, takes_false]})
+
+
 def _narrow_ner(schema: dict, properties: dict, gliner: bool, max_len: int | None) -> None:
     """/ner: a GLiNER model needs `labels` (non-blank strings; one list per input is accepted
     too, but its length cannot be tied to the inputs', so the spec shows the shared form) and
@@ -470,12 +550,11 @@ def _narrow_ner(schema: dict, properties: dict, gliner: bool, max_len: int | Non
                 _set_null(properties[name])
         return
     description = properties["labels"].get("description")
-    # A character that is not whitespace for Python's str.strip (the server's check) nor for
-    # JSON Schema's \s: blank labels are refused.
+    # Blank labels are refused.
     properties["labels"] = {"type": "array", "minItems": 1, "description": description,
                             "maxItems": max(1, ((max_len or 2048) - 1) // _TOKENS_PER_LABEL),
                             "items": {"type": "string", "maxLength": _LABEL_CHARS,
-                                      "pattern": "[^\\s\\x1c-\\x1f\\x85]"}}
+                                      "pattern": _NOT_BLANK}}
     schema["required"] = sorted(set(schema.get("required", [])) | {"labels"})
     _set_enum(properties["aggregation_strategy"], ["simple"], nullable=False)
     _set_null(properties["ignore_labels"])

@@ -87,11 +87,9 @@ async def score(body: ScoreRequest, request: Request):
         return not_served
     queries, documents, doc_field = body.sides()
     queries, documents = _texts(queries, "queries"), _texts(documents, doc_field)
+    # The 1:1 / 1:N / N:N shape is checked with the request (ScoreRequest._one_spelling).
     n_q = 1 if isinstance(queries, str) else len(queries)
     n_d = 1 if isinstance(documents, str) else len(documents)
-    if n_q > 1 and n_d != n_q:
-        raise bad_request(f"Got {n_q} queries and {n_d} {doc_field}: pass one query with any "
-                          f"number of {doc_field}, or as many queries as {doc_field}.", doc_field)
     options = _scoring_options(state, body)
 
     def compute():

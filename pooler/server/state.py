@@ -143,6 +143,11 @@ class ServerState:
             elif value is not None and value <= 0:
                 raise bad_request("truncate_prompt_tokens must be a positive integer or -1, "
                                   f"got {value}.", name)
+            elif value is not None and value < self.min_truncation() - 1:
+                # Fewer than the special tokens: the tokenizer cannot cut to it.
+                raise bad_request(f"truncate_prompt_tokens must be -1 or at least "
+                                  f"{self.min_truncation() - 1} (the model's special tokens), "
+                                  f"got {value}.", name)
             out[name] = value
         if "truncate_prompt_tokens" in body.model_fields_set \
                 and body.truncate_prompt_tokens is not None and "truncate" in out:

@@ -78,6 +78,10 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     long_input = body.long_input or state.settings.long_input
     chunking = {"long_input": "chunk", "chunk_overlap": body.chunk_overlap} \
         if long_input == "chunk" else {}
+    if chunking and not add_special:
+        raise bad_request("long_input 'chunk' puts the model's special tokens around every "
+                          "window: it needs add_special_tokens true (or unset).",
+                          "add_special_tokens")
 
     def compute():
         outputs = state.engine.embed(items, dimensions=body.dimensions, normalize=body.normalize,

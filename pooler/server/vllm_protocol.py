@@ -125,6 +125,16 @@ class EmbeddingRequest(_InputOrChat, _Encoding, _ActivationAlias):
     long_input: Optional[Literal["truncate", "chunk"]] = None
     chunk_overlap: StrictInt = 0
 
+    @model_validator(mode="after")
+    def _one_normalize_switch(self):
+        # On embeddings use_activation (or its old name, activation) is the normalization.
+        if None not in (self.normalize, self.use_activation) \
+                and self.normalize != self.use_activation:
+            raise FieldError(f"normalize={self.normalize} and use_activation (or activation)="
+                             f"{self.use_activation} disagree; for embeddings they are the "
+                             "same switch, pass one of them.", "normalize")
+        return self
+
 
 class PoolingRequest(_InputOrChat, _Encoding, _ActivationAlias):
     # A string, not a Literal: an unknown task is vLLM's "Unsupported task: ..." error.
@@ -146,15 +156,22 @@ class _Scoring(_VLLMRequest, _ActivationAlias):
     truncate: Optional[StrictBool] = None
 
 
+# The rule JSON Schema cannot state (it cannot tie two lists' lengths): the spec shows the one
+# query form whenever the other side is given; N:N is served too, N:M (N > 1, N != M) is a 400.
+_QUERY_SIDE = ("One query (a string or a one-item list) scored against every text of the other "
+               "side, or N queries scored pairwise against exactly N texts there. N queries with "
+               "a different number of texts on the other side is a 400 naming that field.")
+
+
 class ScoreRequest(_Scoring):
     """vLLM's four spellings of the two sides: queries/documents, queries/items,
     data_1/data_2, text_1/text_2."""
-    queries: Optional[TextInputs] = None
+    queries: Optional[TextInputs] = Field(None, description=_QUERY_SIDE)
     documents: Optional[TextInputs] = None
     items: Optional[TextInputs] = None
-    data_1: Optional[TextInputs] = None
+    data_1: Optional[TextInputs] = Field(None, description=_QUERY_SIDE)
     data_2: Optional[TextInputs] = None
-    text_1: Optional[TextInputs] = None
+    text_1: Optional[TextInputs] = Field(None, description=_QUERY_SIDE)
     text_2: Optional[TextInputs] = None
 
     @model_validator(mode="after")
@@ -170,6 +187,14 @@ class ScoreRequest(_Scoring):
             raise FieldError("Missing required fields: pass the two sides as 'queries' and "
                              "'documents' (or queries/items, data_1/data_2, text_1/text_2).",
                              "documents")
+        # 1:1, 1:N or N:N (vLLM), checked for every spelling given, not only the one scored:
+        # a second pair is never silently dropped when it could not have been scored.
+        for a, b in given:
+            n_a, n_b = (1 if isinstance(v, str) else len(v)
+                        for v in (getattr(self, a), getattr(self, b)))
+            if n_a > 1 and n_a != n_b:
+                raise FieldError(f"Got {n_a} {a} and {n_b} {b}: pass one query with any number "
+                                 f"of {b}, or as many {a} as {b} (scored pairwise).", b)
         return self
 
     def sides(self):

@@ -1,4 +1,5 @@
-"""schemathesis's `st` command, with one interpreter fault worked around.
+"""schemathesis's `st` command, with one interpreter fault worked around and this suite's
+hooks (schemathesis_hooks.py) registered.
 
 On CPython 3.11.7 (this project's interpreter) `ast.parse` can raise "SystemError: AST
 constructor recursion depth mismatch" when it runs while hypothesis has raised the recursion
@@ -9,9 +10,13 @@ in a strategy's repr, so on that error the description falls back to hypothesis'
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from hypothesis.internal import lambda_sources
 from schemathesis.cli import schemathesis
+
+sys.path.insert(0, str(Path(__file__).parent))
+import schemathesis_hooks  # noqa: E402,F401 - registers the hooks
 
 _describe = lambda_sources._lambda_description
 

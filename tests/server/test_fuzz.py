@@ -77,6 +77,13 @@ def _model(kind: str, tmp: Path, minilm_path: Path, tiny_model) -> Path:
     return build_tiny_stanford(tmp)
 
 
+def _specials(engine) -> int:
+    try:
+        return engine.tokenizer.num_special_tokens_to_add(pair=False)
+    except Exception:  # a tokenizer without the count: BERT's two
+        return 2
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("kind", ["embedder", "cross-encoder", "ner", "splade", "colbert",
                                   "gliner"])
@@ -95,9 +102,16 @@ def test_fuzz_openapi(kind, seed, tmp_path, minilm_path, tiny_model, serve_app):
                "--no-color", "--generation-database", "none",
                # Bodies travel as UTF-8 JSON: lone surrogates are not text a client can send.
                "--generation-codec", "utf-8", "--request-timeout", "60"]
+        # The limits the hooks need (schemathesis_hooks.py): the model's maximum length and
+        # special tokens per text.
+        env = {**os.environ,
+               "POOLER_FUZZ_MAX_LEN": str(engine.model_config.max_model_len),
+               "POOLER_FUZZ_SPECIALS": str(_specials(engine))}
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                              cwd=tmp_path)
+                              cwd=tmp_path, env=env)
         tail = proc.stdout[-6000:]
         assert proc.returncode == 0, f"schemathesis found problems on the {kind} server:\n{tail}"
         generated = re.search(r"(\d+) generated", proc.stdout)
         assert generated and int(generated[1]) > 0, tail
+        # The long run's figures (pytest -s shows them): cases generated and their outcome.
+        print(f"\nfuzz {kind} seed {seed}: " + re.search(r"\d+ generated.*", proc.stdout)[0])
