@@ -21,6 +21,13 @@
  * (pooler/kernels/int8_cpu.py WEIGHT_LEVELS): 2 * 191 * 85 = 32470 cannot saturate. VNNI sums
  * into int32: codes [0, 255] and weights [-127, 127].
  *
+ * Per-input-channel smoothing (SmoothQuant): a few input channels of BERT's linears carry values
+ * 5-20x the others (post-LayerNorm outlier channels), and a token's range, set by them, leaves
+ * few codes for the rest; some down-projection weight columns do the same to their rows' scale.
+ * The caller picks s[k] per input channel at load (pooler/layers/quantization.py), multiplies
+ * weight column j by s[j] before quantizing it, and passes 1/s: x[j] / s[j] is what gets
+ * quantized here, one multiply per element, and the product is unchanged in exact arithmetic.
+ *
  * Layout: x fp32 row-major [m, k]; weights as nn.Linear keeps them, [n, k] int8, packed by
  * pack_int8_weight into [ceil(n/32)] panels of [k4/4][32 columns][4 consecutive k] bytes (k4 =
  * k rounded up to 4, zero-padded), so one 32-bit broadcast of 4 activation bytes meets 4 weight
@@ -91,13 +98,14 @@ void pack_int8_weight(const int8_t *w, int8_t *out, int32_t *colsum, int n, int 
 
 /* One token: q[k4] codes in [0, LEVELS], its scale and zero point. The range always holds 0,
  * so zero (padding, ReLU outputs) is exact. */
-static void quantize_row(const float *x, int k, int k4, uint8_t *q, float *scale, int32_t *zp) {
+static void quantize_row(const float *x, const float *inv_smooth, int k, int k4, uint8_t *q,
+                         float *scale, int32_t *zp) {
     float lo = 0.f, hi = 0.f;
     int i = 0;
 #ifndef AVX2_BUILD
     __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps();
     for (; i + 16 <= k; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(inv_smooth + i));
         vlo = _mm512_min_ps(vlo, v);
         vhi = _mm512_max_ps(vhi, v);
     }
@@ -106,7 +114,7 @@ static void quantize_row(const float *x, int k, int k4, uint8_t *q, float *scale
 #else
     __m256 vlo = _mm256_setzero_ps(), vhi = _mm256_setzero_ps();
     for (; i + 8 <= k; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(inv_smooth + i));
         vlo = _mm256_min_ps(vlo, v);
         vhi = _mm256_max_ps(vhi, v);
     }
@@ -119,8 +127,9 @@ static void quantize_row(const float *x, int k, int k4, uint8_t *q, float *scale
     }
 #endif
     for (; i < k; i++) {
-        lo = x[i] < lo ? x[i] : lo;
-        hi = x[i] > hi ? x[i] : hi;
+        float v = x[i] * inv_smooth[i];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
     }
     float s = (hi - lo) / (float)LEVELS;
     if (!(s > 1e-30f)) s = 1e-30f; /* an all-zero row; also catches NaN ranges */
@@ -130,13 +139,15 @@ static void quantize_row(const float *x, int k, int k4, uint8_t *q, float *scale
     i = 0;
 #ifndef AVX2_BUILD
     for (; i + 16 <= k; i += 16) {  /* round to nearest even, + zp, clamp to [0, 255] */
-        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(inv)));
+        __m512 f = _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(inv_smooth + i));
+        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(f, _mm512_set1_ps(inv)));
         v = _mm512_add_epi32(v, _mm512_set1_epi32(z));
         _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtusepi32_epi8(_mm512_max_epi32(v, _mm512_setzero_si512())));
     }
 #else
-    for (; i + 8 <= k; i += 8) {  /* round to nearest even, + zp, clamp to [0, 127] */
-        __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(inv)));
+    for (; i + 8 <= k; i += 8) {  /* round to nearest even, + zp, clamp to [0, LEVELS] */
+        __m256 f = _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(inv_smooth + i));
+        __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(f, _mm256_set1_ps(inv)));
         v = _mm256_add_epi32(v, _mm256_set1_epi32(z));
         v = _mm256_min_epi32(_mm256_max_epi32(v, _mm256_setzero_si256()), _mm256_set1_epi32(LEVELS));
         __m256i w = _mm256_packs_epi32(v, v);            /* int16, per 128-bit lane */
@@ -147,7 +158,7 @@ static void quantize_row(const float *x, int k, int k4, uint8_t *q, float *scale
     }
 #endif
     for (; i < k; i++) {
-        int32_t v = (int32_t)lrintf(x[i] * inv) + z;
+        int32_t v = (int32_t)lrintf(x[i] * inv_smooth[i] * inv) + z;
         q[i] = (uint8_t)(v < 0 ? 0 : (v > LEVELS ? LEVELS : v));
     }
     for (i = k; i < k4; i++) q[i] = 0; /* meets zero weights */
@@ -240,12 +251,16 @@ static inline __attribute__((always_inline)) void tile(
 }
 
 /* y[m, n] = act(x[m, k] W^T + bias) + res[m, n] (res may be NULL; act: enum act).
+ * inv_smooth[k]: 1 / the per-input-channel smoothing factor s the weights were multiplied by at
+ * pack time (all ones for none): x * diag(1/s) is what gets quantized (SmoothQuant, see the
+ * header). 
  * wscale/bias/colsum padded to whole panels (bias may be all zeros). scratch: at least int8_scratch_bytes(m, k) bytes. */
 long int8_scratch_bytes(int m, int k) {
     return (long)m * round_up4(k) + (long)m * 8 + 64;
 }
 
-void int8_linear(const float *x, int m, int k, const int8_t *packed, const int32_t *colsum,
+void int8_linear(const float *x, const float *inv_smooth, int m, int k, const int8_t *packed,
+                 const int32_t *colsum,
                  const float *wscale, const float *bias, const float *res, float *y, int n,
                  int act, uint8_t *scratch, int threads) {
     int k4 = round_up4(k), panels = (n + NR - 1) / NR, blocks = (m + MB - 1) / MB;
@@ -256,7 +271,7 @@ void int8_linear(const float *x, int m, int k, const int8_t *packed, const int32
     {
 #pragma omp for schedule(static)
         for (int r = 0; r < m; r++)
-            quantize_row(x + (size_t)r * k, k, k4, q + (size_t)r * k4, scale + r, zp + r);
+            quantize_row(x + (size_t)r * k, inv_smooth, k, k4, q + (size_t)r * k4, scale + r, zp + r);
 #pragma omp for schedule(static) collapse(2)
         for (int b = 0; b < blocks; b++)
             for (int p = 0; p < panels; p++) {

@@ -11,7 +11,7 @@ from torch import nn
 
 from pooler import cpu_features as cpu_features_module
 from pooler.kernels import int8_cpu
-from pooler.layers.quantization import Int8Linear
+from pooler.layers.quantization import Int8Linear, record_input_ranges, smoothing_factors
 
 C_PATHS = int8_cpu.runnable_paths()
 SHAPES = [(1, 8, 5), (13, 100, 70), (37, 384, 96), (200, 130, 33)]  # (tokens, in, out)
@@ -187,3 +187,49 @@ def test_epilogue_activation_and_residual(path):
                                        atol=2e-6)
         torch.testing.assert_close(layer.fused_forward(x, 0, residual), plain + residual)
     assert Int8Linear.from_linear(_linear(40, 50), "torch").fused_forward(x) is None
+
+
+def _outlier_input(m: int, k: int, seed: int = 2) -> torch.Tensor:
+    """[m, k] tokens whose channels 3 and 17 are ~30x the others (BERT's post-LayerNorm
+    outlier channels in miniature)."""
+    torch.manual_seed(seed)
+    x = torch.randn(m, k)
+    x[:, 3] *= 30
+    x[:, 17] = x[:, 17] * 30 - 40
+    return x
+
+
+@pytest.mark.parametrize("path", C_PATHS + ["torch"])
+def test_smoothing_keeps_the_product_and_cuts_outlier_error(path):
+    m, k, n = 40, 130, 70
+    linear = _linear(k, n)
+    with torch.no_grad():  # trained models give their outlier channels small weights
+        linear.weight[:, [3, 17]] /= 10
+    x = _outlier_input(m, k)
+    model = nn.Sequential(linear)
+    ranges = record_input_ranges(model, lambda: model(x[:8]))  # the calibration forward
+    assert set(ranges) == {"0"} and ranges["0"].shape == (k,)
+    smooth = smoothing_factors(ranges["0"], linear.weight)
+    plain = Int8Linear.from_linear(linear, path)
+    smoothed = Int8Linear.from_linear(linear, path, smooth=smooth)
+    with torch.inference_mode():
+        ref, out_plain, out_smooth = linear(x), plain(x), smoothed(x)
+    if path != "torch":  # the kernel quantizes x / s: the scheme's exact reference on it
+        lib = int8_cpu.int8_kernels(path)
+        exact = _scheme_reference(smoothed, x * smooth.reciprocal(), lib.levels)
+        torch.testing.assert_close(out_smooth, exact, rtol=1e-5, atol=1e-5)
+    err = lambda y: ((y - ref).norm(dim=1) / ref.norm(dim=1)).max().item()  # noqa: E731
+    assert err(out_smooth) < 0.6 * err(out_plain), (err(out_smooth), err(out_plain))
+    # the smoothing vector is state (a weight reload copies it) and the fp32 copy is unsmoothed
+    assert "smooth" in smoothed.state_dict()
+    assert model[0] is linear  # record_input_ranges put the layer back
+
+
+def test_smoothing_factors_balance_the_peaks():
+    weight = torch.tensor([[1.0, -0.5, 0.25], [0.5, 0.5, -0.1]])  # column peaks 1, 0.5, 0.25
+    x_peak = torch.tensor([16.0, 1.0, 0.0])  # the last channel never fired in calibration
+    s = smoothing_factors(x_peak, weight, alpha=0.5)
+    torch.testing.assert_close(s[:2], torch.tensor([4.0, 2.0 ** 0.5]))
+    # after smoothing both sides of a channel peak at the same value
+    torch.testing.assert_close(x_peak[:2] / s[:2], weight.abs().amax(0)[:2] * s[:2])
+    assert torch.isfinite(s).all() and (s > 0).all()
