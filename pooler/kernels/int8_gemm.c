@@ -17,9 +17,11 @@
  *
  * VPMADDUBSW saturation: a pair of products can reach 2 * 255 * 127 = 64770 > 32767, and
  * letting it saturate lost the answer (min cosine 0.896 to fp32 on the bench corpus). The AVX2
- * build uses activation codes [0, 191] and the caller quantizes its weights to [-85, 85]
- * (pooler/kernels/int8_cpu.py WEIGHT_LEVELS): 2 * 191 * 85 = 32470 cannot saturate. VNNI sums
- * into int32: codes [0, 255] and weights [-127, 127].
+ * build uses activation codes [0, 128] and full int8 weights [-127, 127]: 2 * 128 * 127 = 32512
+ * cannot saturate. With smoothing (below) the outlier channels' range moves into the weights,
+ * so weight codes matter more than activation codes: this split measured better than codes
+ * [0, 191] with weights [-85, 85] (benchmarks/int8_smoothing.py). VNNI sums into int32: codes
+ * [0, 255] and weights [-127, 127].
  *
  * Per-input-channel smoothing (SmoothQuant): a few input channels of BERT's linears carry values
  * 5-20x the others (post-LayerNorm outlier channels), and a token's range, set by them, leaves
@@ -50,7 +52,7 @@
 #define MR 12 /* rows per register tile: 12 x 2 zmm accumulators */
 #define CW 32 /* columns per tile: the whole panel */
 #else
-#define LEVELS 191 /* activation codes [0, 191]: with |w| <= 85, 2 * 191 * 85 = 32470 */
+#define LEVELS 128 /* activation codes [0, 128]: with |w| <= 127, 2 * 128 * 127 = 32512 */
 #define AVX2_BUILD 1
 #define MR 4 /* 4 x 2 ymm accumulators + 2 weight vectors + broadcasts in 16 ymm */
 #define CW 16 /* columns per tile: half a panel */
@@ -206,7 +208,7 @@ static inline __attribute__((always_inline)) void tile(
             int32_t a4;
             memcpy(&a4, q + (size_t)r * k4 + g * 4, 4);
             __m256i a = _mm256_set1_epi32(a4);
-            /* u8 x s8 pairs -> int16 (191 x 85 x 2 fits: no saturation), pairs -> int32 */
+            /* u8 x s8 pairs -> int16 (128 x 127 x 2 fits: no saturation), pairs -> int32 */
             acc[r][0] = _mm256_add_epi32(acc[r][0],
                                          _mm256_madd_epi16(_mm256_maddubs_epi16(a, w0), ones));
             acc[r][1] = _mm256_add_epi32(acc[r][1],

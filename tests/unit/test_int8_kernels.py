@@ -52,7 +52,7 @@ def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int) -> torch.
 def test_c_path_matches_its_exact_reference(path, m, k, n):
     lib = int8_cpu.int8_kernels(path)
     assert lib is not None and lib.variant == path
-    assert lib.levels == (255 if path == "avx512-vnni" else 191)
+    assert lib.levels == (255 if path == "avx512-vnni" else 128)
     linear = _linear(k, n)
     layer = Int8Linear.from_linear(linear, path)
     torch.manual_seed(1)
@@ -68,14 +68,14 @@ def test_c_path_matches_its_exact_reference(path, m, k, n):
 
 @pytest.mark.skipif("avx2" not in C_PATHS, reason="the AVX2 build does not run here")
 def test_avx2_cannot_saturate_int16_pairs():
-    """The worst case for VPMADDUBSW: every activation code at its top (191) meeting weight codes
-    of one sign at their largest (85). 8-bit codes would saturate (2 * 255 * 127 > 32767);
-    2 * 191 * 85 = 32470 must give the exact sum."""
+    """The worst case for VPMADDUBSW: every activation code at its top (128) meeting weight codes
+    of one sign at their largest (127). 8-bit codes would saturate (2 * 255 * 127 > 32767);
+    2 * 128 * 127 = 32512 must give the exact sum."""
     k, n = 64, 32
     weight = torch.full((n, k), 1.0)
     weight[1::2] = -1.0  # every other column all negative
     layer = Int8Linear(weight, torch.zeros(n), "avx2")
-    assert layer.weight_q.abs().min() == 85 and layer.weight_q.abs().max() == 85
+    assert layer.weight_q.abs().min() == 127 and layer.weight_q.abs().max() == 127
     x = torch.ones(3, k)  # every code at the top, zero point 0
     with torch.inference_mode():
         out = layer(x)
