@@ -7,6 +7,7 @@ calibration forward: QKV in fp32, as before; best build only). Speed: texts/s of
 process, interleaved rounds over the mixed and the long corpora (`long_mix`), printed as ratios.
 
   PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_smoothing.py [--texts 2000] [--rounds 3]
+      [--skip-accuracy] [--cpu-time]  # CPU seconds at 1 thread: for a shared, loaded machine
 """
 from __future__ import annotations
 
@@ -59,16 +60,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--speed-texts", type=int, default=600)
     parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time CPU seconds of this process at --threads (default 1) "
+                        "instead of wall clock: far less disturbed by other processes")
+    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     print(f"CPU: {cpu_features().summary()}")
-    fp32 = Engine(MODEL, device="cpu")
+    threads = args.threads or (1 if args.cpu_time else None)
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    print(f"clock: {'process CPU time' if args.cpu_time else 'wall'}, threads {threads or 'default'}")
+    fp32 = Engine(MODEL, device="cpu", num_threads=threads)
     engines = {}
     for path in runnable_paths():
         # unsmoothed (QKV fp32, the scheme before smoothing) on the best build only
         for smoothed in (True, False) if path == runnable_paths()[0] else (True,):
             with int8_variant(path, smoothed):
                 engines[(path, smoothed)] = Engine(MODEL, device="cpu", quantization="int8",
-                                                   precision_check="off")
+                                                   precision_check="off", num_threads=threads)
     if not args.skip_accuracy:
         texts = mixed_corpus(args.texts)
         ref = embed(fp32, texts)
@@ -86,9 +94,9 @@ def main() -> None:
             for label, engine in [("fp32", fp32)] + [
                     (f"{k[0]} {'smoothed' if k[1] else 'unsmoothed'}", e)
                     for k, e in engines.items()]:
-                start = time.perf_counter()
+                start = clock()
                 embed(engine, texts)
-                rates[label].append(len(texts) / (time.perf_counter() - start))
+                rates[label].append(len(texts) / (clock() - start))
         base = statistics.median(rates["fp32"])
         for label, r in rates.items():
             print(f"speed {name:5s} {label:25s} {statistics.median(r):7.1f} texts/s "

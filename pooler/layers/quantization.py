@@ -5,17 +5,30 @@ Scheme (chosen by measurement, see docs/benchmarks.md):
 - activations: int8 per token (one scale per row of the input), computed on every call, so a
   token with large values does not crush the resolution of the others (per-tensor activation
   ranges, as torch/ONNX dynamic quantization use, are what lost accuracy);
+- per-input-channel smoothing (SmoothQuant): x diag(1/s) and diag(s) W^T, with
+  s_j = max|x_j|^0.5 / max|W[:, j]|^0.5 from one calibration forward at load
+  (pooler/worker/int8_calibration.py); the kernel applies 1/s in its quantize step;
 - int8 x int8 -> int32, then one rescale and the bias in fp32.
 The product runs on the best path this CPU has (pooler/kernels/int8_cpu.py): pooler's C kernels
 for AVX-512 VNNI and AVX2 (activations as unsigned codes with a per-token zero point; on AVX2
-codes 0..191 and weights +-85 so that VPMADDUBSW cannot saturate), else the portable
-`torch._int_mm` path (symmetric 8-bit activations). Whether any of them beats fp32 on this CPU is checked at load
-(pooler/precision_gate.py, wired in pooler/worker/precision_check.py).
-The fused QKV projection stays in fp32 (`DEFAULT_KEEP_FP32`): attention scores amplify its
-errors through the softmax. Over the 2,000-text benchmark corpus on all-MiniLM-L6-v2 (torch
-path), cosine to fp32 was min 0.9928 / mean 0.9969 with every linear in int8, and min 0.9970 /
-mean 0.9987 with QKV in fp32 (FFN down projection in fp32 instead: min 0.9947). Embeddings,
-norms, attention and poolers are never quantized.
+codes 0..128 with weights +-127 so that VPMADDUBSW cannot saturate), else the portable
+`torch._int_mm` path (symmetric 8-bit activations). Whether any of them beats fp32 on this CPU
+is checked at load (pooler/precision_gate.py, wired in pooler/worker/precision_check.py).
+
+Where the error came from (benchmarks/int8_smoothing.py and the study in docs/benchmarks.md:
+all-MiniLM-L6-v2, 400 texts of the bench corpus, one kind of linear in int8 at a time, min
+cosine to fp32): the QKV and FFN-up inputs are post-LayerNorm hidden states whose few outlier
+channels (up to 29 against a median of 1.7 in layer 3) set every token's range, so their
+ACTIVATION codes are the loss (QKV activations alone 0.99785, its weights alone 0.99950, AVX2
+codes); the FFN-down layer loses mostly through its WEIGHTS (weights alone 0.99876, its GELU
+inputs alone 0.99958); the attention output projection is harmless (>= 0.9998). That is why the
+AVX2 build's two bit splits measured the same minimum: each traded one of the two errors for the
+other. Smoothing moves each outlier channel's range half into the weights, which cuts both, and
+then full weight codes matter more than activation codes (AVX2: 0..128 / +-127).
+
+QKV is int8 where the smoothed scheme measured >= 0.997 min cosine on the 2,000-text bench
+corpus (the VNNI build), and fp32 elsewhere (`SMOOTHED_KEEP_FP32`; without calibration inputs,
+`DEFAULT_KEEP_FP32`). Embeddings, norms, attention and poolers are never quantized.
 """
 from __future__ import annotations
 
