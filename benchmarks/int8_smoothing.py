@@ -84,6 +84,8 @@ def main() -> None:
             c = cosines(ref, embed(engine, texts))
             print(f"accuracy {path:12s} {'smoothed' if smoothed else 'unsmoothed':10s} "
                   f"min {c.min():.5f} mean {c.mean():.6f} (n={len(texts)})", flush=True)
+    if args.rounds == 0:  # accuracy only
+        return
     corpora = {"mixed": mixed_corpus(args.speed_texts),
                "long": long_mix(args.speed_texts // 2, args.speed_texts // 2)}
     for name, texts in corpora.items():

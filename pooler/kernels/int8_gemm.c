@@ -173,7 +173,7 @@ static void quantize_row(const float *x, const float *inv_smooth, int k, int k4,
 static inline __attribute__((always_inline)) void tile(
         int mr, const uint8_t *q, int k4, const int8_t *panel, int c0, const float *scale,
         const int32_t *zp, const int32_t *colsum, const float *wscale, const float *bias,
-        const float *res, float *y, int ldy, int cols, int act) {
+        const float *res, float *y, int ldy, int cols, int act, const float *const *pre) {
 #ifndef AVX2_BUILD
     __m512i acc[MR][2];
 #pragma GCC unroll 12
@@ -229,6 +229,8 @@ static inline __attribute__((always_inline)) void tile(
             __m512i t = _mm512_sub_epi32(acc[r][v], _mm512_mullo_epi32(cs, _mm512_set1_epi32(zp[r])));
             __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(scale[r]));
             f = _mm512_fmadd_ps(f, _mm512_loadu_ps(wscale + c), _mm512_loadu_ps(bias + c));
+            if (pre && pre[r]) /* the row's residual pass (padded to whole panels) */
+                f = _mm512_add_ps(f, _mm512_loadu_ps(pre[r] + c));
             if (act) f = (__m512)activate((vf)f, act);
             if (res && cols == CW)
                 f = _mm512_add_ps(f, _mm512_loadu_ps(res + (size_t)r * ldy + v * (CW / 2)));
@@ -239,6 +241,8 @@ static inline __attribute__((always_inline)) void tile(
             __m256i t = _mm256_sub_epi32(acc[r][v], _mm256_mullo_epi32(cs, _mm256_set1_epi32(zp[r])));
             __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(scale[r]));
             f = _mm256_fmadd_ps(f, _mm256_loadu_ps(wscale + c), _mm256_loadu_ps(bias + c));
+            if (pre && pre[r]) /* the row's residual pass (padded to whole panels) */
+                f = _mm256_add_ps(f, _mm256_loadu_ps(pre[r] + c));
             if (act) f = (__m256)activate((vf)f, act);
             if (res && cols == CW)
                 f = _mm256_add_ps(f, _mm256_loadu_ps(res + (size_t)r * ldy + v * (CW / 2)));
@@ -261,49 +265,120 @@ long int8_scratch_bytes(int m, int k) {
     return (long)m * round_up4(k) + (long)m * 8 + 64;
 }
 
-void int8_linear(const float *x, const float *inv_smooth, int m, int k, const int8_t *packed,
-                 const int32_t *colsum,
-                 const float *wscale, const float *bias, const float *res, float *y, int n,
-                 int act, uint8_t *scratch, int threads) {
-    int k4 = round_up4(k), panels = (n + NR - 1) / NR, blocks = (m + MB - 1) / MB;
-    float *scale = (float *)scratch;
-    int32_t *zp = (int32_t *)(scale + m);
-    uint8_t *q = (uint8_t *)(zp + m);
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int r = 0; r < m; r++)
-            quantize_row(x + (size_t)r * k, inv_smooth, k, k4, q + (size_t)r * k4, scale + r, zp + r);
-#pragma omp for schedule(static) collapse(2)
-        for (int b = 0; b < blocks; b++)
-            for (int p = 0; p < panels; p++) {
-                const int8_t *panel = packed + (size_t)p * k4 * NR;
-                int m_end = (b + 1) * MB < m ? (b + 1) * MB : m;
-                for (int c0 = 0; c0 < NR; c0 += CW) {
-                    int cols = n - p * NR - c0;
-                    if (cols <= 0) break;
-                    cols = cols < CW ? cols : CW;
-                    int col = p * NR + c0;
-                    for (int m0 = b * MB; m0 < m_end; m0 += MR) {
-                        int mr = m_end - m0 < MR ? m_end - m0 : MR;
-                        const uint8_t *qr = q + (size_t)m0 * k4;
-                        float *yr = y + (size_t)m0 * n + col;
-                        const float *rr = res ? res + (size_t)m0 * n + col : NULL;
-                        const int32_t *cs = colsum + p * NR;
-                        const float *ws = wscale + p * NR, *bs = bias + p * NR;
-                        switch (mr) {
+/* True when a token's largest |x / s| exceeds OUTLIER_RATIO times its root mean square: such a
+ * row (BERT's [CLS] / [SEP], whose few huge channels set the whole range) gets a second,
+ * residual pass. */
+#define OUTLIER_RATIO 20.f
+static int is_outlier_row(const float *x, const float *inv_smooth, int k, float peak) {
+    vf acc = vsplat(0.f);
+    int i = 0;
+    for (; i + VW <= k; i += VW) {
+        vf v, w;
+        memcpy(&v, x + i, sizeof v);
+        memcpy(&w, inv_smooth + i, sizeof w);
+        v *= w;
+        acc += v * v;
+    }
+    float sumsq = 0.f;
+    for (int j = 0; j < VW; j++) sumsq += acc[j];
+    for (; i < k; i++) sumsq += (x[i] * inv_smooth[i]) * (x[i] * inv_smooth[i]);
+    return peak * peak > OUTLIER_RATIO * OUTLIER_RATIO * (sumsq / (float)k);
+}
+
+/* y[rows, n] = act(codes W^T rescaled + bias (+ pre[row])) (+ res), every row and panel. */
+static void gemm_rows(const uint8_t *q, const float *scale, const int32_t *zp, int m, int k4,
+                      const int8_t *packed, const int32_t *colsum, const float *wscale,
+                      const float *bias, const float *res, float *y, int n, int act,
+                      const float *const *pre, int threads) {
+    int panels = (n + NR - 1) / NR, blocks = (m + MB - 1) / MB;
+#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+    for (int b = 0; b < blocks; b++)
+        for (int p = 0; p < panels; p++) {
+            const int8_t *panel = packed + (size_t)p * k4 * NR;
+            int m_end = (b + 1) * MB < m ? (b + 1) * MB : m;
+            for (int c0 = 0; c0 < NR; c0 += CW) {
+                int cols = n - p * NR - c0;
+                if (cols <= 0) break;
+                cols = cols < CW ? cols : CW;
+                int col = p * NR + c0;
+                for (int m0 = b * MB; m0 < m_end; m0 += MR) {
+                    int mr = m_end - m0 < MR ? m_end - m0 : MR;
+                    const uint8_t *qr = q + (size_t)m0 * k4;
+                    float *yr = y + (size_t)m0 * n + col;
+                    const float *rr = res ? res + (size_t)m0 * n + col : NULL;
+                    const int32_t *cs = colsum + p * NR;
+                    const float *ws = wscale + p * NR, *bs = bias + p * NR;
+                    const float *const *pr = pre ? pre + m0 : NULL;
+                    const float *pcol[MR];
+                    if (pr) /* each row's addend at this panel (tile adds its column offset) */
+                        for (int r = 0; r < mr; r++) pcol[r] = pr[r] ? pr[r] + p * NR : NULL;
+                    switch (mr) {
 #define TILE(R)                                                                          \
     case R:                                                                              \
         if (R <= MR)                                                                     \
             tile(R, qr, k4, panel, c0, scale + m0, zp + m0, cs, ws, bs, rr, yr, n, cols,  \
-                 act);                                                                   \
+                 act, pr ? pcol : NULL);                                                 \
         break;
-                            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                            TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+                        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+                        TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
 #undef TILE
-                        }
                     }
                 }
             }
+        }
+}
+
+void int8_linear(const float *x, const float *inv_smooth, int m, int k, const int8_t *packed,
+                 const int32_t *colsum,
+                 const float *wscale, const float *bias, const float *res, float *y, int n,
+                 int act, uint8_t *scratch, int threads) {
+    int k4 = round_up4(k), npad = (n + NR - 1) / NR * NR;
+    float *scale = (float *)scratch;
+    int32_t *zp = (int32_t *)(scale + m);
+    uint8_t *q = (uint8_t *)(zp + m);
+    char *outlier = malloc((size_t)m);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int r = 0; r < m; r++) {
+        quantize_row(x + (size_t)r * k, inv_smooth, k, k4, q + (size_t)r * k4, scale + r, zp + r);
+        /* the range [lo, hi] is scale * [-zp, LEVELS - zp]: its larger end is the peak */
+        float peak = scale[r] * (float)(zp[r] > LEVELS - zp[r] ? zp[r] : LEVELS - zp[r]);
+        outlier[r] = (char)is_outlier_row(x + (size_t)r * k, inv_smooth, k, peak);
     }
+    int m_out = 0;
+    for (int r = 0; r < m; r++) m_out += outlier[r];
+    if (m_out == 0) {
+        free(outlier);
+        gemm_rows(q, scale, zp, m, k4, packed, colsum, wscale, bias, res, y, n, act, NULL, threads);
+        return;
+    }
+    /* The outlier rows' residual x / s - dequantized codes, quantized on its own (its range is
+     * one code step of the first pass), times W: added before the activation. */
+    int *rows = malloc(sizeof(int) * m_out);
+    float *rx = malloc(sizeof(float) * ((size_t)m_out * k + k + npad + (size_t)m_out * npad));
+    float *ones = rx + (size_t)m_out * k, *zeros = ones + k, *extra = zeros + npad;
+    uint8_t *rq = malloc((size_t)m_out * k4 + (size_t)m_out * 8);
+    float *rscale = (float *)(rq + (size_t)m_out * k4);
+    int32_t *rzp = (int32_t *)(rscale + m_out);
+    const float **pre = calloc((size_t)m, sizeof(float *));
+    for (int i = 0; i < k; i++) ones[i] = 1.f;
+    for (int i = 0; i < npad; i++) zeros[i] = 0.f;
+    for (int r = 0, j = 0; r < m; r++) {
+        if (!outlier[r]) continue;
+        const float *xr = x + (size_t)r * k;
+        const uint8_t *qr = q + (size_t)r * k4;
+        float *d = rx + (size_t)j * k;
+        for (int i = 0; i < k; i++)
+            d[i] = xr[i] * inv_smooth[i] - scale[r] * (float)((int32_t)qr[i] - zp[r]);
+        quantize_row(d, ones, k, k4, rq + (size_t)j * k4, rscale + j, rzp + j);
+        pre[r] = extra + (size_t)j * npad;
+        rows[j++] = r;
+    }
+    gemm_rows(rq, rscale, rzp, m_out, k4, packed, colsum, wscale, zeros, NULL, extra, npad,
+              0, NULL, threads);
+    gemm_rows(q, scale, zp, m, k4, packed, colsum, wscale, bias, res, y, n, act, pre, threads);
+    free(pre);
+    free(rq);
+    free(rx);
+    free(rows);
+    free(outlier);
 }

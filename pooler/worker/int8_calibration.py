@@ -1,8 +1,9 @@
 """The load-time calibration forward for int8 smoothing (pooler/layers/quantization.py).
 
 SmoothQuant-style smoothing needs each linear layer's largest |input| per channel. They are
-measured once at load by one fp32 forward of a few built-in English texts (about 600 tokens:
-~0.1 s for all-MiniLM-L6-v2 on 2 cores), tokenized with the model's own tokenizer. The texts are
+measured once at load by one fp32 forward of ten built-in English texts (398 tokens for
+all-MiniLM-L6-v2: a fifth of one step of the precision check's token budget), tokenized with the
+model's own tokenizer. The texts are
 fixed, so two loads of the same weights pick the same factors (reload_weights relies on it),
 and they are not the benchmark corpus the accuracy is measured on.
 """

@@ -22,16 +22,20 @@ def _linear(k: int, n: int, seed: int = 0) -> nn.Linear:
     return nn.Linear(k, n)
 
 
-def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int) -> torch.Tensor:
-    """What int8_gemm.c computes, in exact integer arithmetic: per-token unsigned codes in
-    [0, levels] with a zero point (the range always holds 0), rounded half to even as the
-    vector conversion does, times the int8 weights, rescaled, plus the bias. On the AVX2 path
-    each pair of consecutive products is an int16 sum that saturates (VPMADDUBSW)."""
+def _codes(x: torch.Tensor, levels: int):
+    """Per-token unsigned codes in [0, levels] with a zero point (the range always holds 0),
+    rounded half to even as the vector conversion does, in float32 as the kernel computes."""
     lo, hi = x.amin(1, keepdim=True).clamp(max=0), x.amax(1, keepdim=True).clamp(min=0)
     scale = ((hi - lo) / levels).clamp(min=1e-30)
     inv = 1.0 / scale
     zp = torch.round(-lo * inv).clamp(0, levels)
     codes = (torch.round(x * inv) + zp).clamp(0, levels)
+    return codes, scale, zp
+
+
+def _product(layer: Int8Linear, codes, scale, zp) -> torch.Tensor:
+    """scale * (codes W^T - zp colsum) * w_scale in exact arithmetic; on the AVX2 path each
+    pair of consecutive products is an int16 sum that saturates (VPMADDUBSW)."""
     w = layer.weight_q.double()
     if layer.path == "avx2":
         k = codes.shape[1]
@@ -41,8 +45,20 @@ def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int) -> torch.
         raw = pairs.clamp(-32768, 32767).sum(-1)  # [m, n]
     else:
         raw = codes.double() @ w.t()  # exact in float64
-    acc = raw - zp.double() * w.sum(1)
-    return (acc * scale.double() * layer.w_scale.double() + layer.bias.double()).float()
+    return (raw - zp.double() * w.sum(1)) * scale.double() * layer.w_scale.double()
+
+
+def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int,
+                      outlier_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """What int8_gemm.c computes for x (already divided by any smoothing). outlier_rows: [m]
+    bool, the rows that get the residual pass (their x minus the dequantized codes, quantized
+    on its own)."""
+    codes, scale, zp = _codes(x, levels)
+    y = _product(layer, codes, scale, zp) + layer.bias.double()
+    if outlier_rows is not None and outlier_rows.any():
+        rest = x[outlier_rows] - scale[outlier_rows] * (codes[outlier_rows] - zp[outlier_rows])
+        y[outlier_rows] += _product(layer, *_codes(rest, levels))
+    return y.float()
 
 
 @pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here (needs Linux x86-64 with "
@@ -233,3 +249,31 @@ def test_smoothing_factors_balance_the_peaks():
     # after smoothing both sides of a channel peak at the same value
     torch.testing.assert_close(x_peak[:2] / s[:2], weight.abs().amax(0)[:2] * s[:2])
     assert torch.isfinite(s).all() and (s > 0).all()
+
+
+@pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here")
+@pytest.mark.parametrize("path", C_PATHS)
+def test_outlier_tokens_get_a_residual_pass(path):
+    """A token whose peak is over 20x its root mean square (in MiniLM: [CLS]/[SEP] rows of
+    the FFN-down input) spends its codes on one channel; the kernel adds a second pass over its
+    rounding residual."""
+    m, k, n = 30, 600, 70
+    linear = _linear(k, n)
+    torch.manual_seed(4)
+    x = torch.randn(m, k)  # peak / rms ~ 3: one pass
+    outliers = torch.zeros(m, dtype=torch.bool)
+    outliers[[0, 13, 29]] = True
+    x[outliers] = torch.randn(3, k) * 0.05
+    x[outliers, 5] = 60.0  # peak / rms ~ 24
+    ratio = x.abs().amax(1) / x.pow(2).mean(1).sqrt()
+    assert (ratio[outliers] > 22).all() and (ratio[~outliers] < 6).all()  # far from 20
+    layer = Int8Linear.from_linear(linear, path)
+    lib = int8_cpu.int8_kernels(path)
+    with torch.inference_mode():
+        out = layer(x)
+        ref = linear(x)
+    torch.testing.assert_close(out, _scheme_reference(layer, x, lib.levels, outliers),
+                               rtol=1e-5, atol=1e-5)
+    plain = _scheme_reference(layer, x, lib.levels)  # without the residual pass
+    err = lambda y: (y - ref).norm(dim=1) / ref.norm(dim=1)  # noqa: E731
+    assert (err(out)[outliers] < 0.2 * err(plain)[outliers]).all()
