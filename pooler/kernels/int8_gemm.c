@@ -30,6 +30,12 @@
  * weight column j by s[j] before quantizing it, and passes 1/s: x[j] / s[j] is what gets
  * quantized here, one multiply per element, and the product is unchanged in exact arithmetic.
  *
+ * Outlier tokens: a row whose largest |x / s| exceeds 20x its root mean square (BERT's [CLS] and
+ * [SEP], mostly at the FFN-down input) is quantized twice: its codes, then its rounding residual
+ * (x / s minus the dequantized codes) on its own range, and the residual's product is added
+ * before the epilogue's activation. ~2% of MiniLM's rows; it lifted the AVX2 build's worst
+ * short texts (min cosine 0.9965 -> 0.998+ on the bench corpus's queries, emulated).
+ *
  * Layout: x fp32 row-major [m, k]; weights as nn.Linear keeps them, [n, k] int8, packed by
  * pack_int8_weight into [ceil(n/32)] panels of [k4/4][32 columns][4 consecutive k] bytes (k4 =
  * k rounded up to 4, zero-padded), so one 32-bit broadcast of 4 activation bytes meets 4 weight

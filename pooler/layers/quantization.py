@@ -8,6 +8,9 @@ Scheme (chosen by measurement, see docs/benchmarks.md):
 - per-input-channel smoothing (SmoothQuant): x diag(1/s) and diag(s) W^T, with
   s_j = max|x_j|^0.5 / max|W[:, j]|^0.5 from one calibration forward at load
   (pooler/worker/int8_calibration.py); the kernel applies 1/s in its quantize step;
+- tokens whose peak is over 20x their root mean square (in MiniLM, [CLS]/[SEP] rows at the
+  FFN-down input: ~2% of rows) get a second int8 pass over their rounding residual, in the
+  kernel (int8_gemm.c): those tokens' own range is the error smoothing cannot reach;
 - int8 x int8 -> int32, then one rescale and the bias in fp32.
 The product runs on the best path this CPU has (pooler/kernels/int8_cpu.py): pooler's C kernels
 for AVX-512 VNNI and AVX2 (activations as unsigned codes with a per-token zero point; on AVX2
