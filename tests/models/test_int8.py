@@ -35,9 +35,10 @@ def test_quantize_linears_respects_keep_fp32():
 
 # Texts like the bench corpus's (the 0.997 bar is set on it), then edge texts made mostly of
 # special tokens: [CLS]/[SEP] carry BERT's largest outlier activations, and a text that is
-# little else is int8's weakest case (an empty text measured 0.996 with the VNNI build and
-# 0.992 with the AVX2 one, 0.996 / 0.987 before smoothing). Served alone such a text is a short
-# step and runs the fp32 C stack; these are batched with the others, so they run int8.
+# little else is int8's weakest case (an empty text, batched with passages, measured 0.996 with
+# the VNNI build and 0.987 with the AVX2 one before smoothing and the outlier-token residual
+# pass; docs/benchmarks.md). Served alone such a text is a short step and runs the fp32 C
+# stack; these are batched with the others, so they run int8.
 NUM_EDGE_TEXTS = 2
 
 
