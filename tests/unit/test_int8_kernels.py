@@ -11,7 +11,7 @@ from torch import nn
 
 from pooler import cpu_features as cpu_features_module
 from pooler.kernels import int8_cpu
-from pooler.layers.quantization import Int8Linear
+from pooler.layers.quantization import Int8Linear, record_input_ranges, smoothing_factors
 
 C_PATHS = int8_cpu.runnable_paths()
 SHAPES = [(1, 8, 5), (13, 100, 70), (37, 384, 96), (200, 130, 33)]  # (tokens, in, out)
@@ -22,16 +22,20 @@ def _linear(k: int, n: int, seed: int = 0) -> nn.Linear:
     return nn.Linear(k, n)
 
 
-def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int) -> torch.Tensor:
-    """What int8_gemm.c computes, in exact integer arithmetic: per-token unsigned codes in
-    [0, levels] with a zero point (the range always holds 0), rounded half to even as the
-    vector conversion does, times the int8 weights, rescaled, plus the bias. On the AVX2 path
-    each pair of consecutive products is an int16 sum that saturates (VPMADDUBSW)."""
+def _codes(x: torch.Tensor, levels: int):
+    """Per-token unsigned codes in [0, levels] with a zero point (the range always holds 0),
+    rounded half to even as the vector conversion does, in float32 as the kernel computes."""
     lo, hi = x.amin(1, keepdim=True).clamp(max=0), x.amax(1, keepdim=True).clamp(min=0)
     scale = ((hi - lo) / levels).clamp(min=1e-30)
     inv = 1.0 / scale
     zp = torch.round(-lo * inv).clamp(0, levels)
     codes = (torch.round(x * inv) + zp).clamp(0, levels)
+    return codes, scale, zp
+
+
+def _product(layer: Int8Linear, codes, scale, zp) -> torch.Tensor:
+    """scale * (codes W^T - zp colsum) * w_scale in exact arithmetic; on the AVX2 path each
+    pair of consecutive products is an int16 sum that saturates (VPMADDUBSW)."""
     w = layer.weight_q.double()
     if layer.path == "avx2":
         k = codes.shape[1]
@@ -41,8 +45,20 @@ def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int) -> torch.
         raw = pairs.clamp(-32768, 32767).sum(-1)  # [m, n]
     else:
         raw = codes.double() @ w.t()  # exact in float64
-    acc = raw - zp.double() * w.sum(1)
-    return (acc * scale.double() * layer.w_scale.double() + layer.bias.double()).float()
+    return (raw - zp.double() * w.sum(1)) * scale.double() * layer.w_scale.double()
+
+
+def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int,
+                      outlier_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """What int8_gemm.c computes for x (already divided by any smoothing). outlier_rows: [m]
+    bool, the rows that get the residual pass (their x minus the dequantized codes, quantized
+    on its own)."""
+    codes, scale, zp = _codes(x, levels)
+    y = _product(layer, codes, scale, zp) + layer.bias.double()
+    if outlier_rows is not None and outlier_rows.any():
+        rest = x[outlier_rows] - scale[outlier_rows] * (codes[outlier_rows] - zp[outlier_rows])
+        y[outlier_rows] += _product(layer, *_codes(rest, levels))
+    return y.float()
 
 
 @pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here (needs Linux x86-64 with "
@@ -52,7 +68,7 @@ def _scheme_reference(layer: Int8Linear, x: torch.Tensor, levels: int) -> torch.
 def test_c_path_matches_its_exact_reference(path, m, k, n):
     lib = int8_cpu.int8_kernels(path)
     assert lib is not None and lib.variant == path
-    assert lib.levels == (255 if path == "avx512-vnni" else 191)
+    assert lib.levels == (255 if path == "avx512-vnni" else 128)
     linear = _linear(k, n)
     layer = Int8Linear.from_linear(linear, path)
     torch.manual_seed(1)
@@ -68,14 +84,14 @@ def test_c_path_matches_its_exact_reference(path, m, k, n):
 
 @pytest.mark.skipif("avx2" not in C_PATHS, reason="the AVX2 build does not run here")
 def test_avx2_cannot_saturate_int16_pairs():
-    """The worst case for VPMADDUBSW: every activation code at its top (191) meeting weight codes
-    of one sign at their largest (85). 8-bit codes would saturate (2 * 255 * 127 > 32767);
-    2 * 191 * 85 = 32470 must give the exact sum."""
+    """The worst case for VPMADDUBSW: every activation code at its top (128) meeting weight codes
+    of one sign at their largest (127). 8-bit codes would saturate (2 * 255 * 127 > 32767);
+    2 * 128 * 127 = 32512 must give the exact sum."""
     k, n = 64, 32
     weight = torch.full((n, k), 1.0)
     weight[1::2] = -1.0  # every other column all negative
     layer = Int8Linear(weight, torch.zeros(n), "avx2")
-    assert layer.weight_q.abs().min() == 85 and layer.weight_q.abs().max() == 85
+    assert layer.weight_q.abs().min() == 127 and layer.weight_q.abs().max() == 127
     x = torch.ones(3, k)  # every code at the top, zero point 0
     with torch.inference_mode():
         out = layer(x)
@@ -187,3 +203,77 @@ def test_epilogue_activation_and_residual(path):
                                        atol=2e-6)
         torch.testing.assert_close(layer.fused_forward(x, 0, residual), plain + residual)
     assert Int8Linear.from_linear(_linear(40, 50), "torch").fused_forward(x) is None
+
+
+def _outlier_input(m: int, k: int, seed: int = 2) -> torch.Tensor:
+    """[m, k] tokens whose channels 3 and 17 are ~30x the others (BERT's post-LayerNorm
+    outlier channels in miniature)."""
+    torch.manual_seed(seed)
+    x = torch.randn(m, k)
+    x[:, 3] *= 30
+    x[:, 17] = x[:, 17] * 30 - 40
+    return x
+
+
+@pytest.mark.parametrize("path", C_PATHS + ["torch"])
+def test_smoothing_keeps_the_product_and_cuts_outlier_error(path):
+    m, k, n = 40, 130, 70
+    linear = _linear(k, n)
+    with torch.no_grad():  # trained models give their outlier channels small weights
+        linear.weight[:, [3, 17]] /= 10
+    x = _outlier_input(m, k)
+    model = nn.Sequential(linear)
+    ranges = record_input_ranges(model, lambda: model(x[:8]))  # the calibration forward
+    assert set(ranges) == {"0"} and ranges["0"].shape == (k,)
+    smooth = smoothing_factors(ranges["0"], linear.weight)
+    plain = Int8Linear.from_linear(linear, path)
+    smoothed = Int8Linear.from_linear(linear, path, smooth=smooth)
+    with torch.inference_mode():
+        ref, out_plain, out_smooth = linear(x), plain(x), smoothed(x)
+    if path != "torch":  # the kernel quantizes x / s: the scheme's exact reference on it
+        lib = int8_cpu.int8_kernels(path)
+        exact = _scheme_reference(smoothed, x * smooth.reciprocal(), lib.levels)
+        torch.testing.assert_close(out_smooth, exact, rtol=1e-5, atol=1e-5)
+    err = lambda y: ((y - ref).norm(dim=1) / ref.norm(dim=1)).max().item()  # noqa: E731
+    assert err(out_smooth) < 0.6 * err(out_plain), (err(out_smooth), err(out_plain))
+    # the smoothing vector is state (a weight reload copies it) and the fp32 copy is unsmoothed
+    assert "smooth" in smoothed.state_dict()
+    assert model[0] is linear  # record_input_ranges put the layer back
+
+
+def test_smoothing_factors_balance_the_peaks():
+    weight = torch.tensor([[1.0, -0.5, 0.25], [0.5, 0.5, -0.1]])  # column peaks 1, 0.5, 0.25
+    x_peak = torch.tensor([16.0, 1.0, 0.0])  # the last channel never fired in calibration
+    s = smoothing_factors(x_peak, weight, alpha=0.5)
+    torch.testing.assert_close(s[:2], torch.tensor([4.0, 2.0 ** 0.5]))
+    # after smoothing both sides of a channel peak at the same value
+    torch.testing.assert_close(x_peak[:2] / s[:2], weight.abs().amax(0)[:2] * s[:2])
+    assert torch.isfinite(s).all() and (s > 0).all()
+
+
+@pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here")
+@pytest.mark.parametrize("path", C_PATHS)
+def test_outlier_tokens_get_a_residual_pass(path):
+    """A token whose peak is over 20x its root mean square (in MiniLM: [CLS]/[SEP] rows of
+    the FFN-down input) spends its codes on one channel; the kernel adds a second pass over its
+    rounding residual."""
+    m, k, n = 30, 600, 70
+    linear = _linear(k, n)
+    torch.manual_seed(4)
+    x = torch.randn(m, k)  # peak / rms ~ 3: one pass
+    outliers = torch.zeros(m, dtype=torch.bool)
+    outliers[[0, 13, 29]] = True
+    x[outliers] = torch.randn(3, k) * 0.05
+    x[outliers, 5] = 60.0  # peak / rms ~ 24
+    ratio = x.abs().amax(1) / x.pow(2).mean(1).sqrt()
+    assert (ratio[outliers] > 22).all() and (ratio[~outliers] < 6).all()  # far from 20
+    layer = Int8Linear.from_linear(linear, path)
+    lib = int8_cpu.int8_kernels(path)
+    with torch.inference_mode():
+        out = layer(x)
+        ref = linear(x)
+    torch.testing.assert_close(out, _scheme_reference(layer, x, lib.levels, outliers),
+                               rtol=1e-5, atol=1e-5)
+    plain = _scheme_reference(layer, x, lib.levels)  # without the residual pass
+    err = lambda y: (y - ref).norm(dim=1) / ref.norm(dim=1)  # noqa: E731
+    assert (err(out)[outliers] < 0.2 * err(plain)[outliers]).all()
