@@ -65,6 +65,26 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
     return statistics.median(times)
 
 
+def interleaved_medians(candidate: Callable[[], object], fp32: Callable[[], object],
+                        rounds: int = 4, warmup: int = 1) -> tuple[float, float]:
+    """Median wall times of the two sides, timed alternately (A B, B A, A B, ...) after
+    `warmup` untimed calls of each. Timing one side after the other let whichever ran first
+    absorb the machine's drift right after a load (the clock ramping up, a neighbour's job):
+    on a quiet Zen 4 the int8 engine's short step, the very fp32 C stack the fp32 side runs,
+    came out 20% slower in four loads out of four and sent the whole engine back to fp32."""
+    for _ in range(warmup):
+        candidate()
+        fp32()
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for r in range(rounds):
+        order = ((0, candidate), (1, fp32)) if r % 2 == 0 else ((1, fp32), (0, candidate))
+        for side, fn in order:
+            start = time.perf_counter()
+            fn()
+            times[side].append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 # A case counts as slower only beyond this share of the fp32 time: a case where both sides run
 # the same code (int8's short steps take the fp32 C stack) must not flip on timing noise.
 NOISE_MARGIN = 0.05
@@ -72,13 +92,18 @@ NOISE_MARGIN = 0.05
 
 def decide(requested: str, cases: Sequence[ShapeCase], *, on_slower: OnSlower = "fallback",
            cpu: CpuFeatures | None = None, supported: bool = True, unsupported_why: str = "",
-           measure: Callable[[Callable[[], object]], float] = median_seconds,
+           measure: Callable[[Callable[[], object]], float] | None = None,
+           measure_pair: Callable[[Callable[[], object], Callable[[], object]],
+                                  tuple[float, float]] = interleaved_medians,
            margin: float = NOISE_MARGIN) -> PrecisionDecision:
     """Keep `requested` only if it is supported here and not slower than fp32 (beyond
     `margin`) on every case.
 
     `supported=False` (with `unsupported_why`) short-cuts the timing: the path cannot run on
-    this CPU at all. `measure` is replaceable so the rule is unit-tested with fake timings."""
+    this CPU at all. Each case's two sides are timed together by `measure_pair(candidate,
+    fp32) -> (seconds, seconds)` (default: alternately, interleaved_medians), or each alone by
+    `measure(fn) -> seconds` when given; both are replaceable so the rule is unit-tested with
+    fake timings."""
     if on_slower not in ON_SLOWER_CHOICES:
         raise ValueError(f"on_slower must be one of {ON_SLOWER_CHOICES}, got {on_slower!r}.")
     cpu = cpu or cpu_features()
@@ -88,7 +113,10 @@ def decide(requested: str, cases: Sequence[ShapeCase], *, on_slower: OnSlower = 
     if not supported:
         reason = f"{requested} has no path on {where}: {unsupported_why}"
         return _settle(requested, False, reason, (), on_slower)
-    timings = tuple((c.name, measure(c.candidate), measure(c.fp32)) for c in cases)
+    if measure is None:
+        timings = tuple((c.name, *measure_pair(c.candidate, c.fp32)) for c in cases)
+    else:
+        timings = tuple((c.name, measure(c.candidate), measure(c.fp32)) for c in cases)
     slower = [(n, a, b) for n, a, b in timings if a > b * (1 + margin)]
     shown = ", ".join(f"{n}: {a * 1e3:.2f} vs {b * 1e3:.2f} ms" for n, a, b in timings)
     if not slower:

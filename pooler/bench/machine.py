@@ -80,11 +80,14 @@ def precision_paths() -> dict[str, str]:
 
 
 def _int8_path(cpu) -> str:
-    # The int8 kernels say their own path where they provide `int8_path_name(cpu)`.
-    from pooler.layers import quantization
+    """The int8 product's kernel in this process, and which layers keep fp32 with smoothing."""
+    from pooler.kernels.int8_cpu import int8_path
+    from pooler.layers.quantization import keep_fp32_for
 
-    name = getattr(quantization, "int8_path_name", None)
-    return name(cpu) if name is not None else "torch._int_mm"
+    path = int8_path()
+    kernel = "torch._int_mm" if path == "torch" else f"C kernel {path}"
+    kept = keep_fp32_for(path, smoothed=True)
+    return f"{kernel} ({', '.join(kept) or 'no linear'} kept fp32), timed against fp32 at load"
 
 
 def machine_info() -> dict:

@@ -27,7 +27,7 @@ from pooler.config import ModelConfig
 from pooler.cpu_features import CpuFeatures, cpu_features
 from pooler.layers.linear import BF16_ONEDNN, Bf16Swap
 from pooler.models.inputs import ModelInputs
-from pooler.precision_gate import PrecisionDecision, ShapeCase, decide, median_seconds
+from pooler.precision_gate import PrecisionDecision, ShapeCase, decide
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +93,10 @@ def choose_cpu_bf16(backbone: nn.Module, model_config: ModelConfig,
     try:
         decision = decide("bfloat16", cases, on_slower=model_config.precision_check, cpu=cpu,
                           supported=supported, unsupported_why=why,
-                          measure=measure or _measure)
+                          measure=measure)
     finally:
         swap.use(False)  # the timing may leave either kind in place
     swap.use(decision.use_candidate)
     if decision.use_candidate:
         log.info("%s", decision.reason)
     return decision
-
-
-def _measure(fn) -> float:
-    # Median of 3 after one warm-up call (which packs the weights): the check costs 8 forward
-    # passes per side, ~0.4 s for MiniLM-L6 on 2 Zen 4 cores.
-    return median_seconds(fn, repeats=3, warmup=1)

@@ -4,9 +4,10 @@ log line live in pooler/precision_gate.py; `ModelConfig.precision_check` picks t
 
 The shapes: one short query (1 sequence of SHORT_QUERY_TOKENS tokens, what a search box sends)
 and one full step of the scheduler's token budget (sequences of min(128, max_model_len) tokens
-filling it: what a corpus job runs). Each is timed as the median of TIMING_REPEATS forwards
-after one warm-up (which also packs weights), so the check costs about 8 forwards of a full
-step: ~2 s for all-MiniLM-L6-v2 on 2 cores at the default 2048-token budget.
+filling it: what a corpus job runs). Each side is timed as the median of TIMING_ROUNDS
+forwards, the two sides alternating, after one warm-up each (which also packs weights), so the
+check costs about 10 forwards of a full step: ~2 s for all-MiniLM-L6-v2 on 2 cores at the
+default 2048-token budget.
 """
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ from torch import nn
 from pooler.config import ModelConfig
 from pooler.kernels.int8_cpu import int8_path
 from pooler.models.inputs import ModelInputs
-from pooler.precision_gate import PrecisionDecision, ShapeCase, decide, median_seconds
+from pooler.precision_gate import PrecisionDecision, ShapeCase, decide, interleaved_medians
 
 logger = logging.getLogger(__name__)
 
 SHORT_QUERY_TOKENS = 12
 STEP_SEQUENCE_TOKENS = 128
-TIMING_REPEATS = 3
+TIMING_ROUNDS = 4  # alternating calls per side and shape (precision_gate.interleaved_medians)
 
 
 def step_inputs(num_seqs: int, seq_len: int, vocab_size: int) -> ModelInputs:
@@ -76,8 +77,8 @@ def choose_int8_or_fp32(fp32_model: nn.Module, model_config: ModelConfig, token_
     cases = [ShapeCase(name, candidate=partial(_forward, int8_model.backbone, inputs),
                        fp32=partial(_forward, fp32_model.backbone, inputs))
              for name, inputs in step_shapes(model_config, token_budget)]
-    timer = measure or partial(median_seconds, repeats=TIMING_REPEATS, warmup=1)
-    decision = decide("int8", cases, on_slower=policy, measure=timer)  # may raise (refuse)
+    decision = decide("int8", cases, on_slower=policy, measure=measure,  # may raise (refuse)
+                      measure_pair=partial(interleaved_medians, rounds=TIMING_ROUNDS))
     if decision.use_candidate:
         logger.info("int8 path %s: %s", path, decision.reason)
         int8_model.precision_path = f"int8 ({path})"

@@ -24,12 +24,15 @@ def _is_int8(backbone) -> bool:
 
 
 def _fake_timer(int8_seconds: float, fp32_seconds: float, seen: list | None = None):
-    """A median_seconds stand-in: tells the two forwards apart by the backbone they run."""
-    def timer(fn, repeats=3, warmup=1):
+    """An interleaved_medians stand-in: tells the two forwards apart by the backbone they run."""
+    def one(fn):
         backbone, inputs = fn.args
         if seen is not None:
             seen.append(inputs.num_tokens)
         return int8_seconds if _is_int8(backbone) else fp32_seconds
+
+    def timer(candidate, fp32, rounds=4, warmup=1):
+        return one(candidate), one(fp32)
     return timer
 
 
@@ -41,7 +44,7 @@ def test_slower_int8_falls_back_to_fp32_with_one_line(tiny_bert, monkeypatch, ca
     from pooler import Engine
 
     seen: list[int] = []
-    monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(0.08, 0.005, seen))
+    monkeypatch.setattr(precision_check, "interleaved_medians", _fake_timer(0.08, 0.005, seen))
     with caplog.at_level(logging.WARNING):
         engine = Engine(str(tiny_bert), device="cpu", quantization="int8",
                         max_num_batched_tokens=1024)
@@ -63,7 +66,7 @@ def test_slower_int8_falls_back_to_fp32_with_one_line(tiny_bert, monkeypatch, ca
 def test_faster_int8_is_kept(tiny_bert, monkeypatch):
     from pooler import Engine
 
-    monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(0.002, 0.005))
+    monkeypatch.setattr(precision_check, "interleaved_medians", _fake_timer(0.002, 0.005))
     engine = Engine(str(tiny_bert), device="cpu", quantization="int8")
     assert _runner(engine).precision_decision.precision == "int8"
     assert _is_int8(_runner(engine).model.backbone)
@@ -76,7 +79,7 @@ def test_faster_int8_is_kept(tiny_bert, monkeypatch):
 def test_refuse_raises_with_the_reason(tiny_bert, monkeypatch):
     from pooler import Engine
 
-    monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(0.08, 0.005))
+    monkeypatch.setattr(precision_check, "interleaved_medians", _fake_timer(0.08, 0.005))
     with pytest.raises(ValueError, match="int8 is slower than float32.*--precision-check"):
         Engine(str(tiny_bert), device="cpu", quantization="int8", precision_check="refuse")
 
@@ -87,7 +90,7 @@ def test_off_runs_int8_without_timing(tiny_bert, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("precision_check='off' must not time anything")
 
-    monkeypatch.setattr(precision_check, "median_seconds", never)
+    monkeypatch.setattr(precision_check, "interleaved_medians", never)
     engine = Engine(str(tiny_bert), device="cpu", quantization="int8", precision_check="off")
     assert _runner(engine).precision_decision.precision == "int8"
     assert _is_int8(_runner(engine).model.backbone)
@@ -103,7 +106,7 @@ def test_bad_policy_names_the_field(tiny_bert):
 def test_no_quantization_means_no_check(tiny_bert, monkeypatch):
     from pooler import Engine
 
-    monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(1.0, 1.0, seen := []))
+    monkeypatch.setattr(precision_check, "interleaved_medians", _fake_timer(1.0, 1.0, seen := []))
     engine = Engine(str(tiny_bert), device="cpu")
     assert _runner(engine).precision_decision is None and seen == []
 
@@ -116,13 +119,13 @@ def test_cpu_without_int8_kernels_times_the_portable_path(tiny_bert, monkeypatch
     monkeypatch.setenv(cpu_features_module.FLAGS_ENV, "sse4_2")
     cpu_features_module.cpu_features.cache_clear()
     try:
-        monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(0.08, 0.005))
+        monkeypatch.setattr(precision_check, "interleaved_medians", _fake_timer(0.08, 0.005))
         with caplog.at_level(logging.WARNING):
             engine = Engine(str(tiny_bert), device="cpu", quantization="int8")
         assert _runner(engine).precision_decision.precision == "float32"
         [line] = [r.message for r in caplog.records if "slower than float32" in r.message]
         assert "no vector flags" in line or "sse4_2" in line
-        monkeypatch.setattr(precision_check, "median_seconds", _fake_timer(0.001, 0.005))
+        monkeypatch.setattr(precision_check, "interleaved_medians", _fake_timer(0.001, 0.005))
         engine = Engine(str(tiny_bert), device="cpu", quantization="int8")
         paths = {m.path for m in _runner(engine).model.backbone.modules()
                  if isinstance(m, Int8Linear)}

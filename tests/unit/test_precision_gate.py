@@ -68,3 +68,23 @@ def test_median_seconds_times_the_callable():
     calls = []
     assert gate.median_seconds(lambda: calls.append(1), repeats=3, warmup=2) >= 0
     assert len(calls) == 5
+
+
+def test_interleaved_timing_cancels_a_drift_that_sequential_timing_pins_on_one_side(monkeypatch):
+    """Two sides running the same code while the machine speeds up after a load (each call
+    10% faster than the one before, down to a floor): timed one after the other, the first side
+    looks far slower; timed alternately, the two medians agree within the noise margin."""
+    clock = {"now": 0.0, "cost": 0.010}
+
+    def same_code():
+        clock["now"] += clock["cost"]
+        clock["cost"] = max(0.002, clock["cost"] * 0.9)
+    monkeypatch.setattr(gate.time, "perf_counter", lambda: clock["now"])
+
+    sequential = gate.median_seconds(same_code, repeats=4), gate.median_seconds(same_code, 4)
+    assert sequential[0] > sequential[1] * (1 + gate.NOISE_MARGIN)
+    clock["cost"] = 0.010
+    cand, fp32 = gate.interleaved_medians(same_code, same_code, rounds=4)
+    assert abs(cand - fp32) <= gate.NOISE_MARGIN * fp32
+    d = gate.decide("int8", _cases("1x12"), cpu=AVX2)  # default: interleaved, real calls
+    assert d.use_candidate and len(d.timings) == 1
