@@ -2,8 +2,9 @@
 the step shapes this engine will run, and kept only where it is not slower (the rule and the
 log line live in pooler/precision_gate.py; `ModelConfig.precision_check` picks the policy).
 
-The shapes: one short query (1 sequence of SHORT_QUERY_TOKENS tokens, what a search box sends)
-and one full step of the scheduler's token budget (sequences of min(128, max_model_len) tokens
+The shapes: one short query (1 sequence of SHORT_QUERY_TOKENS tokens, what a search box sends;
+left out where the int8 engine runs short steps on the same fp32 C stack as fp32, since timing
+one code path against itself only measures noise) and one full step of the scheduler's token budget (sequences of min(128, max_model_len) tokens
 filling it: what a corpus job runs). Each side is timed as the median of TIMING_ROUNDS
 forwards, the two sides alternating, after one warm-up each (which also packs weights), so the
 check costs about 10 forwards of a full step: ~2 s for all-MiniLM-L6-v2 on 2 cores at the
@@ -19,7 +20,10 @@ import torch
 from torch import nn
 
 from pooler.config import ModelConfig
+from pooler.kernels.bert_cpu import MAX_TOKENS
+from pooler.kernels.build import encoder_kernels
 from pooler.kernels.int8_cpu import int8_path
+from pooler.layers.quantization import Int8Linear
 from pooler.models.inputs import ModelInputs
 from pooler.precision_gate import PrecisionDecision, ShapeCase, decide, interleaved_medians
 
@@ -51,6 +55,14 @@ def step_shapes(model_config: ModelConfig, token_budget: int) -> list[tuple[str,
             (f"{num_seqs}x{seq_len} tokens", step_inputs(num_seqs, seq_len, vocab))]
 
 
+def short_steps_stay_fp32(int8_backbone: nn.Module) -> bool:
+    """True when the int8 backbone runs steps of up to MAX_TOKENS tokens on the fp32 C layer
+    stack (every int8 layer kept its fp32 copy for it, and the kernels are built here)."""
+    layers = [m for m in int8_backbone.modules() if isinstance(m, Int8Linear)]
+    return bool(layers) and encoder_kernels() is not None and all(
+        m.fp32_weight is not None for m in layers)
+
+
 def _forward(backbone: nn.Module, inputs: ModelInputs) -> None:
     with torch.inference_mode():
         backbone(inputs)
@@ -74,9 +86,13 @@ def choose_int8_or_fp32(fp32_model: nn.Module, model_config: ModelConfig, token_
         return fp32_model, decision
     int8_model = copy.deepcopy(fp32_model)
     quantize(int8_model)
+    shapes = step_shapes(model_config, token_budget)
+    if short_steps_stay_fp32(int8_model.backbone):
+        # Both sides would time the same fp32 C stack: nothing to decide, only noise to flip on.
+        shapes = [(name, inputs) for name, inputs in shapes if len(inputs.input_ids) > MAX_TOKENS]
     cases = [ShapeCase(name, candidate=partial(_forward, int8_model.backbone, inputs),
                        fp32=partial(_forward, fp32_model.backbone, inputs))
-             for name, inputs in step_shapes(model_config, token_budget)]
+             for name, inputs in shapes]
     decision = decide("int8", cases, on_slower=policy, measure=measure,  # may raise (refuse)
                       measure_pair=partial(interleaved_medians, rounds=TIMING_ROUNDS))
     if decision.use_candidate:

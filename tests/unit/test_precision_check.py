@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pooler import cpu_features as cpu_features_module
+from pooler.kernels.build import encoder_kernels
 from pooler.layers.quantization import Int8Linear
 from pooler.worker import precision_check
 from tests.models.tiny import save_tiny_bert
@@ -51,10 +52,16 @@ def test_slower_int8_falls_back_to_fp32_with_one_line(tiny_bert, monkeypatch, ca
     runner = _runner(engine)
     assert runner.precision_decision.precision == "float32"
     assert not _is_int8(runner.model.backbone)
-    # the shapes the engine runs: one short query and a full step of its token budget
-    assert sorted(set(seen)) == [12, 1024]
+    # the shapes the engine runs: a full step of its token budget, and one short query unless
+    # the int8 engine runs short steps on the fp32 C stack (then both sides are the same code)
+    short_in_c = precision_check.short_steps_stay_fp32(
+        Engine(str(tiny_bert), device="cpu", quantization="int8",
+               precision_check="off").core.model_runner.model.backbone)
+    assert short_in_c == (encoder_kernels() is not None)
+    assert sorted(set(seen)) == ([1024] if short_in_c else [12, 1024])
     [line] = [r.message for r in caplog.records if "slower than float32" in r.message]
-    assert "float32 instead" in line and "1x12 tokens" in line and "8x128 tokens" in line
+    assert "float32 instead" in line and "8x128 tokens" in line
+    assert ("1x12 tokens" in line) != short_in_c
     # and the fp32 it runs gives fp32's answers (reload keeps working too)
     fp32 = Engine(str(tiny_bert), device="cpu")
     a, b = (e.embed(["a short query"])[0].embedding for e in (engine, fp32))
@@ -147,3 +154,22 @@ def test_cli_flag_reaches_the_engine():
     assert engine_kwargs(parser.parse_args([]))["precision_check"] == "fallback"
     with pytest.raises(SystemExit):
         parser.parse_args(["--precision-check", "sometimes"])
+
+
+def test_short_query_is_timed_where_int8_runs_short_steps_itself(tiny_bert, monkeypatch):
+    """Without the fp32 C stack (no kernels built here), a short step runs the int8 layers, so
+    the 1x12 case is timed and can decide: slower there alone sends the engine to fp32."""
+    from pooler import Engine
+
+    monkeypatch.setattr(precision_check, "encoder_kernels", lambda: None)
+    seen: list[int] = []
+
+    def short_slower(candidate, fp32, rounds=4, warmup=1):
+        tokens = len(candidate.args[1].input_ids)
+        seen.append(tokens)
+        return (0.004, 0.002) if tokens <= 12 else (0.05, 0.1)
+    monkeypatch.setattr(precision_check, "interleaved_medians", short_slower)
+    engine = Engine(str(tiny_bert), device="cpu", quantization="int8",
+                    max_num_batched_tokens=1024)
+    assert seen == [12, 1024]
+    assert _runner(engine).precision_decision.precision == "float32"
