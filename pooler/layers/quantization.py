@@ -184,11 +184,22 @@ class Int8Linear(nn.Module):
 
 class _InputRangeRecorder(nn.Module):
     """Stands in for a linear layer during the calibration forward: records the largest |x|
-    per input channel, then runs the layer."""
+    per input channel, then runs the layer. (A module, not a forward hook: the fused paths in
+    pooler/layers/linear.py call a stock nn.Linear's kernels directly, bypassing hooks, and
+    take this module's plain call instead.) Its weight and bias are the layer's, for models
+    that also read them directly (DeBERTa's position projection)."""
 
     def __init__(self, linear: nn.Linear, ranges: dict[str, torch.Tensor], name: str):
         super().__init__()
         self.linear, self.ranges, self.name = linear, ranges, name
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()  # [in]
@@ -280,5 +291,9 @@ def apply_quantization(model, model_config, calibrate=None) -> None:
     backbone = model.backbone
     ranges = None if calibrate is None else \
         record_input_ranges(backbone, lambda: calibrate(backbone))
-    quantize_linears(backbone, keep_fp32_for(int8_path(), bool(ranges)),
+    # A family whose code reads a layer's fp32 weight directly keeps that layer in fp32
+    # (DeBERTa projects its relative positions with the QKV weight).
+    keep = keep_fp32_for(int8_path(), bool(ranges)) + \
+        tuple(getattr(backbone, "int8_keep_fp32", ()))
+    quantize_linears(backbone, keep,
                      short_step_copy=short_steps_in_c, input_ranges=ranges or None)

@@ -312,6 +312,8 @@ class DebertaConv(nn.Module):
 class DebertaModel(nn.Module):
     """Backbone of DebertaModel / DebertaV2Model and their task models (`deberta.` prefix)."""
     weight_prefixes = ("deberta.",)
+    # int8: _project_positions multiplies the relative-position table by qkv_proj's weight
+    int8_keep_fp32 = ("qkv_proj",)
 
     def __init__(self, hf_config: dict):
         super().__init__()
