@@ -182,6 +182,17 @@ def _probe(engine, opts: TaskOptions) -> None:
                          f"{exc}") from exc
 
 
+def refuse_changed_settings(output: str, manifest: dict, previous: dict) -> None:
+    """A job resumes only under the settings it started with (the local and the Ray job):
+    a ValueError naming every manifest key that changed."""
+    changed = sorted(k for k in set(manifest) | set(previous)
+                     if manifest.get(k) != previous.get(k))
+    if changed:
+        raise ValueError(f"--output {output} holds a job with other settings (changed: "
+                         f"{', '.join(changed)}); re-run the same command to resume, or pass "
+                         "--overwrite to start again.")
+
+
 def _prepare_output(out: Path, spec: BatchSpec, overwrite: bool) -> None:
     manifest = spec.manifest()
     path = out / MANIFEST
@@ -194,13 +205,7 @@ def _prepare_output(out: Path, spec: BatchSpec, overwrite: bool) -> None:
             raise ValueError(f"--output {out} exists and is not a pooler batch output; pick a "
                              "new path or pass --overwrite.")
         else:
-            previous = json.loads(path.read_text())
-            changed = sorted(k for k in set(manifest) | set(previous)
-                             if manifest.get(k) != previous.get(k))
-            if changed:
-                raise ValueError(f"--output {out} holds a job with other settings (changed: "
-                                 f"{', '.join(changed)}); re-run the same command to resume, "
-                                 "or pass --overwrite to start again.")
+            refuse_changed_settings(str(out), manifest, json.loads(path.read_text()))
             return
     out.mkdir(parents=True, exist_ok=True)
     _write_atomically(path, lambda p: p.write_text(json.dumps(manifest, indent=1)))

@@ -35,6 +35,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pooler.batch.columns import TaskOptions
+from pooler.batch.job import refuse_changed_settings
 from pooler.ray.data import EngineBatchPredictor, embed_dataset, read_corpus
 from pooler.ray.resources import TASK_CPUS, TASK_ROOM, cluster_nodes, plan_actors
 
@@ -234,13 +235,7 @@ class _Output:
                 raise ValueError(f"--output {self.display} exists and is not a pooler batch "
                                  "--ray output; pick a new path or pass --overwrite.")
             with self.fs.open_input_stream(self._path(MANIFEST)) as f:
-                previous = json.loads(f.read())
-            changed = sorted(k for k in set(manifest) | set(previous)
-                             if manifest.get(k) != previous.get(k))
-            if changed:
-                raise ValueError(f"--output {self.display} holds a job with other settings "
-                                 f"(changed: {', '.join(changed)}); re-run the same command to "
-                                 "resume, or pass --overwrite to start again.")
+                refuse_changed_settings(self.display, manifest, json.loads(f.read()))
             for name in names:  # a killed run's half-written files
                 if name.startswith(".") and name.endswith(".tmp"):
                     self.fs.delete_file(self._path(name))
