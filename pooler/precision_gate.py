@@ -113,10 +113,9 @@ def decide(requested: str, cases: Sequence[ShapeCase], *, on_slower: OnSlower = 
     if not supported:
         reason = f"{requested} has no path on {where}: {unsupported_why}"
         return _settle(requested, False, reason, (), on_slower)
-    if measure is None:
-        timings = tuple((c.name, *measure_pair(c.candidate, c.fp32)) for c in cases)
-    else:
-        timings = tuple((c.name, measure(c.candidate), measure(c.fp32)) for c in cases)
+    if measure is not None:
+        measure_pair = lambda candidate, fp32: (measure(candidate), measure(fp32))  # noqa: E731
+    timings = tuple((c.name, *measure_pair(c.candidate, c.fp32)) for c in cases)
     slower = [(n, a, b) for n, a, b in timings if a > b * (1 + margin)]
     shown = ", ".join(f"{n}: {a * 1e3:.2f} vs {b * 1e3:.2f} ms" for n, a, b in timings)
     if not slower:
