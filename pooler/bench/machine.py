@@ -66,7 +66,9 @@ def _version(package: str) -> str:
 
 def precision_paths() -> dict[str, str]:
     """What each precision runs on this CPU (before any load-time timing): fp32's C kernel
-    build for short steps, bf16's oneDNN path or its fallback, int8's kernel."""
+    build for short steps, bf16's oneDNN path or its fallback, int8's kernel, and each one's
+    attention kernel (fp32, or bf16 products where the CPU has AVX512_BF16)."""
+    from pooler.kernels.attention_cpu import bf16_attention_kernels
     from pooler.kernels.build import encoder_kernels
     from pooler.worker.cpu_bf16 import bf16_path_name
 
@@ -74,20 +76,24 @@ def precision_paths() -> dict[str, str]:
     lib = encoder_kernels()
     fp32 = f"C kernel {lib.variant} (steps <= 48 tokens) + oneDNN" if lib is not None else \
         "torch/oneDNN (no C kernel here)"
-    bf16 = bf16_path_name(cpu) + ", timed against fp32 at load" if cpu.bf16 else \
+    low = ", attention in bf16 products" if bf16_attention_kernels() is not None else \
+        (", attention fp32" if lib is not None else "")
+    bf16 = bf16_path_name(cpu) + low + ", timed against fp32 at load" if cpu.bf16 else \
         "float32 fallback (no AVX512_BF16 / AMX-BF16)"
-    return {"float32": fp32, "bfloat16": bf16, "int8": _int8_path(cpu)}
+    return {"float32": fp32, "bfloat16": bf16, "int8": _int8_path(cpu, low)}
 
 
-def _int8_path(cpu) -> str:
-    """The int8 product's kernel in this process, and which layers keep fp32 with smoothing."""
+def _int8_path(cpu, attention: str = "") -> str:
+    """The int8 product's kernel in this process, which layers keep fp32 with smoothing, and
+    `attention` (what precision_paths says of the attention kernel)."""
     from pooler.kernels.int8_cpu import int8_path
     from pooler.layers.quantization import keep_fp32_for
 
     path = int8_path()
     kernel = "torch._int_mm" if path == "torch" else f"C kernel {path}"
     kept = keep_fp32_for(path, smoothed=True)
-    return f"{kernel} ({', '.join(kept) or 'no linear'} kept fp32), timed against fp32 at load"
+    return (f"{kernel} ({', '.join(kept) or 'no linear'} kept fp32){attention}, timed against "
+            "fp32 at load")
 
 
 def machine_info() -> dict:

@@ -86,6 +86,27 @@ typedef int32_t vi __attribute__((vector_size(VW * 4)));
 
 static inline int round_up4(int k) { return (k + 3) & ~3; }
 
+/* fp32 -> bf16, round to nearest even, in integer ops (this build may lack AVX512_BF16's
+ * VCVTNEPS2BF16, which rounds the same way for every finite value) */
+static inline uint16_t to_bf16(float f) {
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+/* n floats of f as bf16 at dst (n <= CW / 2: one vector's worth) */
+static inline void store_bf16(uint16_t *dst, vf f, int n) {
+    vi b = (vi)f;
+    b = (b + 0x7fff + ((b >> 16) & 1)) >> 16; /* arithmetic shift: the low 16 bits are right */
+#ifndef AVX2_BUILD
+    if (n == VW) {
+        _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16((__m512i)b));
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) dst[i] = (uint16_t)b[i];
+}
+
 long int8_packed_bytes(int n, int k) {
     return (long)((n + NR - 1) / NR) * NR * round_up4(k);
 }
@@ -107,40 +128,48 @@ void pack_int8_weight(const int8_t *w, int8_t *out, int32_t *colsum, int n, int 
 }
 
 /* One token: q[k4] codes in [0, LEVELS], its scale and zero point. The range always holds 0,
- * so zero (padding, ReLU outputs) is exact. */
+ * so zero (padding, ReLU outputs) is exact. sumsq (may be NULL): the sum of (x / s)^2, from
+ * the same pass as the range (the outlier test's input). */
 static void quantize_row(const float *x, const float *inv_smooth, int k, int k4, uint8_t *q,
-                         float *scale, int32_t *zp) {
-    float lo = 0.f, hi = 0.f;
+                         float *scale, int32_t *zp, float *sumsq) {
+    float lo = 0.f, hi = 0.f, sq = 0.f;
     int i = 0;
 #ifndef AVX2_BUILD
-    __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps();
+    __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps(), vsq = _mm512_setzero_ps();
     for (; i + 16 <= k; i += 16) {
         __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(inv_smooth + i));
         vlo = _mm512_min_ps(vlo, v);
         vhi = _mm512_max_ps(vhi, v);
+        vsq = _mm512_fmadd_ps(v, v, vsq);
     }
     lo = _mm512_reduce_min_ps(vlo);
     hi = _mm512_reduce_max_ps(vhi);
+    sq = _mm512_reduce_add_ps(vsq);
 #else
-    __m256 vlo = _mm256_setzero_ps(), vhi = _mm256_setzero_ps();
+    __m256 vlo = _mm256_setzero_ps(), vhi = _mm256_setzero_ps(), vsq = _mm256_setzero_ps();
     for (; i + 8 <= k; i += 8) {
         __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(inv_smooth + i));
         vlo = _mm256_min_ps(vlo, v);
         vhi = _mm256_max_ps(vhi, v);
+        vsq = _mm256_fmadd_ps(v, v, vsq);
     }
-    float l8[8], h8[8];
+    float l8[8], h8[8], s8[8];
     _mm256_storeu_ps(l8, vlo);
     _mm256_storeu_ps(h8, vhi);
+    _mm256_storeu_ps(s8, vsq);
     for (int j = 0; j < 8; j++) {
         lo = l8[j] < lo ? l8[j] : lo;
         hi = h8[j] > hi ? h8[j] : hi;
+        sq += s8[j];
     }
 #endif
     for (; i < k; i++) {
         float v = x[i] * inv_smooth[i];
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
+        sq += v * v;
     }
+    if (sumsq) *sumsq = sq;
     float s = (hi - lo) / (float)LEVELS;
     if (!(s > 1e-30f)) s = 1e-30f; /* an all-zero row; also catches NaN ranges */
     float inv = 1.f / s;
@@ -181,7 +210,7 @@ static void quantize_row(const float *x, const float *inv_smooth, int k, int k4,
 static inline __attribute__((always_inline)) void tile(
         int mr, const uint8_t *q, int k4, const int8_t *panel, int c0, const float *scale,
         const int32_t *zp, const int32_t *colsum, const float *wscale, const float *bias,
-        const float *res, float *y, int ldy, int cols, int act) {
+        const float *res, void *y, int ldy, int cols, int act, int out_bf16) {
 #ifndef AVX2_BUILD
     __m512i acc[MR][2];
 #pragma GCC unroll 12
@@ -228,8 +257,9 @@ static inline __attribute__((always_inline)) void tile(
      * per-column vectors are padded to whole panels, so full loads are safe) */
 #pragma GCC unroll 12
     for (int r = 0; r < mr; r++) {
-        float *row = y + (size_t)r * ldy;
+        float *row = (float *)y + (size_t)r * ldy;
         float out[CW];
+        if (out_bf16) row = out; /* rounded to bf16 after the loop */
         for (int v = 0; v < 2; v++) {
             int c = c0 + v * (CW / 2);
 #ifndef AVX2_BUILD
@@ -256,11 +286,24 @@ static inline __attribute__((always_inline)) void tile(
         }
         if (cols < CW)
             for (int j = 0; j < cols; j++)
-                row[j] = out[j] + (res ? res[(size_t)r * ldy + j] : 0.f);
+                out[j] += res ? res[(size_t)r * ldy + j] : 0.f;
+        if (out_bf16) {
+            uint16_t *dst = (uint16_t *)y + (size_t)r * ldy;
+            for (int v = 0; v < 2; v++) {
+                int n = cols - v * (CW / 2);
+                n = n > CW / 2 ? CW / 2 : n;
+                vf f;
+                memcpy(&f, out + v * (CW / 2), sizeof f);
+                if (n > 0) store_bf16(dst + v * (CW / 2), f, n);
+            }
+        } else if (cols < CW) {
+            memcpy(row, out, (size_t)cols * sizeof(float));
+        }
     }
 }
 
-/* y[m, n] = act(x[m, k] W^T + bias) + res[m, n] (res may be NULL; act: enum act).
+/* y[m, n] = act(x[m, k] W^T + bias) + res[m, n] (res may be NULL; act: enum act), fp32, or
+ * bf16 when out_bf16 (the rounding is the output's last step).
  * inv_smooth[k]: 1 / the per-input-channel smoothing factor s the weights were multiplied by at
  * pack time (all ones for none): x * diag(1/s) is what gets quantized (SmoothQuant, see the
  * header). 
@@ -273,27 +316,16 @@ long int8_scratch_bytes(int m, int k) {
  * row (BERT's [CLS] / [SEP], whose few huge channels set the whole range) gets a second,
  * residual pass. */
 #define OUTLIER_RATIO 20.f
-static int is_outlier_row(const float *x, const float *inv_smooth, int k, float peak) {
-    vf acc = vsplat(0.f);
-    int i = 0;
-    for (; i + VW <= k; i += VW) {
-        vf v, w;
-        memcpy(&v, x + i, sizeof v);
-        memcpy(&w, inv_smooth + i, sizeof w);
-        v *= w;
-        acc += v * v;
-    }
-    float sumsq = 0.f;
-    for (int j = 0; j < VW; j++) sumsq += acc[j];
-    for (; i < k; i++) sumsq += (x[i] * inv_smooth[i]) * (x[i] * inv_smooth[i]);
+static int is_outlier_row(float sumsq, int k, float peak) {
     return peak * peak > OUTLIER_RATIO * OUTLIER_RATIO * (sumsq / (float)k);
 }
 
 /* y[rows, n] = act(codes W^T rescaled + bias) (+ res), every row and panel. */
 static void gemm_rows(const uint8_t *q, const float *scale, const int32_t *zp, int m, int k4,
                       const int8_t *packed, const int32_t *colsum, const float *wscale,
-                      const float *bias, const float *res, float *y, int n, int act,
-                      int threads) {
+                      const float *bias, const float *res, void *y, int n, int act,
+                      int out_bf16, int threads) {
+    size_t out_bytes = out_bf16 ? 2 : 4;
     int panels = (n + NR - 1) / NR, blocks = (m + MB - 1) / MB;
 #pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
     for (int b = 0; b < blocks; b++)
@@ -308,7 +340,7 @@ static void gemm_rows(const uint8_t *q, const float *scale, const int32_t *zp, i
                 for (int m0 = b * MB; m0 < m_end; m0 += MR) {
                     int mr = m_end - m0 < MR ? m_end - m0 : MR;
                     const uint8_t *qr = q + (size_t)m0 * k4;
-                    float *yr = y + (size_t)m0 * n + col;
+                    char *yr = (char *)y + ((size_t)m0 * n + col) * out_bytes;
                     const float *rr = res ? res + (size_t)m0 * n + col : NULL;
                     const int32_t *cs = colsum + p * NR;
                     const float *ws = wscale + p * NR, *bs = bias + p * NR;
@@ -317,7 +349,7 @@ static void gemm_rows(const uint8_t *q, const float *scale, const int32_t *zp, i
     case R:                                                                              \
         if (R <= MR)                                                                     \
             tile(R, qr, k4, panel, c0, scale + m0, zp + m0, cs, ws, bs, rr, yr, n, cols,  \
-                 act);                                                                   \
+                 act, out_bf16);                                                         \
         break;
                         TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
                         TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
@@ -330,8 +362,8 @@ static void gemm_rows(const uint8_t *q, const float *scale, const int32_t *zp, i
 
 void int8_linear(const float *x, const float *inv_smooth, int m, int k, const int8_t *packed,
                  const int32_t *colsum,
-                 const float *wscale, const float *bias, const float *res, float *y, int n,
-                 int act, uint8_t *scratch, int threads) {
+                 const float *wscale, const float *bias, const float *res, void *y, int n,
+                 int act, int out_bf16, uint8_t *scratch, int threads) {
     int k4 = round_up4(k), npad = (n + NR - 1) / NR * NR;
     float *scale = (float *)scratch;
     int32_t *zp = (int32_t *)(scale + m);
@@ -339,14 +371,17 @@ void int8_linear(const float *x, const float *inv_smooth, int m, int k, const in
     char *outlier = malloc((size_t)m);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int r = 0; r < m; r++) {
-        quantize_row(x + (size_t)r * k, inv_smooth, k, k4, q + (size_t)r * k4, scale + r, zp + r);
+        float sumsq;
+        quantize_row(x + (size_t)r * k, inv_smooth, k, k4, q + (size_t)r * k4, scale + r, zp + r,
+                     &sumsq);
         /* the range [lo, hi] is scale * [-zp, LEVELS - zp]: its larger end is the peak */
         float peak = scale[r] * (float)(zp[r] > LEVELS - zp[r] ? zp[r] : LEVELS - zp[r]);
-        outlier[r] = (char)is_outlier_row(x + (size_t)r * k, inv_smooth, k, peak);
+        outlier[r] = (char)is_outlier_row(sumsq, k, peak);
     }
     int m_out = 0;
     for (int r = 0; r < m; r++) m_out += outlier[r];
-    gemm_rows(q, scale, zp, m, k4, packed, colsum, wscale, bias, res, y, n, act, threads);
+    gemm_rows(q, scale, zp, m, k4, packed, colsum, wscale, bias, res, y, n, act, out_bf16,
+              threads);
     if (m_out == 0) {
         free(outlier);
         return;
@@ -373,13 +408,13 @@ void int8_linear(const float *x, const float *inv_smooth, int m, int k, const in
         for (int i = 0; i < k; i++)
             d[i] = xr[i] * inv_smooth[i] - scale[r] * (float)((int32_t)qr[i] - zp[r]);
         quantize_row(d, ones, k, k4, rq + (size_t)(m_out + j) * k4, rscale + m_out + j,
-                     rzp + m_out + j);
+                     rzp + m_out + j, NULL);
         rows[j++] = r;
     }
     gemm_rows(rq, rscale, rzp, 2 * m_out, k4, packed, colsum, wscale, zeros, NULL, t, npad,
-              0, threads);
+              0, 0, threads);
     for (int j = 0; j < m_out; j++) {
-        float *yr = y + (size_t)rows[j] * n;
+        size_t at = (size_t)rows[j] * n;
         const float *a = t + (size_t)j * npad, *b = t + (size_t)(m_out + j) * npad;
         const float *rr = res ? res + (size_t)rows[j] * n : NULL;
         for (int c = 0; c < n; c += VW) { /* t and bias are padded to whole panels */
@@ -390,7 +425,11 @@ void int8_linear(const float *x, const float *inv_smooth, int m, int k, const in
             f = f + g + h;
             if (act) f = activate(f, act);
             int cols = n - c < VW ? n - c : VW;
-            for (int i = 0; i < cols; i++) yr[c + i] = f[i] + (rr ? rr[c + i] : 0.f);
+            for (int i = 0; i < cols; i++) {
+                float out = f[i] + (rr ? rr[c + i] : 0.f);
+                if (out_bf16) ((uint16_t *)y)[at + c + i] = to_bf16(out);
+                else ((float *)y)[at + c + i] = out;
+            }
         }
     }
     free(ones);

@@ -1,8 +1,9 @@
 """Attention over packed sequences: never computes a padded position.
 
-CPU, bidirectional without GQA, fp32 or bf16 q/k/v (bf16 widened to fp32), head size a
-multiple of 16 (8 on AVX2): one C call over all the step's sequences
-(pooler/kernels/attention_cpu.py), bias and unattended keys included. On the long mix's steps
+CPU, bidirectional without GQA, fp32 or bf16 q/k/v, head size a multiple of 16 (8 on AVX2):
+one C call over all the step's sequences (pooler/kernels/attention_cpu.py: fp32, or bf16 dot
+products for bf16 q/k/v and, with `bf16_products`, for an int8 engine's), bias and unattended
+keys included. On the long mix's steps
 it takes 1.5-1.9x less CPU time than the torch paths below (5-8x less wall time at 2 threads on
 a loaded machine, where their many small parallel ops wait on each other); whole MiniLM jobs
 6-15% faster in fp32 and bf16 (docs/benchmarks.md, "Attention in one C call"). Where it does not apply (causal or local masks, GQA, other head
@@ -134,6 +135,7 @@ def packed_attention(
     scale: float | None = None,
     num_unattended: list[int] | None = None,  # [num_seqs] trailing keys nobody attends to
     position_bias: dict[int, torch.Tensor] | None = None,  # length -> [heads, L, L]
+    bf16_products: bool = False,  # fp32 q/k/v may take bf16 products (int8 engines)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
     if position_bias is not None and causal:
@@ -149,7 +151,7 @@ def packed_attention(
     if q.device.type == "cpu" and not causal and half_window is None and not enable_gqa:
         out = attention_on_cpu(q, k, v, seq_lens, cu_seqlens,
                                scale if scale is not None else q.shape[-1] ** -0.5,
-                               num_unattended, position_bias)
+                               num_unattended, position_bias, bf16_products)
         if out is not None:
             return out
     if (_varlen_attn is not None and q.is_cuda

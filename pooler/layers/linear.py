@@ -84,9 +84,10 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
                keep_bf16: bool = False) -> torch.Tensor:
     """act(layer(x)) (act None: just layer(x)), as one oneDNN call when the fast path applies.
     `postop` must be what `onednn_postop` gave for `act` (None: no fused form).
-    `keep_bf16`: the caller takes a bf16 result (it feeds another linear layer, or attention,
-    whose CPU kernel keeps scores in fp32), so on the bf16 path it skips a round trip to fp32
-    (for the FFN that is a pass over [num_tokens, intermediate])."""
+    `keep_bf16`: the caller takes a bf16 result (it feeds another linear layer that
+    `takes_bf16`, or attention, whose CPU kernels keep scores in fp32), so on the bf16 path it
+    skips a round trip to fp32 (for the FFN that is a pass over [num_tokens, intermediate]),
+    and an int8 layer stores its result in bf16."""
     packed = None if postop is None else _packed_for(layer, x)
     if has_lora(layer):
         y = _with_lora(layer, x, packed)
@@ -97,7 +98,7 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
         # int8 layers: the activation in their C epilogue
         fused = getattr(layer, "fused_forward", None)
         if fused is not None and (act is None or postop in EPILOGUE_ACTS):
-            y = fused(x, EPILOGUE_ACTS[postop] if act is not None else 0)
+            y = fused(x, EPILOGUE_ACTS[postop] if act is not None else 0, bf16_out=keep_bf16)
             if y is not None:
                 return y
         y = layer(_as_input_of(layer, x))
@@ -106,6 +107,12 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
         return _LINEAR(x, packed, layer.bias, postop[0], [], postop[1])
     y = _LINEAR(x.to(torch.bfloat16), packed, layer.bias, postop[0], [], postop[1])
     return y if keep_bf16 else y.to(x.dtype)
+
+
+def takes_bf16(layer: nn.Module) -> bool:
+    """Whether `layer` can be fed a bf16 input as it is (what a keep_bf16 producer may pass
+    it): not an int8 layer, whose kernel quantizes from fp32."""
+    return getattr(layer, "fused_forward", None) is None
 
 
 def _with_lora(layer: nn.Module, x: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:

@@ -138,28 +138,33 @@ class Int8Linear(nn.Module):
         return derived
 
     def fused_forward(self, x: torch.Tensor, act: int = 0,
-                      residual: torch.Tensor | None = None) -> torch.Tensor | None:
+                      residual: torch.Tensor | None = None,
+                      bf16_out: bool = False) -> torch.Tensor | None:
         """act(x @ W^T + b) + residual in one pass over the output (act: int8_cpu.ACT_*), or
         None when this layer or these tensors do not take a C path (the caller then runs
-        forward and the activation / add itself). x: [tokens, in]; residual: [tokens, out]."""
+        forward and the activation / add itself). x: [tokens, in]; residual: [tokens, out].
+        bf16_out: the result rounded to bf16 as it is stored (for a consumer that rounds it
+        anyway: the bf16 attention kernel), half the bytes written and read back."""
         if self.path == "torch" or x.dim() != 2 or x.dtype != torch.float32 or not x.is_cpu:
             return None
         if residual is not None and not (residual.dtype == torch.float32 and
                                          residual.is_contiguous() and
                                          residual.shape == (x.shape[0], self.out_features)):
             return None
-        return self._kernel(load_build(self.path), x.contiguous(), act, residual)
+        return self._kernel(load_build(self.path), x.contiguous(), act, residual, bf16_out)
 
     def _kernel(self, lib, x2: torch.Tensor, act: int = 0,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, bf16_out: bool = False) -> torch.Tensor:
         d = self._derived(lib)
         m, k = x2.shape
-        y = torch.empty(m, self.out_features)  # [tokens, out]
+        y = torch.empty(m, self.out_features,  # [tokens, out]
+                        dtype=torch.bfloat16 if bf16_out else torch.float32)
         scratch = torch.empty(lib.int8_scratch_bytes(m, k), dtype=torch.uint8)
         lib.int8_linear(x2.data_ptr(), d["inv_smooth"].data_ptr(), m, k, d["packed"].data_ptr(), d["colsum"].data_ptr(),
                         d["w_scale"].data_ptr(), d["bias"].data_ptr(),
                         None if residual is None else residual.data_ptr(), y.data_ptr(),
-                        self.out_features, act, scratch.data_ptr(), torch.get_num_threads())
+                        self.out_features, act, int(bf16_out), scratch.data_ptr(),
+                        torch.get_num_threads())
         return y
 
     def _torch(self, x2: torch.Tensor) -> torch.Tensor:
@@ -297,3 +302,7 @@ def apply_quantization(model, model_config, calibrate=None) -> None:
         tuple(getattr(backbone, "int8_keep_fp32", ()))
     quantize_linears(backbone, keep,
                      short_step_copy=short_steps_in_c, input_ranges=ranges or None)
+    # Layers that can let attention round its inputs to bf16 do so: int8's error dwarfs it
+    for module in backbone.modules():
+        if hasattr(module, "attention_bf16_products"):
+            module.attention_bf16_products = True

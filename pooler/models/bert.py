@@ -17,7 +17,8 @@ from torch import nn
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.kernels.bert_cpu import bert_layers_on_cpu
-from pooler.layers.linear import linear_act, linear_add, onednn_postop
+from pooler.kernels.attention_cpu import bf16_attention_kernels
+from pooler.layers.linear import linear_act, linear_add, onednn_postop, takes_bf16
 from pooler.layers.lora import lora_active
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_renamed_weights
@@ -57,6 +58,11 @@ class BertConfig:
 
 
 class BertLayer(nn.Module):
+    # attention may round fp32 q/k/v to bf16 for its products (pooler/kernels/attention_bf16.c,
+    # where the CPU has AVX512_BF16): int8 engines set it (apply_quantization), whose error is
+    # far above bf16's; an fp32 engine never does
+    attention_bf16_products = False
+
     def __init__(self, cfg: BertConfig):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
@@ -76,15 +82,17 @@ class BertLayer(nn.Module):
         # bf16 linears: q/k/v stay bf16 into attention, which computes in fp32 either way (the
         # C kernel widens them, torch's keeps fp32 scores), except with MPNet's fp32 score
         # bias, which torch's kernel does not mix with bf16.
-        qkv = linear_act(self.qkv_proj, x, keep_bf16=position_bias is None)
+        qkv = linear_act(self.qkv_proj, x, keep_bf16=position_bias is None and (
+            not self.attention_bf16_products or bf16_attention_kernels() is not None))
         qkv = qkv.view(x.shape[0], 3, self.num_heads, self.head_dim)
         attn = packed_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], inputs.seq_lens,
                                 inputs.cu_seqlens, inputs.max_seqlen,
                                 num_unattended=inputs.num_unattended,
-                                position_bias=position_bias)
+                                position_bias=position_bias,
+                                bf16_products=self.attention_bf16_products)
         x = self.attn_norm(linear_add(self.o_proj, attn.reshape(x.shape[0], -1), x))
         h = linear_act(self.up_proj, x, self.act, self.act_postop,
-                       keep_bf16=True)  # [num_tokens, inter]
+                       keep_bf16=takes_bf16(self.down_proj))  # [num_tokens, inter]
         return self.mlp_norm(linear_add(self.down_proj, h, x))
 
 

@@ -20,6 +20,17 @@ MIN_COSINE = 0.9999
 # bar on its raw logits per token (measured min 0.999988); its probabilities reach 0.99988.
 MIN_TOKEN_COSINE = 0.9998
 MIN_TOKEN_LOGIT_COSINE = 0.999
+# Which texts land at the minimum is chance: attention's rounding order (the bf16 attention
+# kernel scales fp32 scores where the fp32 kernel scaled q) moves each output's last bf16 bit,
+# and a near-tie or a 3-logit random head turns one such flip into the set's minimum. Over
+# 300 texts the random 3-logit classifier measured min 0.99993 with the fp32 attention kernel
+# and 0.99981 with the bf16 one, mean 0.999994 both; the trained NER model's probabilities
+# min 0.99905 and 0.99776 over 268 texts, mean 0.9999996 both (Zen 4, AVX512_BF16). So these
+# bars are on the minimum over this file's texts for such outputs, with a bar on the mean gap
+# (1 - cosine) beside it: that one moves if the rounding gets worse rather than reshuffled.
+MIN_RANDOM_HEAD_COSINE = 0.9998
+MIN_NEAR_TIE_PROB_COSINE = 0.9995
+MAX_MEAN_GAP = 1e-5
 TEXTS = queries(24, seed=3) + passages(8, seed=4) + CORPUS[:6]
 
 
@@ -58,6 +69,13 @@ def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(cos.min())
 
 
+def _mean_gap(a: np.ndarray, b: np.ndarray) -> float:
+    """mean of 1 - cosine over the last axis's vectors"""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+    return float((1 - cos).mean())
+
+
 def test_embed_minilm(minilm_path):
     fp32, bf16 = _pair(minilm_path)
     a = np.stack([o.embedding for o in fp32.embed(TEXTS)])
@@ -73,7 +91,8 @@ def test_classify_logits(tmp_path):
     fp32, bf16 = _pair(path)
     a = np.stack([o.probs for o in fp32.classify(TEXTS, use_activation=False)])
     b = np.stack([o.probs for o in bf16.classify(TEXTS, use_activation=False)])
-    assert _min_cosine(a, b) >= MIN_COSINE
+    assert _min_cosine(a, b) >= MIN_RANDOM_HEAD_COSINE  # 3 random logits: see the bars' note
+    assert _mean_gap(a, b) <= MAX_MEAN_GAP
 
 
 def test_token_classify(tmp_path):
@@ -91,18 +110,20 @@ def test_token_classify(tmp_path):
 
 def test_token_classify_trained_ner(shared_model):
     """A real NER model (35 BIO labels, ../shared/models/ner-pii-minilm): every token's raw
-    logits within 0.9999 of fp32 (measured min 0.999988), its probabilities within 0.9998
-    (softmax sharpens the rounding on near-tied tokens: measured min 0.99988) and every label
-    the same."""
+    logits within 0.9999 of fp32 (measured min 0.99999 here, 0.99994 over 268 texts), its
+    probabilities within 0.9995 (softmax sharpens the rounding on near-tied tokens: measured
+    min 0.99977 here; see the bars' note), the mean gaps small and every label the same."""
     fp32, bf16 = _pair(shared_model("ner-pii-minilm"))
     texts = TEXTS + ["Jane Doe (jane.doe@example.com, +1 555 123 4567) lives at 12 Baker "
                      "Street, London; her passport number is X1234567."]
-    for activation, bar in ((False, MIN_COSINE), (True, MIN_TOKEN_COSINE)):
-        pairs = zip(fp32.token_classify(texts, use_activation=activation),
-                    bf16.token_classify(texts, use_activation=activation))
+    for activation, bar in ((False, MIN_COSINE), (True, MIN_NEAR_TIE_PROB_COSINE)):
+        pairs = list(zip(fp32.token_classify(texts, use_activation=activation),
+                         bf16.token_classify(texts, use_activation=activation)))
         for x, y in pairs:
             assert _min_cosine(x.probs, y.probs) >= bar
             assert (x.probs.argmax(-1) == y.probs.argmax(-1)).all()
+        assert _mean_gap(np.concatenate([x.probs for x, _ in pairs]),
+                         np.concatenate([y.probs for _, y in pairs])) <= MAX_MEAN_GAP
 
 
 def test_colbert_token_vectors(tmp_path):

@@ -10,6 +10,7 @@ from torch import nn
 from pooler.bench.corpus import passages, queries
 from pooler.kernels.int8_cpu import runnable_paths
 from pooler.layers.quantization import SMOOTHED_KEEP_FP32, Int8Linear, quantize_linears
+from pooler.models.bert import BertLayer
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -71,6 +72,10 @@ def test_int8_min_cosine_on_real_model(texts, fp32_embeddings, path, monkeypatch
     qkv_int8 = any(name.endswith("qkv_proj") and isinstance(m, Int8Linear) for name, m in
                    int8_engine.core.model_runner.model.named_modules())
     assert qkv_int8 == (SMOOTHED_KEEP_FP32[path] == ())
+    # attention may take bf16 products (where the CPU has AVX512_BF16 and the build allows)
+    bert_layers = [m for m in int8_engine.core.model_runner.model.modules()
+                   if isinstance(m, BertLayer)]
+    assert bert_layers and all(m.attention_bf16_products for m in bert_layers)
     int8 = np.stack([o.embedding for o in int8_engine.embed(texts)])
     cos = (fp32_embeddings * int8).sum(axis=1) / (
         np.linalg.norm(fp32_embeddings, axis=1) * np.linalg.norm(int8, axis=1))

@@ -151,3 +151,86 @@ def test_declines_what_it_does_not_cover(case, monkeypatch):
     if case == "disabled":
         monkeypatch.setattr(attention_cpu, "ENABLED", False)
     assert attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), dim ** -0.5) is None
+
+
+@pytest.fixture
+def bf16_kernel():
+    """attention_bf16.c, built where the CPU has AVX512_BF16 (else the test skips)."""
+    lib = attention_cpu.bf16_attention_kernels()
+    if lib is None:
+        pytest.skip("the bf16 attention kernel needs AVX512_BF16 (and a C compiler)")
+    return lib
+
+
+@pytest.mark.parametrize("heads,dim", [(2, 32), (3, 64), (2, 48), (2, 16)])
+def test_bf16_kernel_matches_sdpa_on_the_same_bf16_values(bf16_kernel, heads, dim):
+    """The bf16 engine's case: bf16 q/k/v in, the products exact in fp32, P@V in fp32, a bf16
+    result: the reference's answer on the same values, rounded once."""
+    q, k, v = (t.to(torch.bfloat16) for t in _fused_qkv(LENGTHS, heads, dim, seed=7))
+    expected = _reference(q.float(), k.float(), v.float(), LENGTHS)
+    got = attention_cpu.attention_on_cpu(q, k, v, LENGTHS, _cu(LENGTHS), dim ** -0.5)
+    assert got is not None and got.dtype == torch.bfloat16 and got.shape == q.shape
+    torch.testing.assert_close(got.float(), expected, atol=4e-3, rtol=8e-3)  # one rounding
+    bias = {n: torch.randn(heads, n, n) for n in LENGTHS}
+    unattended = [0, 3, 0, 10, 1, 299, 0]
+    got = attention_cpu.attention_on_cpu(q, k, v, LENGTHS, _cu(LENGTHS), dim ** -0.5,
+                                         unattended, bias)
+    expected = _reference(q.float(), k.float(), v.float(), LENGTHS, bias=bias,
+                          unattended=unattended)
+    torch.testing.assert_close(got.float(), expected, atol=4e-3, rtol=8e-3)
+
+
+@pytest.mark.parametrize("source", ["float32", "bfloat16"])
+def test_bf16_products_for_int8_engines(bf16_kernel, source):
+    """bf16_products (int8 engines): fp32 or bf16 q/k/v, q/k/v and P rounded to bf16, an fp32
+    result for the int8 output projection; within bf16's rounding of the fp32 answer."""
+    seq_lens = [1, 31, 32, 33, 130, 257]
+    q, k, v = _fused_qkv(seq_lens, 3, 32, seed=8)
+    expected = _reference(q, k, v, seq_lens)
+    dtype = getattr(torch, source)
+    fused = torch.stack([q, k, v], 1).to(dtype)  # [tokens, 3, heads, dim]
+    got = attention_cpu.attention_on_cpu(fused[:, 0], fused[:, 1], fused[:, 2], seq_lens,
+                                         _cu(seq_lens), 32 ** -0.5, bf16_products=True)
+    assert got is not None and got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+    cos = F.cosine_similarity(got.reshape(len(q), -1), expected.reshape(len(q), -1))
+    assert cos.min() > 0.9999
+    # without the flag fp32 inputs keep the fp32 kernel: the reference to fp32 precision
+    exact = attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), 32 ** -0.5)
+    torch.testing.assert_close(exact, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_kernel_thread_count_does_not_change_the_result(bf16_kernel):
+    q, k, v = (t.to(torch.bfloat16) for t in _fused_qkv(LENGTHS, 3, 32, seed=9))
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for products in (False, True):
+                results.append(attention_cpu.attention_on_cpu(
+                    q, k, v, LENGTHS, _cu(LENGTHS), 32 ** -0.5, bf16_products=products))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(results[i], results[i % 2]) for i in range(2, 6))
+
+
+def test_bf16_kernel_off_widens_to_the_fp32_kernel(bf16_kernel, monkeypatch):
+    """BF16_ENABLED off (as on a CPU without AVX512_BF16): bf16 q/k/v take the fp32 kernel."""
+    seq_lens = [9, 65]
+    q, k, v = (t.to(torch.bfloat16) for t in _fused_qkv(seq_lens, 2, 32, seed=10))
+    monkeypatch.setattr(attention_cpu, "BF16_ENABLED", False)
+    assert attention_cpu.bf16_attention_kernels() is None
+    got = attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), 32 ** -0.5)
+    expected = _reference(q.float(), k.float(), v.float(), seq_lens)
+    torch.testing.assert_close(got.float(), expected, atol=4e-3, rtol=8e-3)
+
+
+def test_bf16_kernel_follows_the_forced_build(bf16_kernel, monkeypatch):
+    """POOLER_CPU_KERNELS=avx2 (the AVX2 build forced on an AVX-512 CPU) or 0 leaves the bf16
+    kernel out, as on a CPU that could not run it."""
+    for choice in ("avx2", "0"):
+        monkeypatch.setenv(build.DISABLE_ENV, choice)
+        assert attention_cpu.bf16_attention_kernels() is None
+    monkeypatch.undo()
+    assert attention_cpu.bf16_attention_kernels() is not None

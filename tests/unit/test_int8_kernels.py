@@ -277,3 +277,23 @@ def test_outlier_tokens_get_a_residual_pass(path):
     plain = _scheme_reference(layer, x, lib.levels)  # without the residual pass
     err = lambda y: (y - ref).norm(dim=1) / ref.norm(dim=1)  # noqa: E731
     assert (err(out)[outliers] < 0.2 * err(plain)[outliers]).all()
+
+
+@pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here (needs Linux x86-64 with "
+                    "AVX2+FMA or AVX-512 VNNI)")
+@pytest.mark.parametrize("path", C_PATHS)
+def test_bf16_output_is_the_fp32_output_rounded(path):
+    """bf16_out stores exactly what the fp32 epilogue computes, rounded to nearest even: full
+    and partial panels, with an activation, a residual, and outlier rows (their combine step
+    rounds too)."""
+    layer = Int8Linear.from_linear(_linear(64, 50), path)
+    x = _outlier_input(40, 64)
+    x[5] = 0.01
+    x[5, 7] = 50.0  # one row far over 20x its rms: the residual pass
+    residual = torch.randn(40, 50)
+    with torch.inference_mode():
+        for act, res in ((0, None), (int8_cpu.ACT_GELU_ERF, None), (0, residual)):
+            full = layer.fused_forward(x, act, res)
+            half = layer.fused_forward(x, act, res, bf16_out=True)
+            assert half.dtype == torch.bfloat16 and half.shape == full.shape
+            assert torch.equal(half, full.to(torch.bfloat16))

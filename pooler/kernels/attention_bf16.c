@@ -1,0 +1,382 @@
+/* Bidirectional attention over packed (varlen) sequences with bf16 dot products (AVX512_BF16:
+ * VDPBF16PS) and fp32 accumulation, softmax and output scaling. Built only for CPUs with
+ * avx512_bf16 (pooler/kernels/attention_cpu.py loads it; build.py compiles it).
+ *
+ * Why: after the int8 or bf16 linears, fp32 attention (attention.h) was the largest part left
+ * of an int8 or bf16 MiniLM job on the long mix (~23% of int8 time). VDPBF16PS does two
+ * multiply-adds per fp32 lane where an FMA does one, so both products (QK^T and PV) take half
+ * the instructions. Used where q/k/v are already bf16 (the bf16 engine's QKV projection) or
+ * where the engine's precision is below bf16's anyway (int8): never for an fp32 engine.
+ *
+ * What is rounded to bf16: q, k and v (already bf16 on the bf16 engine) and the softmax
+ * numerators P before PV. Scores, max, exp, sums and outputs stay fp32, and the 1/sqrt(d)
+ * scale is applied to the fp32 scores (not folded into bf16 q, which would round twice).
+ *
+ * Work unit: one (sequence, head), all its query blocks: its keys and values are re-laid out
+ * once per unit into the thread's scratch:
+ *   K:  kb[key][d] bf16 (read in place when the source is bf16);
+ *   V:  vp[key / 2][d][2] bf16, two keys' values interleaved, so one vector holds 16 dims x 2
+ *       keys and a broadcast of two probabilities meets it in one VDPBF16PS;
+ * and per block of QB = 32 queries:
+ *   qt: [d / 2][QB][2] bf16 (a query's dims in pairs: a vector holds 16 queries x 2 dims);
+ *   st: [key][QB] fp32 scores, transposed as in attention.h so the softmax is lane-wise;
+ *   pp: [key / 2][QB][2] bf16 probabilities, two keys interleaved per query.
+ * An odd key count is padded with a zero key (zero probability, zero value), never read from
+ * the source. Every output is computed by one thread in a fixed order: results do not depend on
+ * the thread count. */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VW 16
+typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
+#include "vector_math.h"
+/* QB (32 queries per block), KR (12 rows per register tile) and the fp32 P@V tile (pv_tile)
+ * of the fp32 kernel; its other functions go unused here */
+#include "attention.h"
+
+/* acc += pairwise bf16 products of a and b (fp32 lanes). Inline asm, as int8_gemm.c's
+ * VPDPBUSD: GCC copies each accumulator through a spare register around the intrinsic. */
+#define DPBF16(acc, a, b) __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+
+/* bf16 lane order [a0, b0, a1, b1, ...] from [a0..a15, b0..b15] (VPERMW indices) */
+static const uint16_t INTERLEAVE[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30,
+                                        15, 31};
+
+struct bf16_args {
+    const void *q, *k, *v; /* row t of sequence-major tokens at + t * ld, head hd at + hd * d */
+    int ldq, ldk, ldv, in_bf16;
+    void *out; /* [tokens][heads][d], bf16 when out_bf16 else fp32 */
+    int out_bf16, p_bf16, heads, d, seqs;
+    const int *starts; /* seqs + 1 token offsets */
+    const int *keys;   /* attended keys per sequence (a trailing unattended suffix), or NULL */
+    const float *const *bias; /* NULL, or per sequence [heads][len][len] added to the scores */
+    float scale;
+};
+
+static inline int pairs_of(int n) { return (n + 1) / 2; }
+
+/* 2^t on every lane to ~3e-6 relative: 2^n * 2^f with n = round(t), |f| <= 1/2 and a degree-5
+ * Taylor series, VSCALEFPS applying 2^n. Half the instructions of vector_math.h's vexp (the
+ * softmax was the largest part of this kernel with it), accurate far beyond the bf16 rounding
+ * its result gets. t is clamped at -127 so no result is a denormal. */
+static inline vf exp2_fast(vf t) {
+    __m512 x = _mm512_max_ps((__m512)t, _mm512_set1_ps(-127.f));
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.5403530e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    return (vf)_mm512_scalef_ps(p, n);
+}
+
+/* One thread's scratch for a unit of up to `len` tokens, head size d (see the header). */
+struct unit_scratch {
+    uint16_t *kb, *qt;
+    uint32_t *vp, *pp;
+    float *vf32, *st, *inv, *otile;
+};
+
+static inline size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* lays the scratch out from `work` (w may be NULL: sizing only); returns its bytes */
+static size_t carve_into(char *work, int len, int d, struct unit_scratch *w) {
+    char *base = work ? (char *)(((uintptr_t)work + 63) & ~(uintptr_t)63) : NULL;
+    size_t at = 0;
+#define TAKE(field, type, count) \
+    if (w) w->field = (type *)(base + at); \
+    at = up64(at + (size_t)(count) * sizeof(type));
+    TAKE(kb, uint16_t, (size_t)len * d)
+    TAKE(vp, uint32_t, (size_t)pairs_of(len) * d)
+    TAKE(vf32, float, (size_t)len * d)
+    TAKE(qt, uint16_t, (size_t)d * QB)
+    TAKE(st, float, (size_t)QB * len)
+    TAKE(pp, uint32_t, (size_t)pairs_of(len) * QB)
+    TAKE(inv, float, QB)
+    TAKE(otile, float, (size_t)QB * d)
+#undef TAKE
+    return at + 64; /* + the alignment of work */
+}
+
+static struct unit_scratch carve(char *work, int len, int d) {
+    struct unit_scratch w;
+    carve_into(work, len, d, &w);
+    return w;
+}
+
+/* bytes of one thread's scratch for sequences of up to max_len tokens, head size d */
+static size_t unit_bytes(int max_len, int d) { return carve_into(NULL, max_len, d, NULL); }
+
+long attention_bf16_scratch_bytes(int max_len, int d, int threads) {
+    return (long)threads * (long)unit_bytes(max_len, d);
+}
+
+/* Rows are a head's slice of a fused [tokens, 3 * hidden] projection, kilobytes apart: the
+ * hardware prefetchers do not follow that stride, so the re-layout loops ask AHEAD rows early
+ * (a prefetch past the tensor's end is harmless: it never faults). */
+#define AHEAD 8
+static inline void prefetch_row(const char *row, int bytes) {
+    for (int b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+}
+
+/* n (a multiple of 16) values of a source row as bf16 at dst */
+static inline void row_to_bf16(const void *src, int in_bf16, int n, uint16_t *dst) {
+    if (in_bf16) {
+        memcpy(dst, src, (size_t)n * 2);
+        return;
+    }
+    const float *f = src;
+    for (int c = 0; c < n; c += 16)
+        _mm256_storeu_si256((__m256i *)(dst + c),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(f + c)));
+}
+
+/* 16 values of a source row (fp32 or bf16) from column c, as 16 bf16 in a ymm */
+static inline __m256i load16_bf16(const void *row, int in_bf16, int c) {
+    if (in_bf16) return _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + c));
+    return (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps((const float *)row + c));
+}
+
+/* st[r][0..QB) = keys row r . queries, for mr key rows of kb (row stride ldk bf16) */
+static inline __attribute__((always_inline)) void bf16_score_tile(
+        int mr, const uint16_t *kb, int ldk, const uint16_t *qt, int d, float *st) {
+    __m512 acc[KR][2];
+    _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int c2 = 0; c2 < d / 2; c2++) {
+        __m512 b0 = (__m512)_mm512_loadu_si512(qt + (size_t)c2 * QB * 2);
+        __m512 b1 = (__m512)_mm512_loadu_si512(qt + (size_t)c2 * QB * 2 + 32);
+        _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) {
+            uint32_t pair;
+            memcpy(&pair, kb + (size_t)r * ldk + 2 * c2, 4);
+            __m512 a = (__m512)_mm512_set1_epi32((int)pair);
+            DPBF16(acc[r][0], a, b0);
+            DPBF16(acc[r][1], a, b1);
+        }
+    }
+    _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) {
+        _mm512_storeu_ps(st + (size_t)r * QB, acc[r][0]);
+        _mm512_storeu_ps(st + (size_t)r * QB + 16, acc[r][1]);
+    }
+}
+
+/* o[r][0 .. nv*16) = inv[r] * sum_j p[r][j] v[j] for mr query rows; pp offset to the tile's
+ * first query (row stride QB pairs), vp offset to the tile's first dim (row stride d pairs) */
+static inline __attribute__((always_inline)) void bf16_pv_tile(
+        int mr, int nv, const uint32_t *pp, const uint32_t *vp, int d, int np, const float *inv,
+        void *o, int ldo, int out_bf16) {
+    __m512 acc[KR][2];
+    _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int j2 = 0; j2 < np; j2++) {
+        const uint32_t *vj = vp + (size_t)j2 * d, *pj = pp + (size_t)j2 * QB;
+        __m512 b0 = (__m512)_mm512_loadu_si512(vj);
+        __m512 b1 = nv == 2 ? (__m512)_mm512_loadu_si512(vj + 16) : b0;
+        _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) {
+            __m512 a = (__m512)_mm512_set1_epi32((int)pj[r]);
+            DPBF16(acc[r][0], a, b0);
+            if (nv == 2) DPBF16(acc[r][1], a, b1);
+        }
+    }
+    _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++)
+        for (int w = 0; w < nv; w++) {
+            __m512 y = _mm512_mul_ps(acc[r][w], _mm512_set1_ps(inv[r]));
+            if (out_bf16)
+                _mm256_storeu_si256((__m256i *)((uint16_t *)o + (size_t)r * ldo + w * 16),
+                                    (__m256i)_mm512_cvtneps_pbh(y));
+            else
+                _mm512_storeu_ps((float *)o + (size_t)r * ldo + w * 16, y);
+        }
+}
+
+static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *work) {
+    int d = a->d, first = a->starts[s], len = a->starts[s + 1] - first;
+    int nk = a->keys ? a->keys[s] : len, np = pairs_of(nk);
+    int in = a->in_bf16 ? 2 : 4; /* source bytes per value */
+    const char *q = (const char *)a->q + ((size_t)first * a->ldq + (size_t)hd * d) * in;
+    const char *k = (const char *)a->k + ((size_t)first * a->ldk + (size_t)hd * d) * in;
+    const char *v = (const char *)a->v + ((size_t)first * a->ldv + (size_t)hd * d) * in;
+    struct unit_scratch w = carve(work, len, d);
+
+    /* K as bf16 rows: in place when the source is bf16 */
+    const uint16_t *kr = (const uint16_t *)k;
+    int ldkb = a->ldk;
+    if (!a->in_bf16) {
+        for (int j = 0; j < nk; j++) {
+            prefetch_row(k + (size_t)(j + AHEAD) * a->ldk * in, d * in);
+            row_to_bf16(k + (size_t)j * a->ldk * in, 0, d, w.kb + (size_t)j * d);
+        }
+        kr = w.kb;
+        ldkb = d;
+    }
+    const __m512i weave = _mm512_loadu_si512(INTERLEAVE);
+    if (a->p_bf16) {
+        /* V as key pairs interleaved: vp[j2][c] = (v[2 j2][c], v[2 j2 + 1][c]) */
+        for (int j2 = 0; j2 < np; j2++) {
+            const char *v0 = v + (size_t)(2 * j2) * a->ldv * in;
+            const char *v1 = v0 + (size_t)a->ldv * in;
+            int has1 = 2 * j2 + 1 < nk;
+            prefetch_row(v0 + (size_t)AHEAD * a->ldv * in, d * in);
+            prefetch_row(v1 + (size_t)AHEAD * a->ldv * in, d * in);
+            for (int c = 0; c < d; c += 16) {
+                __m256i lo = load16_bf16(v0, a->in_bf16, c);
+                __m256i hi = has1 ? load16_bf16(v1, a->in_bf16, c) : _mm256_setzero_si256();
+                __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                _mm512_storeu_si512(w.vp + (size_t)j2 * d + c,
+                                    _mm512_permutexvar_epi16(weave, both));
+            }
+        }
+    } else {
+        /* V as fp32 rows (exact: bf16 widens without rounding) */
+        for (int j = 0; j < nk; j++) {
+            const char *vj = v + (size_t)j * a->ldv * in;
+            prefetch_row(vj + (size_t)AHEAD * a->ldv * in, d * in);
+            for (int c = 0; c < d; c += 16)
+                _mm512_storeu_ps(w.vf32 + (size_t)j * d + c,
+                                 a->in_bf16 ? _mm512_cvtpbh_ps((__m256bh)load16_bf16(vj, 1, c))
+                                            : _mm512_loadu_ps((const float *)vj + c));
+        }
+    }
+    float scale = a->scale;
+    const float *bias = a->bias ? a->bias[s] + (size_t)hd * len * len : NULL;
+    int ldo = a->heads * d;
+    for (int q0 = 0; q0 < len; q0 += QB) {
+        int nq = len - q0 < QB ? len - q0 : QB;
+        /* qt[c2][i] = query i's dims (2 c2, 2 c2 + 1); padding queries are zero, never stored */
+        uint16_t row[d];
+        uint32_t *qt32 = (uint32_t *)w.qt;
+        for (int i = 0; i < QB; i++) {
+            if (i + AHEAD < nq) prefetch_row(q + (size_t)(q0 + i + AHEAD) * a->ldq * in, d * in);
+            if (i < nq)
+                row_to_bf16(q + (size_t)(q0 + i) * a->ldq * in, a->in_bf16, d, row);
+            else
+                memset(row, 0, sizeof row);
+            const uint32_t *r32 = (const uint32_t *)row;
+            for (int c2 = 0; c2 < d / 2; c2++) qt32[c2 * QB + i] = r32[c2];
+        }
+        for (int j0 = 0; j0 < nk; j0 += KR) {
+            int mr = nk - j0 < KR ? nk - j0 : KR;
+            const uint16_t *kj = kr + (size_t)j0 * ldkb;
+            float *sr = w.st + (size_t)j0 * QB;
+            switch (mr) {
+#define TILE(R) case R: bf16_score_tile(R, kj, ldkb, w.qt, d, sr); break;
+                TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+                TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+#undef TILE
+            }
+        }
+        /* scores * scale (+ bias), then the softmax over the keys, lane-wise */
+        float *st = w.st, exp_scale = scale;
+        if (bias) {
+            const float *b = bias + (size_t)q0 * len;
+            for (int j = 0; j < nk; j++)
+                for (int i = 0; i < nq; i++)
+                    st[(size_t)j * QB + i] = st[(size_t)j * QB + i] * scale + b[(size_t)i * len + j];
+            exp_scale = 1.f;
+        }
+        vf mx0 = vsplat(-INFINITY), mx1 = mx0, sum0 = vsplat(0.f), sum1 = sum0;
+        for (int j = 0; j < nk; j++) {
+            mx0 = vmax(*(const vf *)(st + (size_t)j * QB), mx0);
+            mx1 = vmax(*(const vf *)(st + (size_t)j * QB + 16), mx1);
+        }
+        /* e^(scale (s - max)) = 2^(c s - c max), c = scale / ln 2 */
+        float c = exp_scale * 1.44269504f;
+        vf cm0 = mx0 * c, cm1 = mx1 * c;
+        if (a->p_bf16) {
+            /* P for keys 2 j2 and 2 j2 + 1, rounded to bf16 and interleaved per query */
+            for (int j2 = 0; j2 < np; j2++) {
+                const float *s0 = st + (size_t)(2 * j2) * QB, *s1 = s0 + QB;
+                int has1 = 2 * j2 + 1 < nk;
+                for (int h = 0; h < 2; h++) {
+                    vf cm = h ? cm1 : cm0;
+                    vf e0 = exp2_fast(*(const vf *)(s0 + 16 * h) * c - cm);
+                    vf e1 = has1 ? exp2_fast(*(const vf *)(s1 + 16 * h) * c - cm) : vsplat(0.f);
+                    if (h) sum1 += e0 + e1; else sum0 += e0 + e1;
+                    __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0);
+                    _mm512_storeu_si512(w.pp + (size_t)j2 * QB + 16 * h,
+                                        _mm512_permutexvar_epi16(weave, both));
+                }
+            }
+        } else {
+            for (int j = 0; j < nk; j++) { /* P in place, fp32 */
+                float *sj = st + (size_t)j * QB;
+                vf e0 = exp2_fast(*(const vf *)sj * c - cm0);
+                vf e1 = exp2_fast(*(const vf *)(sj + 16) * c - cm1);
+                *(vf *)sj = e0;
+                *(vf *)(sj + 16) = e1;
+                sum0 += e0;
+                sum1 += e1;
+            }
+        }
+        *(vf *)w.inv = 1.f / sum0;
+        *(vf *)(w.inv + 16) = 1.f / sum1;
+        size_t out_size = a->out_bf16 ? 2 : 4;
+        char *o = (char *)a->out + ((size_t)(first + q0) * ldo + (size_t)hd * d) * out_size;
+        /* fp32 P@V into a bf16 output goes through the block's fp32 tile */
+        float *of = a->out_bf16 ? w.otile : (float *)o;
+        int ldf = a->out_bf16 ? d : ldo;
+        for (int i0 = 0; i0 < nq; i0 += KR) {
+            int mr = nq - i0 < KR ? nq - i0 : KR;
+            for (int c0 = 0; c0 < d; c0 += 32) {
+                int nv = d - c0 >= 32 ? 2 : 1;
+                if (a->p_bf16) {
+                    void *oc = o + ((size_t)i0 * ldo + c0) * out_size;
+                    const uint32_t *pt = w.pp + i0, *vc = w.vp + c0;
+                    switch (mr * 2 + nv - 1) {
+#define TILE(R) \
+    case 2 * R: bf16_pv_tile(R, 1, pt, vc, d, np, w.inv + i0, oc, ldo, a->out_bf16); break; \
+    case 2 * R + 1: bf16_pv_tile(R, 2, pt, vc, d, np, w.inv + i0, oc, ldo, a->out_bf16); break;
+                        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+                        TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+#undef TILE
+                    }
+                } else {
+                    const float *pt = st + i0, *vc = w.vf32 + c0;
+                    float *oc = of + (size_t)i0 * ldf + c0;
+                    switch (mr * 2 + nv - 1) {
+#define TILE(R) \
+    case 2 * R: pv_tile(R, 1, pt, vc, d, nk, w.inv + i0, oc, ldf); break; \
+    case 2 * R + 1: pv_tile(R, 2, pt, vc, d, nk, w.inv + i0, oc, ldf); break;
+                        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+                        TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+#undef TILE
+                    }
+                }
+            }
+        }
+        if (!a->p_bf16 && a->out_bf16)
+            for (int i = 0; i < nq; i++)
+                row_to_bf16(w.otile + (size_t)i * d, 0, d, (uint16_t *)o + (size_t)i * ldo);
+    }
+}
+
+/* softmax(q k^T * scale + bias) v within each of `seqs` packed sequences, every head.
+ * q/k/v: fp32 (in_bf16 0) or bf16 rows, head hd's d values at + hd * d; out: [tokens][heads][d]
+ * fp32 or bf16 (out_bf16). d % 16 == 0. work: attention_bf16_scratch_bytes(max_len, d,
+ * threads) bytes, max_len >= every sequence's length. Runs its own region of `threads`. */
+void packed_attention_bf16(const void *q, const void *k, const void *v, int ldq, int ldk,
+                           int ldv, int in_bf16, void *out, int out_bf16, int p_bf16,
+                           int heads, int d, int seqs, const int *starts, const int *keys,
+                           const float *const *bias, float scale, int max_len, void *work,
+                           int threads) {
+    struct bf16_args a = {q, k, v, ldq, ldk, ldv, in_bf16, out, out_bf16, p_bf16, heads, d,
+                          seqs, starts, keys, bias, scale};
+    size_t bytes = unit_bytes(max_len, d);
+    int units = seqs * heads;
+#pragma omp parallel num_threads(threads)
+    {
+        char *mine = (char *)work + (size_t)omp_get_thread_num() * bytes;
+        /* largest sequences first would balance better; units are whole (sequence, head)
+         * pairs, and dynamic scheduling of single units keeps mixed lengths even enough */
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < units; t++) bf16_attention_unit(&a, t / heads, t % heads, mine);
+    }
+}
