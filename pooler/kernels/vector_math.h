@@ -35,11 +35,23 @@ static inline vf vexp(vf x) {
     return p * (vf)bits;
 }
 
+/* 1 / d on every lane (d > 0, finite) to ~1 ulp: the hardware estimate (14 bits on AVX-512,
+ * 12 on AVX2) and one Newton step. A VDIVPS issues once every several cycles; in the GELU
+ * epilogue of an int8 GEMM tile it was a fifth of the FFN-up layer's time. */
+static inline vf vrcp(vf d) {
+#if defined(__AVX512F__) && VW == 16
+    vf r = (vf)_mm512_rcp14_ps((__m512)d);
+#else
+    vf r = (vf)_mm256_rcp_ps((__m256)d);
+#endif
+    return r * (2.f - d * r);
+}
+
 /* erf on every lane to ~1.5e-7 absolute (Abramowitz & Stegun 7.1.26), odd-symmetric. */
 static inline vf verf(vf x) {
     vi sign = (vi)x & (int32_t)0x80000000;
     vf a = (vf)((vi)x & 0x7fffffff);
-    vf t = 1.f / (1.f + 0.3275911f * a);
+    vf t = vrcp(1.f + 0.3275911f * a);
     vf poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
                t * (-1.453152027f + t * 1.061405429f))));
     vf y = 1.f - poly * vexp(-a * a);
@@ -51,7 +63,7 @@ static inline vf activate(vf y, int act) {
         return 0.5f * y * (1.f + verf(y * 0.70710678f));
     if (act == ACT_GELU_TANH) {
         vf u = 0.7978845608f * (y + 0.044715f * y * y * y);
-        return 0.5f * y * (2.f - 2.f / (1.f + vexp(2.f * u))); /* 1 + tanh(u) */
+        return 0.5f * y * (2.f - 2.f * vrcp(1.f + vexp(2.f * u))); /* 1 + tanh(u) */
     }
     if (act == ACT_RELU)
         return vselect(y > 0.f, y, vsplat(0.f));
