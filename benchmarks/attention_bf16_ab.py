@@ -3,6 +3,7 @@ bf16 engines, against fp32, in one process: interleaved rounds over the long mix
 run with the kernel on and off in alternating order, so load drift hits every side alike.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/attention_bf16_ab.py [--threads 2] [--rounds 3]
+        [--cpu-time]  # CPU seconds (use with --threads 1): steadier on a shared machine
 
 Prints texts/s per side and round, each side's ratio to fp32 (median over rounds), min cosine
 to fp32 per side, the CPU kind and the load average. Needs AVX512_BF16 (else it says so)."""
@@ -21,6 +22,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--texts", type=int, default=0, help="first N of the long mix (0: all)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time in CPU seconds of this process instead of wall seconds")
     args = parser.parse_args()
 
     import torch
@@ -45,15 +48,17 @@ def main() -> None:
     sides = [("fp32", True), ("int8", True), ("int8", False), ("bf16", True), ("bf16", False)]
     for engine in engines.values():
         engine.embed(texts[:32], use_tqdm=False)  # warm up, pack weights
-    print(f"cpu: {cpu.summary()}; {len(texts)} texts (long mix), {args.threads} threads")
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    print(f"cpu: {cpu.summary()}; {len(texts)} texts (long mix), {args.threads} threads, "
+          f"{'CPU' if args.cpu_time else 'wall'} time")
     rates: dict[tuple, list[float]] = {side: [] for side in sides}
     outputs = {}
     for index in range(args.rounds):
         for name, on in (sides if index % 2 == 0 else list(reversed(sides))):
             attention_cpu.BF16_ENABLED = on
-            start = time.perf_counter()
+            start = clock()
             out = engines[name].embed(texts, use_tqdm=False)
-            rates[(name, on)].append(len(texts) / (time.perf_counter() - start))
+            rates[(name, on)].append(len(texts) / (clock() - start))
             outputs[(name, on)] = np.stack([o.embedding for o in out]).astype(np.float64)
         attention_cpu.BF16_ENABLED = True
         print(f"round {index + 1}: " + ", ".join(
