@@ -71,6 +71,12 @@ def bf16_attention_kernels() -> ctypes.CDLL | None:
     return _bf16_build()
 
 
+def bf16_kernel_takes(head_dim: int) -> bool:
+    """Whether bf16 q/k/v of this head size would run on the bf16 kernel here (else they would
+    be widened, or take torch's attention: a producer should then keep them fp32)."""
+    return head_dim % 16 == 0 and bf16_attention_kernels() is not None
+
+
 @functools.lru_cache(maxsize=1)
 def _bf16_build() -> ctypes.CDLL | None:
     if encoder_kernels() is None or not all(cpu_features().has(f) for f in _BF16_NEEDS):

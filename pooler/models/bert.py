@@ -17,7 +17,7 @@ from torch import nn
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.kernels.bert_cpu import bert_layers_on_cpu
-from pooler.kernels.attention_cpu import bf16_attention_kernels
+from pooler.kernels.attention_cpu import bf16_kernel_takes
 from pooler.layers.linear import linear_act, linear_add, onednn_postop, takes_bf16
 from pooler.layers.lora import lora_active
 from pooler.models.inputs import ModelInputs
@@ -83,7 +83,7 @@ class BertLayer(nn.Module):
         # C kernel widens them, torch's keeps fp32 scores), except with MPNet's fp32 score
         # bias, which torch's kernel does not mix with bf16.
         qkv = linear_act(self.qkv_proj, x, keep_bf16=position_bias is None and (
-            not self.attention_bf16_products or bf16_attention_kernels() is not None))
+            not self.attention_bf16_products or bf16_kernel_takes(self.head_dim)))
         qkv = qkv.view(x.shape[0], 3, self.num_heads, self.head_dim)
         attn = packed_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], inputs.seq_lens,
                                 inputs.cu_seqlens, inputs.max_seqlen,

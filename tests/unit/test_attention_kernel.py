@@ -234,3 +234,33 @@ def test_bf16_kernel_follows_the_forced_build(bf16_kernel, monkeypatch):
         assert attention_cpu.bf16_attention_kernels() is None
     monkeypatch.undo()
     assert attention_cpu.bf16_attention_kernels() is not None
+
+
+@pytest.mark.parametrize("heads,hidden", [(4, 32), (2, 64)])  # head sizes 8 and 32
+def test_int8_qkv_in_bf16_only_where_the_bf16_kernel_takes_it(bf16_kernel, heads, hidden,
+                                                              monkeypatch):
+    """An int8 BertLayer stores q/k/v in bf16 only for a head size the bf16 kernel runs; any
+    other (8 here) keeps them fp32, which the fp32 paths take as before."""
+    from pooler.layers.quantization import quantize_linears
+    from pooler.models import bert
+    from pooler.models.inputs import ModelInputs
+
+    cfg = bert.BertConfig(vocab_size=10, hidden_size=hidden, num_hidden_layers=1,
+                          num_attention_heads=heads, intermediate_size=2 * hidden)
+    torch.manual_seed(0)
+    layer = bert.BertLayer(cfg).eval()
+    quantize_linears(layer, keep_fp32=())
+    layer.attention_bf16_products = True
+    seen = []
+    real = bert.packed_attention
+    monkeypatch.setattr(bert, "packed_attention",
+                        lambda q, *a, **kw: seen.append(q.dtype) or real(q, *a, **kw))
+    seq_lens = [60, 70]
+    inputs = ModelInputs(input_ids=torch.zeros(130, dtype=torch.long),
+                         positions=torch.cat([torch.arange(n) for n in seq_lens]),
+                         token_type_ids=None, cu_seqlens=_cu(seq_lens), seq_lens=seq_lens,
+                         max_seqlen=70)
+    with torch.inference_mode():
+        out = layer(torch.randn(130, hidden), inputs)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert seen == [torch.bfloat16 if hidden // heads % 16 == 0 else torch.float32]
