@@ -4,23 +4,28 @@
  *
  * Why: after the int8 or bf16 linears, fp32 attention (attention.h) was the largest part left
  * of an int8 or bf16 MiniLM job on the long mix (~23% of int8 time). VDPBF16PS does two
- * multiply-adds per fp32 lane where an FMA does one, so both products (QK^T and PV) take half
- * the instructions. Used where q/k/v are already bf16 (the bf16 engine's QKV projection) or
- * where the engine's precision is below bf16's anyway (int8): never for an fp32 engine.
+ * multiply-adds per fp32 lane where an FMA does one, so a product in it takes half the
+ * instructions. Used where q/k/v are already bf16 (the bf16 engine's QKV projection) or where
+ * the engine's precision is below bf16's anyway (int8): never for an fp32 engine.
  *
- * What is rounded to bf16: q, k and v (already bf16 on the bf16 engine) and the softmax
- * numerators P before PV. Scores, max, exp, sums and outputs stay fp32, and the 1/sqrt(d)
- * scale is applied to the fp32 scores (not folded into bf16 q, which would round twice).
+ * What is rounded to bf16: q, k and v (already bf16 on the bf16 engine), and with p_bf16 (int8
+ * engines) the softmax numerators P before PV. Scores, max, exp, sums and outputs stay fp32, and
+ * the 1/sqrt(d) scale is applied to the fp32 scores (not folded into bf16 q, which would round
+ * twice). Without p_bf16 P@V runs in fp32 (attention.h's tile): rounding P moved a trained NER
+ * model's probabilities further from fp32 than the bf16 engine's bar allows.
  *
  * Work unit: one (sequence, head), all its query blocks: its keys and values are re-laid out
  * once per unit into the thread's scratch:
  *   K:  kb[key][d] bf16 (read in place when the source is bf16);
- *   V:  vp[key / 2][d][2] bf16, two keys' values interleaved, so one vector holds 16 dims x 2
- *       keys and a broadcast of two probabilities meets it in one VDPBF16PS;
+ *   V:  with p_bf16, vp[key / 2][d][2] bf16, two keys' values interleaved, so one vector holds
+ *       16 dims x 2 keys and a broadcast of two probabilities meets it in one VDPBF16PS;
+ *       else vf32[key][d] fp32 (bf16 widens exactly);
  * and per block of QB = 32 queries:
  *   qt: [d / 2][QB][2] bf16 (a query's dims in pairs: a vector holds 16 queries x 2 dims);
- *   st: [key][QB] fp32 scores, transposed as in attention.h so the softmax is lane-wise;
- *   pp: [key / 2][QB][2] bf16 probabilities, two keys interleaved per query.
+ *   st: [key][QB] fp32 scores, transposed as in attention.h so the softmax is lane-wise (and,
+ *       without p_bf16, P in place);
+ *   pp: with p_bf16, [key / 2][QB][2] bf16 probabilities, two keys interleaved per query;
+ *   otile: [QB][d] fp32, the fp32 P@V's block before it is rounded into a bf16 output.
  * An odd key count is padded with a zero key (zero probability, zero value), never read from
  * the source. Every output is computed by one thread in a fixed order: results do not depend on
  * the thread count. */

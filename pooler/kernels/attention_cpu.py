@@ -33,14 +33,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
-import subprocess
 from pathlib import Path
 
 import torch
 
 from pooler.cpu_features import cpu_features
-from pooler.kernels.build import DISABLE_ENV, _build, _compiler, encoder_kernels
+from pooler.kernels.build import encoder_kernels, kernels_choice, load_library
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +64,7 @@ def bf16_attention_kernels() -> ctypes.CDLL | None:
     if not (BF16_ENABLED and ENABLED):
         return None
     # read on every call (a dict lookup): tests force the AVX2 build within one process
-    if os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "false", "off", "no", "avx2"):
+    if kernels_choice() != "":
         return None
     return _bf16_build()
 
@@ -74,20 +72,21 @@ def bf16_attention_kernels() -> ctypes.CDLL | None:
 def bf16_kernel_takes(head_dim: int) -> bool:
     """Whether bf16 q/k/v of this head size would run on the bf16 kernel here (else they would
     be widened, or take torch's attention: a producer should then keep them fp32)."""
-    return head_dim % 16 == 0 and bf16_attention_kernels() is not None
+    return _bf16_kernel_for(head_dim) is not None
+
+
+def _bf16_kernel_for(head_dim: int) -> ctypes.CDLL | None:
+    """The bf16 kernel when it runs here and takes this head size (a multiple of 16)."""
+    return bf16_attention_kernels() if head_dim % 16 == 0 else None
 
 
 @functools.lru_cache(maxsize=1)
 def _bf16_build() -> ctypes.CDLL | None:
     if encoder_kernels() is None or not all(cpu_features().has(f) for f in _BF16_NEEDS):
         return None
-    cc = _compiler()
-    try:
-        lib = ctypes.CDLL(str(_build(cc, _BF16_CFLAGS, _BF16_SOURCE)))
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = getattr(e, "stderr", None) or str(e)
-        log.info("bf16 attention kernel off (the build failed: %s); bf16 attention widens to "
-                 "fp32.", detail.strip()[:500])
+    lib, why = load_library(_BF16_CFLAGS, _BF16_SOURCE)
+    if lib is None:
+        log.info("bf16 attention kernel off (%s); bf16 attention widens to fp32.", why)
         return None
     P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
     lib.attention_bf16_scratch_bytes.argtypes = [I, I, I]
@@ -150,9 +149,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return None
     dtype = q.dtype
-    lib16 = bf16_attention_kernels() if dtype == torch.bfloat16 or bf16_products else None
-    if lib16 is not None and head_dim % 16:
-        lib16 = None
+    lib16 = _bf16_kernel_for(head_dim) if dtype == torch.bfloat16 or bf16_products else None
     if lib16 is None and dtype != torch.float32:  # bf16 without the bf16 kernel: fp32 inside
         q, k, v, strides = _widened(q, k, v, strides)
     count = len(seq_lens)

@@ -42,6 +42,26 @@ _VARIANTS = [("avx512", ("avx512f", "avx512dq", "avx512vl", "fma"),
 # "0" (or off/false/no) turns the kernels off; "avx2" picks that build even on an AVX-512 CPU
 # (how the tests check it); anything else picks the best the CPU has.
 DISABLE_ENV = "POOLER_CPU_KERNELS"
+_OFF = ("0", "false", "off", "no")
+
+
+def kernels_choice() -> str:
+    """POOLER_CPU_KERNELS as every kernel loader reads it: "off", "avx2" or "" (the best)."""
+    choice = os.environ.get(DISABLE_ENV, "").strip().lower()
+    return "off" if choice in _OFF else choice if choice == "avx2" else ""
+
+
+def load_library(cflags: list[str], source: Path) -> tuple[ctypes.CDLL | None, str | None]:
+    """`source` compiled with `cflags` (cached, see _build) and loaded: (library, None), or
+    (None, why not) when there is no compiler or the build fails."""
+    cc = _compiler()
+    if cc is None:
+        return None, "no C compiler (set CC)"
+    try:
+        return ctypes.CDLL(str(_build(cc, cflags, source))), None
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", None) or str(e)
+        return None, f"the build failed: {detail.strip()[:500]}"
 
 
 def _variant(choice: str) -> tuple[str, list[str]] | None:
@@ -105,22 +125,16 @@ def _build_in(cc: str, cflags: list[str], folder: Path, source_path: Path = _SOU
 @functools.lru_cache(maxsize=1)
 def encoder_kernels() -> ctypes.CDLL | None:
     """The compiled encoder_cpu.c, or None when it cannot be used here (logged once)."""
-    choice = os.environ.get(DISABLE_ENV, "").strip().lower()
-    if choice in ("0", "false", "off", "no"):
+    choice = kernels_choice()
+    if choice == "off":
         return None
     why = None
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         why = f"{platform.system()}/{platform.machine()} is not Linux x86-64"
-    elif (variant := _variant(choice if choice == "avx2" else "")) is None:
+    elif (variant := _variant(choice)) is None:
         why = "this CPU has neither AVX-512 nor AVX2 with FMA"
-    elif (cc := _compiler()) is None:
-        why = "no C compiler (set CC)"
-    if why is None:
-        try:
-            lib = ctypes.CDLL(str(_build(cc, variant[1])))
-        except (OSError, subprocess.CalledProcessError) as e:
-            detail = getattr(e, "stderr", None) or str(e)
-            why = f"the build failed: {detail.strip()[:500]}"
+    else:
+        lib, why = load_library(variant[1], _SOURCE)
     if why is not None:
         log.info("CPU encoder kernels off (%s); short sequences and attention take the torch "
                  "path.", why)

@@ -22,13 +22,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import platform
-import subprocess
 from pathlib import Path
 
 from pooler.cpu_features import cpu_features
-from pooler.kernels.build import DISABLE_ENV, _build, _compiler
+from pooler.kernels.build import kernels_choice, load_library
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +68,8 @@ def int8_kernels(path: str | None = None) -> ctypes.CDLL | None:
     """The compiled int8_gemm.c for `path` (None: the best this CPU runs, or what
     POOLER_CPU_KERNELS asks for), or None when no build can be used here (logged once)."""
     if path is None:
-        choice = os.environ.get(DISABLE_ENV, "").strip().lower()
-        if choice in ("0", "false", "off", "no"):
+        choice = kernels_choice()
+        if choice == "off":
             return None
         runnable = runnable_paths()
         if choice == "avx2":
@@ -96,15 +94,9 @@ def _log_once(why: str) -> None:
 def load_build(path: str) -> ctypes.CDLL | None:
     """The build for a path already checked by int8_kernels (cached: the per-call lookup)."""
     cflags = next(c for name, _, c in _VARIANTS if name == path)
-    cc = _compiler()
-    if cc is None:
-        _log_once("no C compiler (set CC)")
-        return None
-    try:
-        lib = ctypes.CDLL(str(_build(cc, cflags, _SOURCE)))
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = getattr(e, "stderr", None) or str(e)
-        _log_once(f"the build failed: {detail.strip()[:500]}")
+    lib, why = load_library(cflags, _SOURCE)
+    if lib is None:
+        _log_once(why)
         return None
     P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
     lib.int8_levels.argtypes = []

@@ -86,15 +86,9 @@ typedef int32_t vi __attribute__((vector_size(VW * 4)));
 
 static inline int round_up4(int k) { return (k + 3) & ~3; }
 
-/* fp32 -> bf16, round to nearest even, in integer ops (this build may lack AVX512_BF16's
- * VCVTNEPS2BF16, which rounds the same way for every finite value) */
-static inline uint16_t to_bf16(float f) {
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
-/* n floats of f as bf16 at dst (n <= CW / 2: one vector's worth) */
+/* n floats of f as bf16 at dst (n <= CW / 2: one vector's worth), rounded to nearest even in
+ * integer ops (this build may lack AVX512_BF16's VCVTNEPS2BF16, which rounds the same way for
+ * every finite value) */
 static inline void store_bf16(uint16_t *dst, vf f, int n) {
     vi b = (vi)f;
     b = (b + 0x7fff + ((b >> 16) & 1)) >> 16; /* arithmetic shift: the low 16 bits are right */
@@ -425,11 +419,9 @@ void int8_linear(const float *x, const float *inv_smooth, int m, int k, const in
             f = f + g + h;
             if (act) f = activate(f, act);
             int cols = n - c < VW ? n - c : VW;
-            for (int i = 0; i < cols; i++) {
-                float out = f[i] + (rr ? rr[c + i] : 0.f);
-                if (out_bf16) ((uint16_t *)y)[at + c + i] = to_bf16(out);
-                else ((float *)y)[at + c + i] = out;
-            }
+            for (int i = 0; i < cols; i++) f[i] += rr ? rr[c + i] : 0.f;
+            if (out_bf16) store_bf16((uint16_t *)y + at + c, f, cols);
+            else memcpy((float *)y + at + c, &f, (size_t)cols * sizeof(float));
         }
     }
     free(ones);
