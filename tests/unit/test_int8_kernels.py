@@ -1,7 +1,8 @@
 """Every int8 path this machine can execute (pooler/kernels/int8_gemm.c per instruction set, and
 the portable torch path) against an exact reference of its scheme, on shapes that hit the
-kernel's edges: k not a multiple of 4, partial 32-column panels, one row, rows across 96-row
-tasks and 12/4-row tiles. An AVX-512 VNNI machine runs the AVX2 build too (as
+kernel's edges: k not a multiple of 4, partial 32-column panels, pairs of whole panels (the VNNI
+build's 64-column tiles) beside a lone one, one row, rows across 96-row tasks and 12/6/4-row
+tiles. An AVX-512 VNNI machine runs the AVX2 build too (as
 POOLER_CPU_KERNELS=avx2 would pick it)."""
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pooler.kernels import int8_cpu
 from pooler.layers.quantization import Int8Linear, record_input_ranges, smoothing_factors
 
 C_PATHS = int8_cpu.runnable_paths()
-SHAPES = [(1, 8, 5), (13, 100, 70), (37, 384, 96), (200, 130, 33)]  # (tokens, in, out)
+SHAPES = [(1, 8, 5), (13, 100, 70), (37, 384, 96), (200, 130, 33), (101, 64, 160)]  # (tokens, in, out)
 
 
 def _linear(k: int, n: int, seed: int = 0) -> nn.Linear:
@@ -188,12 +189,13 @@ def test_unrunnable_path_is_a_clear_error(flags):
 @pytest.mark.parametrize("path", C_PATHS)
 def test_epilogue_activation_and_residual(path):
     """GELU (erf, tanh), ReLU and the residual add in the kernel's epilogue agree with the same
-    ops run after it, including a partial last panel (50 columns)."""
+    ops run after it, on 114 columns: a pair of whole panels, a lone whole one and a partial
+    last one."""
     import torch.nn.functional as F
 
-    layer = Int8Linear.from_linear(_linear(40, 50), path)
+    layer = Int8Linear.from_linear(_linear(40, 114), path)
     torch.manual_seed(3)
-    x, residual = torch.randn(30, 40), torch.randn(30, 50)
+    x, residual = torch.randn(30, 40), torch.randn(30, 114)
     with torch.inference_mode():
         plain = layer(x)
         for code, act in ((int8_cpu.ACT_GELU_ERF, F.gelu),
@@ -284,13 +286,13 @@ def test_outlier_tokens_get_a_residual_pass(path):
 @pytest.mark.parametrize("path", C_PATHS)
 def test_bf16_output_is_the_fp32_output_rounded(path):
     """bf16_out stores exactly what the fp32 epilogue computes, rounded to nearest even: full
-    and partial panels, with an activation, a residual, and outlier rows (their combine step
-    rounds too)."""
-    layer = Int8Linear.from_linear(_linear(64, 50), path)
+    and partial panels (114 columns), with an activation, a residual, and outlier rows (their
+    combine step rounds too)."""
+    layer = Int8Linear.from_linear(_linear(64, 114), path)
     x = _outlier_input(40, 64)
     x[5] = 0.01
     x[5, 7] = 50.0  # one row far over 20x its rms: the residual pass
-    residual = torch.randn(40, 50)
+    residual = torch.randn(40, 114)
     with torch.inference_mode():
         for act, res in ((0, None), (int8_cpu.ACT_GELU_ERF, None), (0, residual)):
             full = layer.fused_forward(x, act, res)

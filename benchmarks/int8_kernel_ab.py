@@ -1,0 +1,107 @@
+"""int8_gemm.c as a git revision has it against the working tree's, in one int8 engine: the old
+source is compiled beside the new one and the int8 layers are pointed at either build in
+alternating rounds over the long mix, with fp32 rounds in between (for the ratio to fp32), so
+load drift on a shared machine hits every side alike. Both builds must pack weights alike (the
+packed panels are made once, by the working tree's build).
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_kernel_ab.py [--rev HEAD] [--threads 2]
+        [--rounds 3] [--cpu-time]  # CPU seconds (use with --threads 1): steadier when shared
+
+Prints texts/s per side and round, the medians of new / old and of each against fp32, the max
+|difference| between the two builds' embeddings, the CPU kind and the load average."""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+_KERNELS = Path(__file__).resolve().parents[1] / "pooler" / "kernels"
+
+
+def _old_build(rev: str, path: str):
+    """The int8 library compiled from `rev`'s int8_gemm.c (and its headers), for `path`."""
+    from pooler.kernels import int8_cpu
+    from pooler.kernels.build import load_library
+
+    folder = Path(tempfile.mkdtemp(prefix="int8-ab-"))
+    for name in ("int8_gemm.c", "vector_math.h"):
+        text = subprocess.run(["git", "show", f"{rev}:pooler/kernels/{name}"], check=True,
+                              capture_output=True, text=True, cwd=_KERNELS).stdout
+        (folder / name).write_text(text)
+    cflags = next(c for name, _, c in int8_cpu._VARIANTS if name == path)
+    lib, why = load_library(cflags, folder / "int8_gemm.c")
+    if lib is None:
+        raise SystemExit(f"the {rev} build failed: {why}")
+    new = int8_cpu.load_build(path)
+    for name in ("int8_levels", "int8_packed_bytes", "pack_int8_weight", "int8_scratch_bytes",
+                 "int8_linear"):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = getattr(new, name).argtypes, getattr(new, name).restype
+    lib.variant, lib.levels = path, lib.int8_levels()
+    return lib
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", default="HEAD", help="the git revision to compare against")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--texts", type=int, default=0, help="first N of the long mix (0: all)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time in CPU seconds of this process instead of wall seconds")
+    args = parser.parse_args()
+
+    import torch
+
+    from pooler.bench import corpus
+    from pooler.cpu_features import cpu_features
+    from pooler.engine.llm import Engine
+    from pooler.kernels import int8_cpu
+    from pooler.layers import quantization
+    from pooler.model_folder import DEFAULT_MODEL
+
+    torch.set_num_threads(args.threads)
+    path = int8_cpu.int8_path()
+    if path == "torch":
+        raise SystemExit(f"cpu: {cpu_features().summary()}: no int8 C build runs here")
+    builds = {"new": int8_cpu.load_build(path), "old": _old_build(args.rev, path)}
+    texts = corpus.long_mix()
+    texts = texts[:args.texts] if args.texts else texts
+    fp32 = Engine(DEFAULT_MODEL, device="cpu", num_threads=args.threads)
+    int8 = Engine(DEFAULT_MODEL, device="cpu", num_threads=args.threads, quantization="int8",
+                  precision_check="off")
+    fp32.embed(texts[:32], use_tqdm=False)
+    int8.embed(texts[:32], use_tqdm=False)  # packs the weights (the new build)
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    print(f"cpu: {cpu_features().summary()}; int8 path {path}; {len(texts)} texts (long mix), "
+          f"{args.threads} threads, {'CPU' if args.cpu_time else 'wall'} time; old = {args.rev}")
+    sides = ["fp32", "new", "old"]
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    outputs = {}
+    for index in range(args.rounds):
+        for side in (sides if index % 2 == 0 else list(reversed(sides))):
+            engine = fp32 if side == "fp32" else int8
+            if side != "fp32":
+                lib = builds[side]
+                quantization.load_build = lambda _path, lib=lib: lib
+            start = clock()
+            out = engine.embed(texts, use_tqdm=False)
+            rates[side].append(len(texts) / (clock() - start))
+            outputs[side] = np.stack([o.embedding for o in out])
+        print(f"round {index + 1}: " + ", ".join(f"{s} {rates[s][-1]:.1f}" for s in sides)
+              + f" texts/s; load average {os.getloadavg()[0]:.1f}")
+    ratio = lambda a, b: statistics.median(x / y for x, y in zip(rates[a], rates[b]))  # noqa: E731
+    print(f"new / old: {ratio('new', 'old'):.3f}x (median of rounds)")
+    print(f"new / fp32: {ratio('new', 'fp32'):.2f}x, old / fp32: {ratio('old', 'fp32'):.2f}x")
+    print(f"max |new - old| over the embeddings: "
+          f"{float(np.abs(outputs['new'] - outputs['old']).max()):.2e}")
+
+
+if __name__ == "__main__":
+    main()
