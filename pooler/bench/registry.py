@@ -48,6 +48,9 @@ class SideResult:
     # What computed a pooler side's GEMMs ("float32: C kernel avx512 + oneDNN",
     # "onednn-bf16 (avx512_bf16)", ...); empty for peers. Filled by side.py.
     precision_path: str = ""
+    # A side that times a pooler precision variant and pooler fp32 in one process, in
+    # alternating rounds (embed's "pooler int8 interleaved"): variant / fp32 texts/s per round.
+    interleaved_vs_fp32: list[float] = field(default_factory=list)
 
 
 @dataclass

@@ -36,6 +36,7 @@ class Row:
     error: str | None = None
     skipped: bool = False        # the workload cannot run here; `error` says why
     path: str = ""               # a pooler side's precision path (SideResult.precision_path)
+    interleaved_vs_fp32: list[float] = field(default_factory=list)  # per round, see SideResult
 
 
 @dataclass
@@ -126,7 +127,8 @@ def _rows(workload: Workload, results: list[SideResult], errors: dict[str, str],
         rows.append(Row(workload.name, r.side, r.role, texts_per_s, tokens_per_s, p50, p99,
                         r.peak_rss_mb, r.loaded_rss_mb, ratio,
                         100 * tokens_per_s / ceiling if ceiling else None,
-                        cos_min, cos_mean, r.note, path=r.precision_path))
+                        cos_min, cos_mean, r.note, path=r.precision_path,
+                        interleaved_vs_fp32=list(r.interleaved_vs_fp32)))
     for side, error in errors.items():
         rows.append(Row(workload.name, side, "?", 0, 0, None, None, 0, 0, None, None, None, None,
                         error=error))
@@ -290,7 +292,10 @@ def summary_lines(report: BenchReport) -> list[str]:
 def pooler_ratio_lines(rows: list[Row]) -> list[str]:
     """Each pooler variant side ("pooler int8", "pooler int8 avx2", with a workload's shape
     suffix such as "1x100") against plain fp32 "pooler" of the same workload and shape, in the
-    sense of the "vs baseline" column (texts/s ratio; p50 ratio for latency workloads)."""
+    sense of the "vs baseline" column (texts/s ratio; p50 ratio for latency workloads). An
+    interleaved side (embed's "pooler int8 interleaved") reports its own per-round ratios,
+    measured against fp32 in alternating rounds in one process, where the other sides' ratio
+    divides two runs made one after another (drift on a shared machine lands on one of them)."""
     def split(side: str) -> tuple[str, str]:  # -> (variant, shape suffix)
         words = side.replace("-", " ").split()[1:]  # results are named "pooler-int8"
         shape = " ".join(w for w in words if w[0].isdigit())
@@ -301,6 +306,12 @@ def pooler_ratio_lines(rows: list[Row]) -> list[str]:
     lines = []
     for r in rows:
         variant, shape = split(r.side)
+        if r.interleaved_vs_fp32:  # timed against fp32 in its own process: steadier
+            rounds = ", ".join(f"{x:.2f}" for x in r.interleaved_vs_fp32)
+            lines.append(f"{r.workload}: {r.side} vs pooler (fp32), alternating rounds in one "
+                         f"process {float(np.median(r.interleaved_vs_fp32)):.2f}x "
+                         f"(median; rounds {rounds})")
+            continue
         base = plain.get((r.workload, shape))
         if r.side.replace("-", " ").split()[0] != "pooler" or not variant or base is None or not r.ratio \
                 or not base.ratio:

@@ -37,6 +37,11 @@ def add_parser(sub) -> None:
                    help="also run every workload while N busy processes compete for the cores "
                         "(quiet and loaded runs interleaved in this one invocation, pooler and "
                         "its peer under the same load)")
+    p.add_argument("--interleaved-rounds", type=int, default=None, metavar="N",
+                   help="embed with --quantization int8 or --dtype bfloat16 (CPU): also time "
+                   "that variant against pooler fp32 in one process, N alternating rounds "
+                   "(default 3, 1 with --quick; 0: skip), for a ratio that drift between "
+                   "sides run one after another cannot skew")
     p.add_argument("--json", default=None, help="also write the raw results to this file")
     p.add_argument("--markdown", default=None, help="also write the tables to this file")
     p.add_argument("--chart", default=None, help="also draw a PNG chart (needs matplotlib)")
@@ -63,6 +68,8 @@ def run(args) -> int:
                          "or 'all'.")
     if args.repeat < 1:
         raise ValueError("--repeat must be at least 1.")
+    if args.interleaved_rounds is not None and args.interleaved_rounds < 0:
+        raise ValueError("--interleaved-rounds must be 0 or more.")
     if args.background_load < 0:
         raise ValueError("--background-load must be 0 or more.")
     if args.runner not in ("auto", "native") or args.task is not None:
@@ -75,6 +82,7 @@ def run(args) -> int:
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         max_num_seqs=args.max_num_seqs,
                         extra={"corpus_size": args.corpus_size, "corpus": args.corpus,
+                               "interleaved_rounds": args.interleaved_rounds,
                                "archs": [a.strip() for a in args.archs.split(",") if a.strip()]
                                if args.archs else None})
     loads = (0, args.background_load) if args.background_load else (0,)

@@ -266,6 +266,22 @@ def test_bench_names_the_machine_and_each_precision_path(tiny_st_model, tmp_path
     assert bf16.precision_path in allowed
 
 
+def test_interleaved_side_times_both_engines_in_rounds(tiny_st_model, tmp_path, monkeypatch):
+    """`pooler int8 interleaved` runs int8 and fp32 in one process for --interleaved-rounds
+    rounds and returns one ratio per round beside the int8 engine's outputs."""
+    from pooler.bench.registry import BenchOptions
+    from pooler.bench.runner import run_side
+
+    monkeypatch.setenv("POOLER_BENCH_CACHE", str(tmp_path / "cache"))
+    opts = BenchOptions(model=str(tiny_st_model), threads=1, quick=True, quantization="int8",
+                        out_dir=str(tmp_path), extra={"interleaved_rounds": 2})
+    result = run_side(get_workload("embed"), "pooler int8 interleaved", opts)
+    assert result.texts == 48 and result.seconds > 0
+    assert len(result.interleaved_vs_fp32) == 2 and all(r > 0 for r in result.interleaved_vs_fp32)
+    assert "2 rounds alternating with pooler fp32" in result.note
+    assert result.outputs_file and result.outputs_file.endswith(".npy")
+
+
 def test_long_corpus_is_the_issue_mix():
     from pooler.bench import corpus
 

@@ -40,3 +40,30 @@ def test_long_corpus_is_deterministic_and_long():
     texts = corpus.long_corpus(20)
     assert texts == corpus.long_corpus(20) and len(texts) == 20
     assert min(len(t.split()) for t in texts) >= 100
+
+
+def test_interleaved_side_reports_its_own_rounds():
+    """A side timed against fp32 in alternating rounds in one process prints the median of its
+    own per-round ratios, not the quotient of two sides run one after another."""
+    rows = [_row("embed", "pooler", 1.0), _row("embed", "pooler int8", 3.0),
+            _row("embed", "pooler int8 interleaved", 2.0)]
+    rows[2].interleaved_vs_fp32 = [2.5, 2.7, 2.6]
+    assert pooler_ratio_lines(rows) == [
+        "embed: pooler int8 vs pooler (fp32) 3.00x",
+        "embed: pooler int8 interleaved vs pooler (fp32), alternating rounds in one process "
+        "2.60x (median; rounds 2.50, 2.70, 2.60)"]
+
+
+def test_embed_adds_an_interleaved_side_per_requested_variant():
+    from pooler.bench.registry import get_workload
+    from pooler.model_folder import DEFAULT_MODEL
+
+    embed = get_workload("embed")
+    names = lambda **kw: [s.name for s in embed.sides(  # noqa: E731
+        BenchOptions(model=DEFAULT_MODEL, threads=1, **kw)) if s.role == "pooler"]
+    assert "pooler int8 interleaved" in names(quantization="int8")
+    assert "pooler bf16 interleaved" in names(dtype="bfloat16")
+    assert not any("interleaved" in n for n in names())
+    assert not any("interleaved" in n for n in
+                   names(quantization="int8", extra={"interleaved_rounds": 0}))
+    assert not any("interleaved" in n for n in names(dtype="bfloat16", device="cuda"))

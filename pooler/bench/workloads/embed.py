@@ -70,6 +70,63 @@ def _pooler_throughput(quantization: str | None, side: str):
     return run
 
 
+def interleaved_rounds(opts: BenchOptions) -> int:
+    """--interleaved-rounds (default 3; 1 with --quick; 0: no interleaved side)."""
+    rounds = opts.extra.get("interleaved_rounds")
+    return (1 if opts.quick else 3) if rounds is None else int(rounds)
+
+
+def _pooler_interleaved(quantization: str | None, dtype: str, side: str):
+    """The precision variant (int8, or bf16 on the CPU) and pooler fp32 in one process, timed
+    over the corpus in alternating rounds (fp32 first in even rounds, the variant first in odd
+    ones), so drift on a shared machine reaches both alike: each round gives a ratio, and the
+    side's texts/s is the variant's median round."""
+    from dataclasses import replace
+
+    def run(opts: BenchOptions) -> SideResult:
+        texts = corpus_texts(opts)
+        tokens = sum(_token_lens(opts, texts))
+        engines = {"fp32": _engine(replace(opts, dtype="float32"), None),
+                   "variant": _engine(replace(opts, dtype=dtype), quantization)}
+        for engine in engines.values():
+            engine.embed(texts[:32], use_tqdm=False)  # warm up kernels and allocator
+        loaded = rss_mb()
+        seconds: dict[str, list[float]] = {"fp32": [], "variant": []}
+        outputs = None
+        for index in range(max(interleaved_rounds(opts), 1)):
+            for name in (("fp32", "variant") if index % 2 == 0 else ("variant", "fp32")):
+                start = time.perf_counter()
+                out = engines[name].embed(texts, use_tqdm=False)
+                seconds[name].append(time.perf_counter() - start)
+                if name == "variant":
+                    outputs = out
+        ratios = [f / v for f, v in zip(seconds["fp32"], seconds["variant"])]
+        emb = np.stack([o.embedding for o in outputs])
+        fp32_rate = len(texts) / float(np.median(seconds["fp32"]))
+        return SideResult(side, "pooler", len(texts), tokens, float(np.median(seconds["variant"])),
+                          loaded_rss_mb=loaded, interleaved_vs_fp32=ratios,
+                          note=f"{len(ratios)} round{'s' * (len(ratios) != 1)} alternating "
+                               f"with pooler fp32 in one "
+                               f"process (fp32 {fp32_rate:.1f} texts/s there)",
+                          outputs_file=save_array(opts, f"embed-{side.replace(' ', '-')}", emb))
+    return run
+
+
+def _interleaved_sides(opts: BenchOptions) -> list[Side]:
+    """With --quantization int8, or --dtype bfloat16 on the CPU: the variant timed against
+    pooler fp32 in one process (see _pooler_interleaved)."""
+    if not interleaved_rounds(opts):
+        return []
+    sides = []
+    if opts.dtype == "bfloat16" and opts.device == "cpu":
+        sides.append(Side("pooler bf16 interleaved", "pooler",
+                          _pooler_interleaved(None, "bfloat16", "pooler bf16 interleaved")))
+    if opts.quantization == "int8":
+        sides.append(Side("pooler int8 interleaved", "pooler",
+                          _pooler_interleaved("int8", "float32", "pooler int8 interleaved")))
+    return sides
+
+
 def _pooler_latency(quantization: str | None, side: str):
     def run(opts: BenchOptions) -> SideResult:
         texts = query_texts(opts)
@@ -230,7 +287,7 @@ def _onnx_sides(opts: BenchOptions, make) -> list[Side]:
 
 # ---- registration -------------------------------------------------------------------------
 def _embed_sides(opts: BenchOptions) -> list[Side]:
-    return pooler_sides(opts, _pooler_throughput) + [
+    return pooler_sides(opts, _pooler_throughput) + _interleaved_sides(opts) + [
         Side("st b32", "peer", _st_throughput(32, "st b32")),
         Side("st best", "peer", _st_throughput(None, "st best")),
     ] + _onnx_sides(opts, _onnx_throughput)
