@@ -2,7 +2,8 @@
 source is compiled beside the new one and the int8 layers are pointed at either build in
 alternating rounds over the long mix, with fp32 rounds in between (for the ratio to fp32), so
 load drift on a shared machine hits every side alike. Both builds must pack weights alike (the
-packed panels are made once, by the working tree's build).
+packed panels are made once, by the working tree's build) and take the same arguments (an
+older build without int8_linear's outlier ratio ignores it: it sits in a float register).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_kernel_ab.py [--rev HEAD] [--threads 2]
         [--rounds 3] [--cpu-time]  # CPU seconds (use with --threads 1): steadier when shared

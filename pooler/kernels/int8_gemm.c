@@ -368,12 +368,12 @@ long int8_scratch_bytes(int m, int k) {
     return (long)m * round_up4(k) + (long)m * 8 + 64;
 }
 
-/* True when a token's largest |x / s| exceeds OUTLIER_RATIO times its root mean square: such a
- * row (BERT's [CLS] / [SEP], whose few huge channels set the whole range) gets a second,
- * residual pass. */
-#define OUTLIER_RATIO 20.f
-static int is_outlier_row(float sumsq, int k, float peak) {
-    return peak * peak > OUTLIER_RATIO * OUTLIER_RATIO * (sumsq / (float)k);
+/* True when a token's largest |x / s| exceeds `ratio` times its root mean square: such a row
+ * (BERT's [CLS] / [SEP], whose few huge channels set the whole range) gets a second, residual
+ * pass. The caller picks the ratio per layer (pooler/layers/quantization.py: 20, or lower
+ * where the codes are coarser). */
+static int is_outlier_row(float sumsq, int k, float peak, float ratio) {
+    return peak * peak > ratio * ratio * (sumsq / (float)k);
 }
 
 /* Rows [m0, m_end) times panel p's columns, in tile()'s MR-row tiles. */
@@ -461,7 +461,7 @@ static void gemm_rows(const uint8_t *q, const float *scale, const int32_t *zp, i
 void int8_linear(const float *x, const float *inv_smooth, int m, int k, const int8_t *packed,
                  const int32_t *colsum,
                  const float *wscale, const float *bias, const float *res, void *y, int n,
-                 int act, int out_bf16, uint8_t *scratch, int threads) {
+                 int act, int out_bf16, float outlier_ratio, uint8_t *scratch, int threads) {
     int k4 = round_up4(k), npad = (n + NR - 1) / NR * NR;
     float *scale = (float *)scratch;
     int32_t *zp = (int32_t *)(scale + m);
@@ -474,7 +474,7 @@ void int8_linear(const float *x, const float *inv_smooth, int m, int k, const in
                      &sumsq);
         /* the range [lo, hi] is scale * [-zp, LEVELS - zp]: its larger end is the peak */
         float peak = scale[r] * (float)(zp[r] > LEVELS - zp[r] ? zp[r] : LEVELS - zp[r]);
-        outlier[r] = (char)is_outlier_row(sumsq, k, peak);
+        outlier[r] = (char)is_outlier_row(sumsq, k, peak, outlier_ratio);
     }
     int m_out = 0;
     for (int r = 0; r < m; r++) m_out += outlier[r];

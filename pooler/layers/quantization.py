@@ -9,8 +9,9 @@ Scheme (chosen by measurement, see docs/benchmarks.md):
   s_j = max|x_j|^0.5 / max|W[:, j]|^0.5 from one calibration forward at load
   (pooler/worker/int8_calibration.py); the kernel applies 1/s in its quantize step;
 - tokens whose peak is over 20x their root mean square (in MiniLM, [CLS]/[SEP] rows at the
-  FFN-down input: ~2% of rows) get a second int8 pass over their rounding residual, in the
-  kernel (int8_gemm.c): those tokens' own range is the error smoothing cannot reach;
+  FFN-down input: ~2% of rows; 10x at the AVX2 build's QKV input, `OUTLIER_RATIOS`) get a
+  second int8 pass over their rounding residual, in the kernel (int8_gemm.c): those tokens' own
+  range is the error smoothing cannot reach;
 - int8 x int8 -> int32, then one rescale and the bias in fp32.
 The product runs on the best path this CPU has (pooler/kernels/int8_cpu.py): pooler's C kernels
 for AVX-512 VNNI and AVX2 (activations as unsigned codes with a per-token zero point; on AVX2
@@ -30,7 +31,7 @@ other. Smoothing moves each outlier channel's range half into the weights, which
 then full weight codes matter more than activation codes (AVX2: 0..128 / +-127).
 
 QKV is int8 where the smoothed scheme measured >= 0.997 min cosine on the 2,000-text bench
-corpus (the VNNI build), and fp32 elsewhere (`SMOOTHED_KEEP_FP32`; without calibration inputs,
+corpus (the VNNI and AVX2 builds), and fp32 elsewhere (`SMOOTHED_KEEP_FP32`; without calibration inputs,
 `DEFAULT_KEEP_FP32`). Embeddings, norms, attention and poolers are never quantized.
 """
 from __future__ import annotations
@@ -44,10 +45,19 @@ from pooler.kernels.int8_cpu import WEIGHT_LEVELS, int8_kernels, int8_path, load
 # Linear-layer name suffixes left in fp32 without smoothing (no calibration inputs).
 DEFAULT_KEEP_FP32: tuple[str, ...] = ("qkv_proj",)
 # ... and with smoothing, per int8 path: what the bench corpus measured (min cosine to fp32 over
-# 2,000 texts: VNNI all int8 0.99833; AVX2 QKV fp32 0.99808, QKV int8 0.99710, a margin too thin
-# to default to; the torch path was not measured with QKV int8).
-SMOOTHED_KEEP_FP32: dict[str, tuple[str, ...]] = {"avx512-vnni": (), "avx2": ("qkv_proj",),
+# 2,000 texts: VNNI all int8 0.99833; AVX2 QKV fp32 0.99789, QKV int8 0.99701 with the default
+# outlier ratio and 0.99776 with OUTLIER_RATIOS' 10 for QKV; the torch path was not measured
+# with QKV int8).
+SMOOTHED_KEEP_FP32: dict[str, tuple[str, ...]] = {"avx512-vnni": (), "avx2": (),
                                                   "torch": ("qkv_proj",)}
+# Per int8 path, linear-name suffix -> outlier ratio where it is not Int8Linear's 20: the AVX2
+# build's 7-bit codes lose more on QKV's post-LayerNorm inputs, and a second pass for tokens
+# over 10x their rms (3% of MiniLM's QKV rows, 0% at 20) won back most of what QKV in int8 cost
+# (min cosine above; mean 0.998525 -> 0.998911, QKV fp32 0.999059), while the int8 QKV ran the
+# forced AVX2 build at 1.34x fp32 against 1.25x with QKV fp32 (Zen 4, 1 thread, CPU time:
+# docs/benchmarks.md). Lower ratios bought nothing more (6: 0.99735, 4: 0.99774), and 10 on
+# the FFN-down input would send 38% of its rows through twice.
+OUTLIER_RATIOS: dict[str, dict[str, float]] = {"avx2": {"qkv_proj": 10.0}}
 # SmoothQuant's migration strength: 0.5 splits each outlier channel's range evenly between
 # activations and weights (0.35 and 0.65 measured worse on the AVX2 build).
 SMOOTHING_ALPHA = 0.5
@@ -60,6 +70,10 @@ class Int8Linear(nn.Module):
 
     path: "avx512-vnni", "avx2" or "torch"; None takes the best this process runs
     (`int8_cpu.int8_path()`)."""
+
+    # A token whose largest |x / s| is over this many times its rms gets a second pass over
+    # its rounding residual (int8_gemm.c); quantize_linears lowers it for some layers.
+    outlier_ratio = 20.0
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
                  path: str | None = None, short_step_copy: bool = False,
@@ -163,7 +177,8 @@ class Int8Linear(nn.Module):
         lib.int8_linear(x2.data_ptr(), d["inv_smooth"].data_ptr(), m, k, d["packed"].data_ptr(), d["colsum"].data_ptr(),
                         d["w_scale"].data_ptr(), d["bias"].data_ptr(),
                         None if residual is None else residual.data_ptr(), y.data_ptr(),
-                        self.out_features, act, int(bf16_out), scratch.data_ptr(),
+                        self.out_features, act, int(bf16_out), self.outlier_ratio,
+                        scratch.data_ptr(),
                         torch.get_num_threads())
         return y
 
@@ -257,8 +272,11 @@ def quantize_linears(module: nn.Module, keep_fp32: tuple[str, ...] = DEFAULT_KEE
         parent = module.get_submodule(parent_name) if parent_name else module
         smooth = None if input_ranges is None or name not in input_ranges else \
             smoothing_factors(input_ranges[name], linear.weight)
-        setattr(parent, attr, Int8Linear.from_linear(linear, short_step_copy=short_step_copy,
-                                                     smooth=smooth))
+        layer = Int8Linear.from_linear(linear, short_step_copy=short_step_copy, smooth=smooth)
+        for suffix, ratio in OUTLIER_RATIOS.get(layer.path, {}).items():
+            if name.endswith(suffix):
+                layer.outlier_ratio = ratio
+        setattr(parent, attr, layer)
     return [name for name, _ in targets]
 
 

@@ -72,6 +72,10 @@ def test_int8_min_cosine_on_real_model(texts, fp32_embeddings, path, monkeypatch
     qkv_int8 = any(name.endswith("qkv_proj") and isinstance(m, Int8Linear) for name, m in
                    int8_engine.core.model_runner.model.named_modules())
     assert qkv_int8 == (SMOOTHED_KEEP_FP32[path] == ())
+    qkv_ratio = 10.0 if path == "avx2" else 20.0  # OUTLIER_RATIOS: the AVX2 build's 7-bit codes
+    assert all(m.outlier_ratio == (qkv_ratio if name.endswith("qkv_proj") else 20.0)
+               for name, m in int8_engine.core.model_runner.model.named_modules()
+               if isinstance(m, Int8Linear))
     # attention may take bf16 products (where the CPU has AVX512_BF16 and the build allows)
     bert_layers = [m for m in int8_engine.core.model_runner.model.modules()
                    if isinstance(m, BertLayer)]

@@ -279,6 +279,28 @@ def test_outlier_tokens_get_a_residual_pass(path):
     plain = _scheme_reference(layer, x, lib.levels)  # without the residual pass
     err = lambda y: (y - ref).norm(dim=1) / ref.norm(dim=1)  # noqa: E731
     assert (err(out)[outliers] < 0.2 * err(plain)[outliers]).all()
+    # the ratio is the layer's: at 30 none of these rows qualifies, at 2 every row does
+    assert (ratio > 2.5).all()
+    with torch.inference_mode():
+        layer.outlier_ratio = 30.0
+        torch.testing.assert_close(layer(x), plain, rtol=1e-5, atol=1e-5)
+        layer.outlier_ratio = 2.0
+        torch.testing.assert_close(
+            layer(x), _scheme_reference(layer, x, lib.levels, torch.ones(m, dtype=torch.bool)),
+            rtol=1e-5, atol=1e-5)
+
+
+def test_avx2_qkv_takes_a_lower_outlier_ratio():
+    """quantize_linears gives a layer the ratio OUTLIER_RATIOS names for its path and name
+    (the AVX2 build's QKV: 10), every other layer Int8Linear's 20."""
+    from pooler.layers.quantization import OUTLIER_RATIOS, quantize_linears
+
+    model = nn.ModuleDict({"qkv_proj": _linear(16, 48), "up_proj": _linear(16, 32)})
+    quantize_linears(model, keep_fp32=())
+    path = model["qkv_proj"].path
+    assert model["qkv_proj"].outlier_ratio == OUTLIER_RATIOS.get(path, {}).get("qkv_proj", 20.0)
+    assert model["up_proj"].outlier_ratio == 20.0
+    assert OUTLIER_RATIOS["avx2"] == {"qkv_proj": 10.0}
 
 
 @pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here (needs Linux x86-64 with "
