@@ -57,7 +57,9 @@
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define LEVELS 255 /* activation codes [0, 255] */
-#define MR 12 /* rows per register tile: 12 x 2 zmm accumulators */
+/* rows per tile() register tile, 12 x 2 zmm accumulators: lone and partial panels (pairs of
+ * whole panels take tile_pair's 6 x 4) */
+#define MR 12
 #define CW 32 /* columns per tile: the whole panel */
 #else
 #define LEVELS 128 /* activation codes [0, 128]: with |w| <= 127, 2 * 128 * 127 = 32512 */
