@@ -13,14 +13,13 @@ Prints texts/s per side and round, the medians of new / old and of each against 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+
+from interleaved import add_round_arguments, clock_label, long_mix_texts, median_ratio, run_rounds
 
 _KERNELS = Path(__file__).resolve().parents[1] / "pooler" / "kernels"
 
@@ -51,16 +50,11 @@ def _old_build(rev: str, path: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rev", default="HEAD", help="the git revision to compare against")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--texts", type=int, default=0, help="first N of the long mix (0: all)")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time in CPU seconds of this process instead of wall seconds")
+    add_round_arguments(parser)
     args = parser.parse_args()
 
     import torch
 
-    from pooler.bench import corpus
     from pooler.cpu_features import cpu_features
     from pooler.engine.llm import Engine
     from pooler.kernels import int8_cpu
@@ -72,34 +66,26 @@ def main() -> None:
     if path == "torch":
         raise SystemExit(f"cpu: {cpu_features().summary()}: no int8 C build runs here")
     builds = {"new": int8_cpu.load_build(path), "old": _old_build(args.rev, path)}
-    texts = corpus.long_mix()
-    texts = texts[:args.texts] if args.texts else texts
+    texts = long_mix_texts(args)
     fp32 = Engine(DEFAULT_MODEL, device="cpu", num_threads=args.threads)
     int8 = Engine(DEFAULT_MODEL, device="cpu", num_threads=args.threads, quantization="int8",
                   precision_check="off")
     fp32.embed(texts[:32], use_tqdm=False)
     int8.embed(texts[:32], use_tqdm=False)  # packs the weights (the new build)
-    clock = time.process_time if args.cpu_time else time.perf_counter
     print(f"cpu: {cpu_features().summary()}; int8 path {path}; {len(texts)} texts (long mix), "
-          f"{args.threads} threads, {'CPU' if args.cpu_time else 'wall'} time; old = {args.rev}")
-    sides = ["fp32", "new", "old"]
-    rates: dict[str, list[float]] = {side: [] for side in sides}
-    outputs = {}
-    for index in range(args.rounds):
-        for side in (sides if index % 2 == 0 else list(reversed(sides))):
-            engine = fp32 if side == "fp32" else int8
-            if side != "fp32":
-                lib = builds[side]
-                quantization.load_build = lambda _path, lib=lib: lib
-            start = clock()
-            out = engine.embed(texts, use_tqdm=False)
-            rates[side].append(len(texts) / (clock() - start))
-            outputs[side] = np.stack([o.embedding for o in out])
-        print(f"round {index + 1}: " + ", ".join(f"{s} {rates[s][-1]:.1f}" for s in sides)
-              + f" texts/s; load average {os.getloadavg()[0]:.1f}")
-    ratio = lambda a, b: statistics.median(x / y for x, y in zip(rates[a], rates[b]))  # noqa: E731
-    print(f"new / old: {ratio('new', 'old'):.3f}x (median of rounds)")
-    print(f"new / fp32: {ratio('new', 'fp32'):.2f}x, old / fp32: {ratio('old', 'fp32'):.2f}x")
+          f"{clock_label(args)}; old = {args.rev}")
+
+    def embed(side: str) -> list:
+        if side == "fp32":
+            return fp32.embed(texts, use_tqdm=False)
+        lib = builds[side]
+        quantization.load_build = lambda _path: lib
+        return int8.embed(texts, use_tqdm=False)
+
+    rates, outputs = run_rounds(["fp32", "new", "old"], embed, texts, args)
+    print(f"new / old: {median_ratio(rates, 'new', 'old'):.3f}x (median of rounds)")
+    print(f"new / fp32: {median_ratio(rates, 'new', 'fp32'):.2f}x, "
+          f"old / fp32: {median_ratio(rates, 'old', 'fp32'):.2f}x")
     print(f"max |new - old| over the embeddings: "
           f"{float(np.abs(outputs['new'] - outputs['old']).max()):.2e}")
 

@@ -47,15 +47,20 @@ static inline vf vrcp(vf d) {
     return r * (2.f - d * r);
 }
 
-/* erf on every lane to ~1.5e-7 absolute (Abramowitz & Stegun 7.1.26), odd-symmetric. */
+/* erf on every lane to ~4e-7 absolute: x P(x^2) / Q(x^2) on |x| <= 4 (erf(4) = 1 - 1.5e-8,
+ * so clamping there costs nothing), P of degree 6 and Q of degree 4 fitted to erf in float64
+ * (1.3e-7; float32 Horner rounding brings it to ~4e-7). 18 vector operations where the
+ * Abramowitz & Stegun form with exp took ~33: the GELU epilogue of an int8 FFN-up tile cost that
+ * layer ~25% of its time on the AVX2 build. */
 static inline vf verf(vf x) {
-    vi sign = (vi)x & (int32_t)0x80000000;
-    vf a = (vf)((vi)x & 0x7fffffff);
-    vf t = vrcp(1.f + 0.3275911f * a);
-    vf poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
-               t * (-1.453152027f + t * 1.061405429f))));
-    vf y = 1.f - poly * vexp(-a * a);
-    return (vf)((vi)y | sign);
+    x = vmin(vmax(x, vsplat(-4.f)), vsplat(4.f));
+    vf z = x * x;
+    vf p = 2.024146914e-01f + z * (5.088498071e-02f + z * (3.808320966e-03f +
+            z * (1.444943482e-04f + z * (-1.964988314e-06f + z * 1.977801567e-08f))));
+    p = 1.128378868f + z * p;
+    vf q = 1.f + z * (5.127152801e-01f + z * (1.160142049e-01f + z * (1.456010714e-02f +
+            z * 9.825493908e-04f)));
+    return x * p * vrcp(q);
 }
 
 static inline vf activate(vf y, int act) {

@@ -1,0 +1,55 @@
+"""What the in-process A/B scripts share (attention_bf16_ab.py, int8_kernel_ab.py): their round
+options, and timed rounds over the long mix in alternating order (forward in even rounds,
+reversed in odd ones), so a shared machine's drift reaches every side alike."""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Callable, Hashable
+
+import numpy as np
+
+
+def add_round_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--texts", type=int, default=0, help="first N of the long mix (0: all)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time in CPU seconds of this process instead of wall seconds")
+
+
+def long_mix_texts(args: argparse.Namespace) -> list[str]:
+    from pooler.bench import corpus
+
+    texts = corpus.long_mix()
+    return texts[:args.texts] if args.texts else texts
+
+
+def clock_label(args: argparse.Namespace) -> str:
+    return f"{args.threads} threads, {'CPU' if args.cpu_time else 'wall'} time"
+
+
+def run_rounds(sides: list[Hashable], embed: Callable[[Hashable], list], texts: list[str],
+               args: argparse.Namespace, label: Callable[[Hashable], str] = str
+               ) -> tuple[dict, dict]:
+    """`embed(side)` runs one side over `texts` (returns the engine's outputs); prints each
+    round. Returns (texts/s per side per round, each side's last embeddings [texts, dim])."""
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    rates: dict = {side: [] for side in sides}
+    outputs: dict = {}
+    for index in range(args.rounds):
+        for side in (sides if index % 2 == 0 else list(reversed(sides))):
+            start = clock()
+            out = embed(side)
+            rates[side].append(len(texts) / (clock() - start))
+            outputs[side] = np.stack([o.embedding for o in out]).astype(np.float64)
+        print(f"round {index + 1}: " + ", ".join(f"{label(s)} {rates[s][-1]:.1f}" for s in sides)
+              + f" texts/s; load average {os.getloadavg()[0]:.1f}", flush=True)
+    return rates, outputs
+
+
+def median_ratio(rates: dict, a: Hashable, b: Hashable) -> float:
+    """Median over rounds of side a's texts/s over side b's (same round)."""
+    return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
