@@ -219,29 +219,23 @@ static inline __attribute__((always_inline)) void epilogue(
         float *row = (float *)y + (size_t)r * ldy;
         float out[CW];
         if (out_bf16) row = out; /* rounded to bf16 after the loop */
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 2; v++) { /* a vector of CW / 2 columns at a time */
             int c = c0 + v * (CW / 2);
-#ifndef AVX2_BUILD
-            __m512i cs = _mm512_loadu_si512(colsum + c);
-            __m512i t = _mm512_sub_epi32(acc[r][v], _mm512_mullo_epi32(cs, _mm512_set1_epi32(zp[r])));
-            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(scale[r]));
-            f = _mm512_fmadd_ps(f, _mm512_loadu_ps(wscale + c), _mm512_loadu_ps(bias + c));
-            if (act) f = (__m512)activate((vf)f, act);
-            if (res && cols == CW)
-                f = _mm512_add_ps(f, _mm512_loadu_ps(res + (size_t)r * ldy + v * (CW / 2)));
-            if (cols == CW) _mm512_storeu_ps(row + v * (CW / 2), f);
-            else _mm512_storeu_ps(out + v * (CW / 2), f);
-#else
-            __m256i cs = _mm256_loadu_si256((const __m256i *)(colsum + c));
-            __m256i t = _mm256_sub_epi32(acc[r][v], _mm256_mullo_epi32(cs, _mm256_set1_epi32(zp[r])));
-            __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(scale[r]));
-            f = _mm256_fmadd_ps(f, _mm256_loadu_ps(wscale + c), _mm256_loadu_ps(bias + c));
-            if (act) f = (__m256)activate((vf)f, act);
-            if (res && cols == CW)
-                f = _mm256_add_ps(f, _mm256_loadu_ps(res + (size_t)r * ldy + v * (CW / 2)));
-            if (cols == CW) _mm256_storeu_ps(row + v * (CW / 2), f);
-            else _mm256_storeu_ps(out + v * (CW / 2), f);
-#endif
+            vi t, cs;
+            vf ws, bs, f;
+            memcpy(&t, &acc[r][v], sizeof t);
+            memcpy(&cs, colsum + c, sizeof cs);
+            memcpy(&ws, wscale + c, sizeof ws);
+            memcpy(&bs, bias + c, sizeof bs);
+            f = __builtin_convertvector(t - cs * zp[r], vf) * scale[r];
+            f = f * ws + bs; /* one FMA: GCC contracts it (its default -ffp-contract=fast) */
+            if (act) f = activate(f, act);
+            if (res && cols == CW) {
+                vf rv;
+                memcpy(&rv, res + (size_t)r * ldy + v * (CW / 2), sizeof rv);
+                f += rv;
+            }
+            memcpy(cols == CW ? row + v * (CW / 2) : out + v * (CW / 2), &f, sizeof f);
         }
         if (cols < CW)
             for (int j = 0; j < cols; j++)
@@ -430,6 +424,34 @@ static void panel_rows(const uint8_t *q, const float *scale, const int32_t *zp, 
 }
 
 #ifndef AVX2_BUILD
+/* Rows [m0, m_end) times whole panels p and p + 1, in tile_pair's PR-row tiles. */
+static void pair_rows(const uint8_t *q, const float *scale, const int32_t *zp, int m0,
+                      int m_end, int k4, const int8_t *packed, const int32_t *colsum,
+                      const float *wscale, const float *bias, const float *res, void *y, int n,
+                      int p, int act, int out_bf16) {
+    size_t out_bytes = out_bf16 ? 2 : 4;
+    const int8_t *panel = packed + (size_t)p * k4 * NR;
+    const int32_t *cs = colsum + p * NR;
+    const float *ws = wscale + p * NR, *bs = bias + p * NR;
+    for (int r0 = m0; r0 < m_end; r0 += PR) {
+        int mr = m_end - r0 < PR ? m_end - r0 : PR;
+        const uint8_t *qr = q + (size_t)r0 * k4;
+        char *yr = (char *)y + ((size_t)r0 * n + p * NR) * out_bytes;
+        const float *rr = res ? res + (size_t)r0 * n + p * NR : NULL;
+        switch (mr) {
+#define PAIR(R)                                                                          \
+    case R:                                                                              \
+        tile_pair(R, qr, k4, panel, scale + r0, zp + r0, cs, ws, bs, rr, yr, n, act,       \
+                  out_bf16, out_bytes);                                                  \
+        break;
+            PAIR(1) PAIR(2) PAIR(3) PAIR(4) PAIR(5) PAIR(6)
+#undef PAIR
+        }
+    }
+}
+#endif
+
+#ifndef AVX2_BUILD
 #define UNIT 2 /* panels per task: tile_pair's 64 columns */
 #else
 #define UNIT 1
@@ -449,25 +471,8 @@ static void gemm_rows(const uint8_t *q, const float *scale, const int32_t *zp, i
             int m0 = b * MB, m_end = (b + 1) * MB < m ? (b + 1) * MB : m, p = u * UNIT;
 #ifndef AVX2_BUILD
             if ((p + 2) * NR <= n) {
-                size_t out_bytes = out_bf16 ? 2 : 4;
-                const int8_t *panel = packed + (size_t)p * k4 * NR;
-                for (int r0 = m0; r0 < m_end; r0 += PR) {
-                    int mr = m_end - r0 < PR ? m_end - r0 : PR;
-                    const uint8_t *qr = q + (size_t)r0 * k4;
-                    char *yr = (char *)y + ((size_t)r0 * n + p * NR) * out_bytes;
-                    const float *rr = res ? res + (size_t)r0 * n + p * NR : NULL;
-                    const int32_t *cs = colsum + p * NR;
-                    const float *ws = wscale + p * NR, *bs = bias + p * NR;
-                    switch (mr) {
-#define PAIR(R)                                                                          \
-    case R:                                                                              \
-        tile_pair(R, qr, k4, panel, scale + r0, zp + r0, cs, ws, bs, rr, yr, n, act,       \
-                  out_bf16, out_bytes);                                                  \
-        break;
-                        PAIR(1) PAIR(2) PAIR(3) PAIR(4) PAIR(5) PAIR(6)
-#undef PAIR
-                    }
-                }
+                pair_rows(q, scale, zp, m0, m_end, k4, packed, colsum, wscale, bias, res, y, n,
+                          p, act, out_bf16);
                 continue;
             }
 #endif
