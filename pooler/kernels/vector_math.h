@@ -49,9 +49,9 @@ static inline vf vrcp(vf d) {
 
 /* erf on every lane to ~4e-7 absolute: x P(x^2) / Q(x^2) on |x| <= 4 (erf(4) = 1 - 1.5e-8,
  * so clamping there costs nothing), P of degree 6 and Q of degree 4 fitted to erf in float64
- * (1.3e-7; float32 Horner rounding brings it to ~4e-7). 18 vector operations where the
- * Abramowitz & Stegun form with exp took ~33: the GELU epilogue of an int8 FFN-up tile cost that
- * layer ~25% of its time on the AVX2 build. */
+ * (1.3e-7; float32 Horner rounding brings it to 4.4e-7). 18 vector operations where the
+ * Abramowitz & Stegun form with exp took ~33: the int8 FFN-up layer with its GELU epilogue ran
+ * ~10% faster on the VNNI build (Zen 4), level on the AVX2 build (docs/benchmarks.md). */
 static inline vf verf(vf x) {
     x = vmin(vmax(x, vsplat(-4.f)), vsplat(4.f));
     vf z = x * x;

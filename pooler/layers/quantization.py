@@ -55,8 +55,9 @@ SMOOTHED_KEEP_FP32: dict[str, tuple[str, ...]] = {"avx512-vnni": (), "avx2": (),
 # over 10x their rms (3% of MiniLM's QKV rows, 0% at 20) won back most of what QKV in int8 cost
 # (min cosine above; mean 0.998525 -> 0.998911, QKV fp32 0.999059), while the int8 QKV ran the
 # forced AVX2 build at 1.31x fp32 against 1.24x with QKV fp32 (Zen 4, 1 thread, CPU time, four
-# interleaved rounds, faster in each: docs/benchmarks.md). Lower ratios bought nothing more (6: 0.99735, 4: 0.99774), and 10 on
-# the FFN-down input would send 38% of its rows through twice.
+# interleaved rounds, faster in each: docs/benchmarks.md). Lower ratios bought nothing more
+# (6: 0.99735, 4: 0.99774), and 10 on the FFN-down input would send 38% of its rows through
+# twice.
 OUTLIER_RATIOS: dict[str, dict[str, float]] = {"avx2": {"qkv_proj": 10.0}}
 # SmoothQuant's migration strength: 0.5 splits each outlier channel's range evenly between
 # activations and weights (0.35 and 0.65 measured worse on the AVX2 build).

@@ -93,7 +93,7 @@ def _pooler_interleaved(quantization: str | None, dtype: str, side: str):
         loaded = rss_mb()
         seconds: dict[str, list[float]] = {"fp32": [], "variant": []}
         outputs = None
-        for index in range(max(interleaved_rounds(opts), 1)):
+        for index in range(interleaved_rounds(opts)):  # >= 1: _interleaved_sides
             for name in (("fp32", "variant") if index % 2 == 0 else ("variant", "fp32")):
                 start = time.perf_counter()
                 out = engines[name].embed(texts, use_tqdm=False)
@@ -106,8 +106,8 @@ def _pooler_interleaved(quantization: str | None, dtype: str, side: str):
         return SideResult(side, "pooler", len(texts), tokens, float(np.median(seconds["variant"])),
                           loaded_rss_mb=loaded, interleaved_vs_fp32=ratios,
                           note=f"{len(ratios)} round{'s' * (len(ratios) != 1)} alternating "
-                               f"with pooler fp32 in one "
-                               f"process (fp32 {fp32_rate:.1f} texts/s there)",
+                               f"with pooler fp32 in one process (fp32 {fp32_rate:.1f} "
+                               "texts/s there)",
                           outputs_file=save_array(opts, f"embed-{side.replace(' ', '-')}", emb))
     return run
 
