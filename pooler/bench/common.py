@@ -41,8 +41,9 @@ ENGINE_PATHS: list[str] = []
 
 def engine_precision_path(engine) -> str:
     """What computes an engine's GEMMs, as the bench reports it: bf16 and int8 say their own
-    path (Engine.precision_path); fp32 names the C kernel build that takes short steps (or
-    that there is none) beside oneDNN, which takes the rest."""
+    path (Engine.precision_path); fp32 names the C kernel build and the steps it takes (short
+    ones, or every one where the load-time check kept it: pooler/worker/layer_stack_check.py),
+    or that there is none."""
     path = engine.precision_path
     decision = getattr(engine.core.model_runner, "precision_decision", None)
     if decision is not None and decision.timings:  # int8's load-time check, as it timed it
@@ -54,8 +55,13 @@ def engine_precision_path(engine) -> str:
     from pooler.kernels.build import encoder_kernels
 
     lib = encoder_kernels()
-    return f"float32: C kernel {lib.variant} + oneDNN" if lib is not None else \
-        "float32: torch/oneDNN"
+    if lib is None:
+        return "float32: torch/oneDNN"
+    stack = getattr(engine.core.model_runner, "layer_stack_decision", None)
+    if stack is not None and stack.large_steps_in_c:
+        return f"float32: C layer stack {lib.variant}, every step ({stack.reason})"
+    why = f"; larger steps oneDNN ({stack.reason})" if stack is not None else " + oneDNN"
+    return f"float32: C kernel {lib.variant} (steps <= 48 tokens){why}"
 
 
 def shared_model(name: str) -> Path | None:

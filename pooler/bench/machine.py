@@ -74,7 +74,8 @@ def precision_paths() -> dict[str, str]:
 
     cpu = cpu_features()
     lib = encoder_kernels()
-    fp32 = f"C kernel {lib.variant} (steps <= 48 tokens) + oneDNN" if lib is not None else \
+    fp32 = f"C kernel {lib.variant} (steps <= 48 tokens; larger ones too where it beats " \
+        "oneDNN at load)" if lib is not None else \
         "torch/oneDNN (no C kernel here)"
     low = ", attention in bf16 products" if bf16_attention_kernels() is not None else \
         (", attention fp32" if lib is not None else "")

@@ -1,5 +1,6 @@
-"""The BertLayer stack for a short step (one short query, or a few) in one C call
-(encoder_cpu.c).
+"""The BertLayer stack for a step in one C call (encoder_cpu.c): always for a short step (one
+short query, or a few), and for larger fp32 steps too where the load-time check timed it faster
+than the torch layers (pooler/worker/layer_stack_check.py, the model's LARGE_STEPS flag).
 
 Taken when all of these hold, else the model runs its torch layers:
 - BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT and MPNet (its relative position bias added to
@@ -7,7 +8,8 @@ Taken when all of these hold, else the model runs its torch layers:
 - the CPU kernels built here (pooler/kernels/build.py: Linux x86-64 with AVX-512 or AVX2, a C
   compiler, `POOLER_CPU_KERNELS` not 0);
 - the step has at most `MAX_TOKENS` tokens in all (one short query, or a few packed together),
-  fp32 on the CPU, no autograd (an unattended suffix, ColBERT's query expansion, is handled);
+  or the model's LARGE_STEPS flag is set; fp32 on the CPU, no autograd (an unattended suffix,
+  ColBERT's query expansion, is handled);
 - hidden size and head size multiples of 16 (true of the BERT sizes in use: 384, 768, 1024
   with 32- or 64-wide heads);
 - the layers are the stock ones (plain nn.Linear / nn.LayerNorm; int8 layers only where they
@@ -18,9 +20,12 @@ Taken when all of these hold, else the model runs its torch layers:
 
 Measured on MiniLM-L6, 12 tokens, 2 threads (docs/benchmarks.md, "A short step in one C
 call"): the whole layer stack takes ~1.3 ms in C (its 24 GEMMs alone ~1.2 ms), where oneDNN's 24
-GEMMs alone took ~2.9 ms and the torch layers ~60 more eager ops. Larger steps keep oneDNN,
-which wins from about 64 tokens on (benchmarks/bert_cpu_kernel.py). Outputs agree with the
-torch path to ~3e-7 (tests/unit/test_bert_cpu_kernel.py).
+GEMMs alone took ~2.9 ms and the torch layers ~60 more eager ops. For larger steps the GEMM
+shares out (48-row block, panel) tasks; with that, MiniLM over the long-text mix ran 1.12x
+faster than the torch layers on Zen 4's AVX-512 build and 1.25x with everything held to AVX2
+(benchmarks/layer_stack_ab.py); before the row blocks, oneDNN won from about 64 tokens on.
+Outputs agree with the torch path to ~3e-7 (tests/unit/test_bert_cpu_kernel.py,
+tests/unit/test_large_steps_c_stack.py).
 
 Memory: the packed copy of the layers' weights lives as long as the model (+42 MB for
 MiniLM-L6, ~340 MB for BERT-base sizes), made at the first step that takes this path.
@@ -37,6 +42,9 @@ from pooler.kernels.build import encoder_kernels
 from pooler.layers.linear import Bf16Linear
 
 MAX_TOKENS = 48
+# Set on a model (its __dict__) when steps of any size take this stack: fp32 models only, where
+# the load-time check (pooler/worker/layer_stack_check.py) timed it faster than oneDNN.
+LARGE_STEPS = "_cpu_kernel_large_steps"
 # config hidden_act -> encoder_cpu.c epilogue
 _ACTIVATIONS = {"gelu": 2, "gelu_python": 2, "gelu_new": 3, "gelu_pytorch_tanh": 3,
                 "gelu_fast": 3, "relu": 4}
@@ -134,8 +142,8 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
     back) in one C call, or None when the step or the model does not qualify (see the module
     docstring); x is overwritten. position_bias: length -> [heads, L, L] fp32 score bias shared
     by every layer (MPNet), as BertLayer takes it."""
-    if not (x.shape[0] <= MAX_TOKENS and x.is_cpu and x.dtype == torch.float32
-            and x.is_contiguous()):
+    if not ((x.shape[0] <= MAX_TOKENS or model.__dict__.get(LARGE_STEPS)) and x.is_cpu
+            and x.dtype == torch.float32 and x.is_contiguous()):
         return None
     seq_lens = inputs.seq_lens
     unattended = inputs.num_unattended or [0] * len(seq_lens)
@@ -181,3 +189,22 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
                     len(model.layers), state.table, cfg.layer_norm_eps, act, scratch.data_ptr(),
                     threads)
     return x
+
+
+def large_steps_eligible(model: nn.Module) -> bool:
+    """Whether steps of any size could take this stack for `model` (a backbone that calls
+    run_layers): plain fp32 nn.Linear layers only (an int8 or bf16 model keeps its own GEMMs
+    for large steps), stock norms, a known activation, vector-friendly sizes, kernels built."""
+    layers = model._modules.get("layers")
+    cfg = getattr(model, "config", None)
+    if not layers or cfg is None or encoder_kernels() is None:
+        return False
+    if (cfg.hidden_act or "gelu").lower() not in _ACTIVATIONS:
+        return False
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    if h % 16 or (h // heads) % 16:
+        return False
+    linears = [layer._modules.get(name) for layer in layers for name in _LINEARS]
+    return all(type(m) is nn.Linear and m.weight.dtype == torch.float32 for m in linears) and \
+        all(_layer_tensors(layer) is not None for layer in layers)
+

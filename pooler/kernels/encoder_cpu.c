@@ -7,7 +7,7 @@
  * small-M GEMM, 24 of them for MiniLM, plus ~60 small eager ops between them. oneDNN's GEMM at
  * M=12 runs well below what the core can do, and each eager op costs ~10-20 us of dispatch.
  * Here the GEMM is a 12x32 register tile (3x32 on AVX2) over weights packed into 32-column
- * panels (each weight read once per tile of rows, contiguous), and everything between the
+ * panels (each weight read once per block of rows, contiguous), and everything between the
  * GEMMs (attention, softmax, layer norm, GELU, residual adds) runs inside the same OpenMP
  * parallel region.
  *
@@ -106,29 +106,40 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
+/* Rows per task of a large step: a task's slice of x stays in L2 while every panel of the
+ * weight streams past it (a whole large step of x, 3-12 MB, went out to L3 and back for each
+ * panel). A multiple of both builds' MR; a step of at most GEMM_MB rows is one block, so a
+ * short step still shares the panels out and reads each weight once. */
+#ifndef GEMM_MB
+#define GEMM_MB 48
+#endif
+
 /* y[m, n] = epi(x[m, k] W^T + b) (EPI_RESIDUAL: + res[m, n]). Called inside a parallel region:
- * the panels are shared out among the threads, with the implicit barrier at the end. */
+ * (row block, panel) tasks are shared out among the threads, with the implicit barrier at the
+ * end. */
 static void gemm(const float *x, const float *packed, const float *bias, const float *res,
                  float *y, int m, int n, int k, int epi) {
-    int panels = (n + NR - 1) / NR;
-#pragma omp for schedule(static)
-    for (int p = 0; p < panels; p++) {
-        const float *panel = packed + (size_t)p * k * NR;
-        int cols = n - p * NR < NR ? n - p * NR : NR;
-        for (int m0 = 0; m0 < m; m0 += MR) {
-            int mr = m - m0 < MR ? m - m0 : MR;
-            const float *xr = x + (size_t)m0 * k;
-            float *yr = y + (size_t)m0 * n + p * NR;
-            const float *rr = res ? res + (size_t)m0 * n + p * NR : NULL;
-            switch (mr) {
+    int panels = (n + NR - 1) / NR, blocks = (m + GEMM_MB - 1) / GEMM_MB;
+#pragma omp for schedule(static) collapse(2)
+    for (int b = 0; b < blocks; b++)
+        for (int p = 0; p < panels; p++) {
+            const float *panel = packed + (size_t)p * k * NR;
+            int cols = n - p * NR < NR ? n - p * NR : NR;
+            int m_end = (b + 1) * GEMM_MB < m ? (b + 1) * GEMM_MB : m;
+            for (int m0 = b * GEMM_MB; m0 < m_end; m0 += MR) {
+                int mr = m_end - m0 < MR ? m_end - m0 : MR;
+                const float *xr = x + (size_t)m0 * k;
+                float *yr = y + (size_t)m0 * n + p * NR;
+                const float *rr = res ? res + (size_t)m0 * n + p * NR : NULL;
+                switch (mr) {
 #define TILE(R) \
     case R: if (R <= MR) tile(R, xr, k, panel, bias + p * NR, rr, yr, n, cols, epi); break;
-                TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+                    TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+                    TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
 #undef TILE
+                }
             }
         }
-    }
 }
 
 /* out[r] = layer_norm(in[r]) * w + b, rows shared among the threads; h % 16 == 0. */
@@ -191,7 +202,8 @@ void bert_layers(float *x, int m, int seqs, const int *starts, const int *keys,
                  const float *const *params, float eps, int act, float *scratch, int threads) {
     float *qkv = scratch, *ctx = qkv + (size_t)m * 3 * h, *t = ctx + (size_t)m * h;
     float *up = t + (size_t)m * h, *work = up + (size_t)m * inter;
-    int task_starts[seqs + 1];  /* a short step: a few sequences */
+    int *task_starts = malloc(sizeof(int) * (seqs + 1)); /* a large step: many sequences */
+    if (!task_starts) return;
     attention_tasks(seqs, starts, heads, task_starts);
     int d = h / heads;
     struct attention_args a = {qkv, qkv + h, qkv + 2 * h, 3 * h, 3 * h, 3 * h, ctx, heads, d,
@@ -208,4 +220,5 @@ void bert_layers(float *x, int m, int seqs, const int *starts, const int *keys,
         gemm(up, p[P_DOWN_W], p[P_DOWN_B], x, t, m, h, inter, EPI_RESIDUAL);
         layer_norm(t, x, m, h, p[P_LN2_W], p[P_LN2_B], eps);
     }
+    free(task_starts);
 }

@@ -25,6 +25,7 @@ from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOut
 from pooler.worker.memory import HeapTrimmer, bound_kernel_caches, tune_malloc_for_steps
 from pooler.worker.pooling_runner import PoolingRunner
 from pooler.worker.int8_calibration import calibration_forward
+from pooler.worker.layer_stack_check import LayerStackDecision, choose_large_step_path
 from pooler.worker.precision_check import choose_int8_or_fp32
 from pooler.worker.runner_base import ModelRunnerBase
 from pooler.worker.step_threads import StepThreads
@@ -54,6 +55,12 @@ class ModelRunner(ModelRunnerBase):
                         calibrate=calibration_forward(model_config)))
         else:
             self.model = build_model(model_config)
+        # fp32 steps above 48 tokens: the C layer stack or torch's layers, timed here
+        # (layer_stack_check.py); None for int8, bf16, non-BERT and non-CPU models
+        self.layer_stack_decision: LayerStackDecision | None = None
+        if self.device.type == "cpu" and hasattr(self.model, "backbone"):
+            self.layer_stack_decision = choose_large_step_path(self.model.backbone,
+                                                               model_config.max_model_len)
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
         self.requests: dict[str, NewRequestData] = {}
         self.heap_trimmer = HeapTrimmer()

@@ -1,0 +1,190 @@
+"""Steps above bert_cpu.MAX_TOKENS in the C layer stack (encoder_cpu.c's row-blocked GEMMs),
+and the load-time choice between it and torch's layers (pooler/worker/layer_stack_check.py):
+parity with the torch layers on both builds, independence from the thread count, which models
+qualify, and the decision rule on fake timings."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from pooler.kernels import bert_cpu
+from pooler.kernels.build import encoder_kernels
+from pooler.layers.linear import Bf16Swap
+from pooler.layers.quantization import quantize_linears
+from pooler.models.bert import BertModel
+from pooler.models.inputs import ModelInputs
+from pooler.worker import layer_stack_check
+
+pytestmark = pytest.mark.skipif(
+    encoder_kernels() is None,
+    reason="CPU encoder kernels unavailable here (needs Linux x86-64 with AVX-512 or AVX2 and a C "
+           "compiler; see pooler/kernels/build.py)")
+
+# 197 tokens: 4 whole 48-row blocks and a 5-row one; 97: two blocks and one row
+LARGE_STEPS = [[60, 37, 100], [97], [50, 1, 46]]
+
+
+def _model(hidden: int = 48, heads: int = 3, inter: int = 80, seed: int = 0) -> BertModel:
+    # hidden 48 -> q/k/v 144 = 4.5 panels; inter 80 = 2.5 panels: every GEMM has a tail.
+    torch.manual_seed(seed)
+    model = BertModel({"vocab_size": 100, "hidden_size": hidden, "num_hidden_layers": 2,
+                       "num_attention_heads": heads, "intermediate_size": inter,
+                       "hidden_act": "gelu", "max_position_embeddings": 128}).eval()
+    with torch.no_grad():  # LayerNorm starts at 1/0: make it matter
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p) * 0.2 + (1.0 if name.endswith("weight") else 0.0))
+    return model
+
+
+def _inputs(lengths: list[int], seed: int = 1) -> ModelInputs:
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    return ModelInputs(input_ids=torch.randint(0, 100, (total,), generator=g),
+                       positions=torch.cat([torch.arange(n) for n in lengths]),
+                       token_type_ids=None, cu_seqlens=cu, seq_lens=lengths,
+                       max_seqlen=max(lengths))
+
+
+def _torch_layers(model: BertModel, inputs: ModelInputs) -> torch.Tensor:
+    x = model.embed(inputs)
+    for layer in model.layers:
+        x = layer(x, inputs)
+    return x
+
+
+def _c_stack(model: BertModel, inputs: ModelInputs) -> torch.Tensor | None:
+    return bert_cpu.bert_layers_on_cpu(model, model.embed(inputs), inputs)
+
+
+@pytest.fixture(params=["best", "avx2"])
+def build(request, monkeypatch):
+    """Each runnable build of encoder_cpu.c: the best this CPU runs, and the AVX2 one forced."""
+    from pooler.kernels import build as kernel_build
+
+    if request.param == "avx2":
+        if not kernel_build.cpu_features().avx2:
+            pytest.skip("no AVX2 here")
+        monkeypatch.setenv(kernel_build.DISABLE_ENV, "avx2")
+    kernel_build.encoder_kernels.cache_clear()
+    yield kernel_build.encoder_kernels().variant
+    monkeypatch.undo()
+    kernel_build.encoder_kernels.cache_clear()
+
+
+@pytest.mark.parametrize("lengths", LARGE_STEPS)
+def test_large_steps_match_torch_layers_on_each_build(build, lengths):
+    model = _model()
+    inputs = _inputs(lengths)
+    with torch.inference_mode():
+        assert _c_stack(model, inputs) is None  # not chosen: torch's layers run it
+        model.__dict__[bert_cpu.LARGE_STEPS] = True
+        fused = _c_stack(model, inputs)
+        assert fused is not None, f"{build}: a {sum(lengths)}-token step should take C"
+        torch.testing.assert_close(fused, _torch_layers(model, inputs), rtol=1e-5, atol=2e-5)
+
+
+def test_a_step_of_many_short_sequences_matches_torch_layers():
+    # 300 sequences: more than the stack's old fixed-size table of sequence starts held
+    lengths = [1 + i % 3 for i in range(300)]
+    model, inputs = _model(), _inputs(lengths)
+    model.__dict__[bert_cpu.LARGE_STEPS] = True
+    with torch.inference_mode():
+        fused = _c_stack(model, inputs)
+        assert fused is not None
+        torch.testing.assert_close(fused, _torch_layers(model, inputs), rtol=1e-5, atol=2e-5)
+
+
+def test_large_step_results_do_not_depend_on_threads():
+    model, inputs = _model(), _inputs(LARGE_STEPS[0])
+    model.__dict__[bert_cpu.LARGE_STEPS] = True
+    previous = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                outs.append(_c_stack(model, inputs))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_only_fp32_stock_models_qualify():
+    assert bert_cpu.large_steps_eligible(_model())
+    assert not bert_cpu.large_steps_eligible(_model(heads=6))  # head size 8
+    int8 = _model()
+    quantize_linears(int8)  # keeps its own int8 GEMMs for large steps
+    assert not bert_cpu.large_steps_eligible(int8)
+    bf16 = _model()
+    Bf16Swap(bf16).use(True)
+    assert not bert_cpu.large_steps_eligible(bf16)
+
+
+def _fake(c_seconds: float, torch_seconds: float, calls: list):
+    def measure(c_stack, torch_layers):
+        c_stack()  # each side really runs once: the decision's callables must work
+        torch_layers()
+        calls.append(1)
+        return c_seconds, torch_seconds
+    return measure
+
+
+@pytest.mark.parametrize("c_ms,torch_ms,expect", [(80.0, 100.0, True), (104.0, 100.0, True),
+                                                  (106.0, 100.0, False), (120.0, 100.0, False)])
+def test_the_c_stack_goes_only_when_slower_beyond_the_margin(monkeypatch, c_ms, torch_ms,
+                                                             expect):
+    monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
+    model, calls = _model(), []
+    decision = layer_stack_check.choose_large_step_path(model, 128,
+                                                        measure=_fake(c_ms, torch_ms, calls))
+    assert calls == [1]
+    assert decision.large_steps_in_c is expect
+    assert model.__dict__[bert_cpu.LARGE_STEPS] is expect
+    assert decision.timings == (c_ms, torch_ms)
+    assert "C stack" in decision.reason and "torch layers" in decision.reason
+
+
+@pytest.mark.parametrize("policy,expect", [("all", True), ("short", False), ("ALL", True)])
+def test_the_environment_decides_without_timing(monkeypatch, policy, expect):
+    monkeypatch.setenv(layer_stack_check.POLICY_ENV, policy)
+    model, calls = _model(), []
+    decision = layer_stack_check.choose_large_step_path(model, 128,
+                                                        measure=_fake(1.0, 2.0, calls))
+    assert calls == [] and decision.timings is None
+    assert model.__dict__[bert_cpu.LARGE_STEPS] is expect
+
+
+def test_a_bad_policy_names_the_variable_and_the_choices(monkeypatch):
+    monkeypatch.setenv(layer_stack_check.POLICY_ENV, "sometimes")
+    with pytest.raises(ValueError, match="POOLER_C_LAYER_STACK.*auto, all, short"):
+        layer_stack_check.choose_large_step_path(_model(), 128, measure=_fake(1.0, 2.0, []))
+
+
+def test_models_that_do_not_qualify_are_not_timed(monkeypatch):
+    monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
+    model, calls = _model(), []
+    quantize_linears(model)
+    decision = layer_stack_check.choose_large_step_path(model, 128,
+                                                        measure=_fake(1.0, 2.0, calls))
+    assert calls == [] and not decision.large_steps_in_c
+    assert not model.__dict__.get(bert_cpu.LARGE_STEPS)
+
+
+def test_one_timing_per_model_shape_in_a_process(monkeypatch, caplog):
+    monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
+    monkeypatch.setattr(layer_stack_check, "_DECISIONS", {})
+    calls = []
+    monkeypatch.setattr(layer_stack_check, "interleaved_medians",
+                        lambda c, t, rounds: _fake(1.0, 2.0, calls)(c, t))
+    with caplog.at_level(logging.INFO, logger=layer_stack_check.__name__):
+        first = layer_stack_check.choose_large_step_path(_model(seed=0), 128)
+        second_model = _model(seed=1)  # other weights, same shape: the memo answers
+        second = layer_stack_check.choose_large_step_path(second_model, 128)
+        layer_stack_check.choose_large_step_path(_model(inter=96), 128)  # another shape
+    assert len(calls) == 2
+    assert first == second and second_model.__dict__[bert_cpu.LARGE_STEPS] is True
+    assert sum("C layer stack" in r.getMessage() for r in caplog.records) == 3
