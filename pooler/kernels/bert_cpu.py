@@ -192,14 +192,17 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
 
 
 def large_steps_eligible(model: nn.Module) -> bool:
-    """Whether steps of any size could take this stack for `model` (a backbone that calls
-    run_layers): plain fp32 nn.Linear layers only (an int8 or bf16 model keeps its own GEMMs
-    for large steps), stock norms, a known activation, vector-friendly sizes, kernels built."""
+    """Whether steps of any size could take this stack for `model`, a backbone whose layers
+    are BertLayers (the caller checks that: pooler/worker/layer_stack_check.py): plain fp32
+    nn.Linear layers only (an int8 or bf16 model keeps its own GEMMs for large steps), stock
+    norms, a known activation, vector-friendly sizes, kernels built."""
     layers = model._modules.get("layers")
     cfg = getattr(model, "config", None)
     if not layers or cfg is None or encoder_kernels() is None:
         return False
-    if (cfg.hidden_act or "gelu").lower() not in _ACTIVATIONS:
+    if any(name not in layer._modules for layer in layers for name in _LINEARS + _NORMS):
+        return False
+    if (getattr(cfg, "hidden_act", None) or "gelu").lower() not in _ACTIVATIONS:
         return False
     h, heads = cfg.hidden_size, cfg.num_attention_heads
     if h % 16 or (h // heads) % 16:

@@ -79,6 +79,13 @@ def _packed_for(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     return cached[1]
 
 
+def drop_packed_weights(module: nn.Module) -> None:
+    """Free the oneDNN-packed weight copies under `module` (a model whose steps all run the C
+    layer stack no longer reads them; a later call that needs one packs it again)."""
+    for child in module.modules():
+        child.__dict__.pop(_PACKED, None)
+
+
 def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
                postop: tuple[str, str] | None = _NO_POSTOP,
                keep_bf16: bool = False) -> torch.Tensor:

@@ -32,6 +32,8 @@ from torch import nn
 
 from pooler.kernels.bert_cpu import LARGE_STEPS, MAX_TOKENS, large_steps_eligible
 from pooler.kernels.build import encoder_kernels
+from pooler.layers.linear import drop_packed_weights
+from pooler.models.bert import BertLayer
 from pooler.precision_gate import interleaved_medians
 from pooler.worker.precision_check import step_inputs
 
@@ -70,7 +72,10 @@ def choose_large_step_path(backbone: nn.Module, max_model_len: int,
     """Decide, and set on `backbone`, whether its steps above MAX_TOKENS take the C layer
     stack. measure(c_stack, torch_layers) -> (seconds, seconds) replaces the timer (and the
     per-process memo) in tests."""
-    if not large_steps_eligible(backbone):
+    layers = backbone._modules.get("layers") or ()
+    # BertLayer: what run_layers (BERT, DistilBERT, MPNet and their kin) hands to the C stack
+    if not (layers and all(type(layer) is BertLayer for layer in layers)
+            and large_steps_eligible(backbone)):
         return LayerStackDecision(False, "not eligible (not an fp32 BERT-family stack with the "
                                          "CPU kernels built)")
     chosen = policy()
@@ -88,6 +93,8 @@ def choose_large_step_path(backbone: nn.Module, max_model_len: int,
             if measure is None:
                 _DECISIONS[key] = decision
     backbone.__dict__[LARGE_STEPS] = decision.large_steps_in_c
+    if decision.large_steps_in_c:
+        drop_packed_weights(backbone)  # the timing's torch side packed them for oneDNN
     logger.info("fp32 steps above %d tokens: %s (%s)", MAX_TOKENS,
                 "C layer stack" if decision.large_steps_in_c else "torch layers (oneDNN)",
                 decision.reason)

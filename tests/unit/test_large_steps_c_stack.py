@@ -188,3 +188,16 @@ def test_one_timing_per_model_shape_in_a_process(monkeypatch, caplog):
     assert len(calls) == 2
     assert first == second and second_model.__dict__[bert_cpu.LARGE_STEPS] is True
     assert sum("C layer stack" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_choosing_the_c_stack_frees_the_onednn_copies(monkeypatch):
+    from pooler.layers import linear
+
+    monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
+    model = _model()
+    inputs = _inputs(LARGE_STEPS[0])
+    with torch.inference_mode():
+        _torch_layers(model, inputs)  # packs every linear for oneDNN where it is available
+    assert any(linear._PACKED in m.__dict__ for m in model.modules()) or not linear._HAS_ONEDNN
+    layer_stack_check.choose_large_step_path(model, 128, measure=_fake(1.0, 2.0, []))
+    assert not any(linear._PACKED in m.__dict__ for m in model.modules())
