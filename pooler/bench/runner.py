@@ -143,7 +143,8 @@ def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
     workloads = [get_workload(n) for n in names]
     machine = machine_info()
     gemm = [measure_gemm_gflops(opts.threads)]
-    log(f"fp32 GEMM 2048^3 at {opts.threads} threads: {gemm[0]:.0f} GFLOP/s")
+    log(f"fp32 GEMM 2048^3 at {opts.threads} threads (the faster of torch matmul and oneDNN): "
+        f"{gemm[0]:.0f} GFLOP/s")
     # The ceiling is the CPU's fp32 GEMM rate: on a GPU run it would mean nothing.
     flops = {w.name: w.flops_per_token(opts) for w in workloads
              if w.flops_per_token and not (w.skip and w.skip(opts)) and opts.device == "cpu"}
@@ -277,8 +278,8 @@ def summary_lines(report: BenchReport) -> list[str]:
              f"versions: python {m['python']}, torch {m['torch']}, transformers "
              f"{m['transformers']}, sentence-transformers {m['sentence-transformers']}, "
              f"tokenizers {m['tokenizers']}",
-             "fp32 GEMM (2048^3, best of 5): " + ", ".join(f"{g:.0f}" for g in report.gemm_gflops)
-             + " GFLOP/s (before, after)"]
+             "fp32 GEMM (2048^3, best of 5, faster of torch matmul / oneDNN): "
+             + ", ".join(f"{g:.0f}" for g in report.gemm_gflops) + " GFLOP/s (before, after)"]
     for name, fpt in report.flops_per_token.items():
         ceiling = report.gemm_gflops[0] * 1e9 / fpt
         lines.append(f"{name}: {fpt / 1e6:.1f} MFLOP per real token -> fp32 ceiling "

@@ -289,3 +289,29 @@ def test_long_corpus_is_the_issue_mix():
     assert len(texts) == 600 and texts == corpus.long_mix()
     lengths = sorted(len(t.split()) for t in texts)
     assert lengths[0] >= 5 and lengths[299] <= 15 and lengths[300] >= 50 and lengths[-1] <= 250
+
+
+def test_the_gemm_ceiling_is_the_faster_of_matmul_and_onednn(monkeypatch):
+    """measure_gemm_gflops times both GEMMs and keeps the faster: with torch's matmul slowed
+    down 50x the figure must still be oneDNN's (where torch has oneDNN)."""
+    import time
+
+    import torch
+
+    from pooler.bench import machine
+
+    if not (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        pytest.skip("torch without oneDNN's linear here")
+    both = machine.measure_gemm_gflops(1, size=256, repeats=3)
+    real_matmul = torch.Tensor.__matmul__
+
+    def slow_matmul(a, b):
+        start = time.perf_counter()
+        out = real_matmul(a, b)
+        time.sleep(50 * (time.perf_counter() - start) + 0.002)
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", slow_matmul)
+    slowed = machine.measure_gemm_gflops(1, size=256, repeats=3)
+    assert slowed > 0.2 * both  # oneDNN's rate, not the slowed matmul's (< 2% of it)
