@@ -22,21 +22,6 @@ pytestmark = pytest.mark.skipif(
 LENGTHS = [1, 7, 16, 33, 128, 300, 513]
 
 
-@pytest.fixture(params=["best", "avx2"])
-def kernel_build(request, monkeypatch):
-    """encoder_kernels() as the best build for this CPU, or as the AVX2 one."""
-    if request.param == "avx2":
-        if not build.cpu_features().avx2:
-            pytest.skip("no AVX2 here")
-        monkeypatch.setenv(build.DISABLE_ENV, "avx2")
-    build.encoder_kernels.cache_clear()
-    lib = build.encoder_kernels()
-    assert lib is not None and (request.param != "avx2" or lib.variant == "avx2")
-    yield lib
-    monkeypatch.undo()
-    build.encoder_kernels.cache_clear()
-
-
 def _cu(seq_lens):
     return torch.tensor([0, *seq_lens]).cumsum(0).to(torch.int32)
 

@@ -16,6 +16,9 @@ from pooler.layers.quantization import quantize_linears
 from pooler.models.bert import BertModel
 from pooler.models.inputs import ModelInputs
 from pooler.worker import layer_stack_check
+from tests.unit.bert_stack import packed_inputs as _inputs
+from tests.unit.bert_stack import tiny_bert
+from tests.unit.bert_stack import torch_layers as _torch_layers
 
 pytestmark = pytest.mark.skipif(
     encoder_kernels() is None,
@@ -26,71 +29,26 @@ pytestmark = pytest.mark.skipif(
 LARGE_STEPS = [[60, 37, 100], [97], [50, 1, 46]]
 
 
-def _model(hidden: int = 48, heads: int = 3, inter: int = 80, seed: int = 0) -> BertModel:
-    # hidden 48 -> q/k/v 144 = 4.5 panels; inter 80 = 2.5 panels: every GEMM has a tail.
-    torch.manual_seed(seed)
-    model = BertModel({"vocab_size": 100, "hidden_size": hidden, "num_hidden_layers": 2,
-                       "num_attention_heads": heads, "intermediate_size": inter,
-                       "hidden_act": "gelu", "max_position_embeddings": 128}).eval()
-    with torch.no_grad():  # LayerNorm starts at 1/0: make it matter
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(torch.randn_like(p) * 0.2 + (1.0 if name.endswith("weight") else 0.0))
-    return model
-
-
-def _inputs(lengths: list[int], seed: int = 1) -> ModelInputs:
-    g = torch.Generator().manual_seed(seed)
-    total = sum(lengths)
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
-    return ModelInputs(input_ids=torch.randint(0, 100, (total,), generator=g),
-                       positions=torch.cat([torch.arange(n) for n in lengths]),
-                       token_type_ids=None, cu_seqlens=cu, seq_lens=lengths,
-                       max_seqlen=max(lengths))
-
-
-def _torch_layers(model: BertModel, inputs: ModelInputs) -> torch.Tensor:
-    x = model.embed(inputs)
-    for layer in model.layers:
-        x = layer(x, inputs)
-    return x
-
-
 def _c_stack(model: BertModel, inputs: ModelInputs) -> torch.Tensor | None:
     return bert_cpu.bert_layers_on_cpu(model, model.embed(inputs), inputs)
 
 
-@pytest.fixture(params=["best", "avx2"])
-def build(request, monkeypatch):
-    """Each runnable build of encoder_cpu.c: the best this CPU runs, and the AVX2 one forced."""
-    from pooler.kernels import build as kernel_build
-
-    if request.param == "avx2":
-        if not kernel_build.cpu_features().avx2:
-            pytest.skip("no AVX2 here")
-        monkeypatch.setenv(kernel_build.DISABLE_ENV, "avx2")
-    kernel_build.encoder_kernels.cache_clear()
-    yield kernel_build.encoder_kernels().variant
-    monkeypatch.undo()
-    kernel_build.encoder_kernels.cache_clear()
-
-
 @pytest.mark.parametrize("lengths", LARGE_STEPS)
-def test_large_steps_match_torch_layers_on_each_build(build, lengths):
-    model = _model()
+def test_large_steps_match_torch_layers_on_each_build(kernel_build, lengths):
+    model = tiny_bert()
     inputs = _inputs(lengths)
     with torch.inference_mode():
         assert _c_stack(model, inputs) is None  # not chosen: torch's layers run it
         model.__dict__[bert_cpu.LARGE_STEPS] = True
         fused = _c_stack(model, inputs)
-        assert fused is not None, f"{build}: a {sum(lengths)}-token step should take C"
+        assert fused is not None, f"{kernel_build.variant}: a {sum(lengths)}-token step should take C"
         torch.testing.assert_close(fused, _torch_layers(model, inputs), rtol=1e-5, atol=2e-5)
 
 
 def test_a_step_of_many_short_sequences_matches_torch_layers():
     # 300 sequences: more than the stack's old fixed-size table of sequence starts held
     lengths = [1 + i % 3 for i in range(300)]
-    model, inputs = _model(), _inputs(lengths)
+    model, inputs = tiny_bert(), _inputs(lengths)
     model.__dict__[bert_cpu.LARGE_STEPS] = True
     with torch.inference_mode():
         fused = _c_stack(model, inputs)
@@ -99,7 +57,7 @@ def test_a_step_of_many_short_sequences_matches_torch_layers():
 
 
 def test_large_step_results_do_not_depend_on_threads():
-    model, inputs = _model(), _inputs(LARGE_STEPS[0])
+    model, inputs = tiny_bert(), _inputs(LARGE_STEPS[0])
     model.__dict__[bert_cpu.LARGE_STEPS] = True
     previous = torch.get_num_threads()
     try:
@@ -114,12 +72,12 @@ def test_large_step_results_do_not_depend_on_threads():
 
 
 def test_only_fp32_stock_models_qualify():
-    assert bert_cpu.large_steps_eligible(_model())
-    assert not bert_cpu.large_steps_eligible(_model(heads=6))  # head size 8
-    int8 = _model()
+    assert bert_cpu.large_steps_eligible(tiny_bert())
+    assert not bert_cpu.large_steps_eligible(tiny_bert(heads=6))  # head size 8
+    int8 = tiny_bert()
     quantize_linears(int8)  # keeps its own int8 GEMMs for large steps
     assert not bert_cpu.large_steps_eligible(int8)
-    bf16 = _model()
+    bf16 = tiny_bert()
     Bf16Swap(bf16).use(True)
     assert not bert_cpu.large_steps_eligible(bf16)
 
@@ -138,7 +96,7 @@ def _fake(c_seconds: float, torch_seconds: float, calls: list):
 def test_the_c_stack_goes_only_when_slower_beyond_the_margin(monkeypatch, c_ms, torch_ms,
                                                              expect):
     monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
-    model, calls = _model(), []
+    model, calls = tiny_bert(), []
     decision = layer_stack_check.choose_large_step_path(model, 128,
                                                         measure=_fake(c_ms, torch_ms, calls))
     assert calls == [1]
@@ -151,7 +109,7 @@ def test_the_c_stack_goes_only_when_slower_beyond_the_margin(monkeypatch, c_ms, 
 @pytest.mark.parametrize("policy,expect", [("all", True), ("short", False), ("ALL", True)])
 def test_the_environment_decides_without_timing(monkeypatch, policy, expect):
     monkeypatch.setenv(layer_stack_check.POLICY_ENV, policy)
-    model, calls = _model(), []
+    model, calls = tiny_bert(), []
     decision = layer_stack_check.choose_large_step_path(model, 128,
                                                         measure=_fake(1.0, 2.0, calls))
     assert calls == [] and decision.timings is None
@@ -161,12 +119,12 @@ def test_the_environment_decides_without_timing(monkeypatch, policy, expect):
 def test_a_bad_policy_names_the_variable_and_the_choices(monkeypatch):
     monkeypatch.setenv(layer_stack_check.POLICY_ENV, "sometimes")
     with pytest.raises(ValueError, match="POOLER_C_LAYER_STACK.*auto, all, short"):
-        layer_stack_check.choose_large_step_path(_model(), 128, measure=_fake(1.0, 2.0, []))
+        layer_stack_check.choose_large_step_path(tiny_bert(), 128, measure=_fake(1.0, 2.0, []))
 
 
 def test_models_that_do_not_qualify_are_not_timed(monkeypatch):
     monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
-    model, calls = _model(), []
+    model, calls = tiny_bert(), []
     quantize_linears(model)
     decision = layer_stack_check.choose_large_step_path(model, 128,
                                                         measure=_fake(1.0, 2.0, calls))
@@ -181,10 +139,10 @@ def test_one_timing_per_model_shape_in_a_process(monkeypatch, caplog):
     monkeypatch.setattr(layer_stack_check, "interleaved_medians",
                         lambda c, t, rounds: _fake(1.0, 2.0, calls)(c, t))
     with caplog.at_level(logging.INFO, logger=layer_stack_check.__name__):
-        first = layer_stack_check.choose_large_step_path(_model(seed=0), 128)
-        second_model = _model(seed=1)  # other weights, same shape: the memo answers
+        first = layer_stack_check.choose_large_step_path(tiny_bert(seed=0), 128)
+        second_model = tiny_bert(seed=1)  # other weights, same shape: the memo answers
         second = layer_stack_check.choose_large_step_path(second_model, 128)
-        layer_stack_check.choose_large_step_path(_model(inter=96), 128)  # another shape
+        layer_stack_check.choose_large_step_path(tiny_bert(inter=96), 128)  # another shape
     assert len(calls) == 2
     assert first == second and second_model.__dict__[bert_cpu.LARGE_STEPS] is True
     assert sum("C layer stack" in r.getMessage() for r in caplog.records) == 3
@@ -194,7 +152,7 @@ def test_choosing_the_c_stack_frees_the_onednn_copies(monkeypatch):
     from pooler.layers import linear
 
     monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
-    model = _model()
+    model = tiny_bert()
     inputs = _inputs(LARGE_STEPS[0])
     with torch.inference_mode():
         _torch_layers(model, inputs)  # packs every linear for oneDNN where it is available
