@@ -34,12 +34,14 @@ PAYLOAD = {"input": ["alpha beta " * 100] * INPUTS_PER_REQUEST}
 
 @pytest.fixture(scope="module")
 def slow_tiny_model(tmp_path_factory, minilm_path):
-    """A seeded random 4-layer BERT (hidden 256): 20 of the issue's requests (164k tokens
+    """A seeded random 8-layer BERT (hidden 256): 20 of the issue's requests (164k tokens
     after the 128-token truncation) take tens of seconds on a CI machine, so work is really
     cut at 3 s, while one engine step (--max-num-batched-tokens 1024) stays well under 1 s
-    (a forward pass in progress cannot be interrupted, so it bounds the exit)."""
+    (a forward pass in progress cannot be interrupted, so it bounds the exit). With 4 layers,
+    once large steps ran in the C layer stack, a loaded CI machine finished the first of 60
+    requests before the last was admitted, and the test never saw all 60 in flight."""
     folder = save_tiny_bert(tmp_path_factory.mktemp("shutdown-model"), minilm_path,
-                            hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                            hidden_size=256, num_hidden_layers=8, num_attention_heads=4,
                             intermediate_size=1024, max_position_embeddings=512)
     add_st_pooling(folder, "mean", normalize=True)
     return folder
