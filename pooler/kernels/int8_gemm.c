@@ -292,6 +292,7 @@ static inline __attribute__((always_inline)) void tile(
             DPBUSD(acc[r][1], a, w1);
         }
     }
+    epilogue(mr, acc, c0, scale, zp, colsum, wscale, bias, res, y, ldy, cols, act, out_bf16);
 #else
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 12
@@ -315,9 +316,7 @@ static inline __attribute__((always_inline)) void tile(
     }
     epilogue_out_of_line(mr, acc, c0, scale, zp, colsum, wscale, bias, res, y, ldy, cols, act,
                          out_bf16);
-    return;
 #endif
-    epilogue(mr, acc, c0, scale, zp, colsum, wscale, bias, res, y, ldy, cols, act, out_bf16);
 }
 
 /* Asks for the lines the epilogue of an mr-row, 64-column tile will touch (its residual rows
