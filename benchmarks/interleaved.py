@@ -1,6 +1,7 @@
-"""What the in-process A/B scripts share (attention_bf16_ab.py, int8_kernel_ab.py): their round
-options, and timed rounds over the long mix in alternating order (forward in even rounds,
-reversed in odd ones), so a shared machine's drift reaches every side alike."""
+"""What the in-process A/B scripts share (attention_bf16_ab.py, int8_kernel_ab.py,
+layer_stack_ab.py): their round options, and timed rounds over the long mix in alternating order
+(forward in even rounds, reversed in odd ones), so a shared machine's drift reaches every side
+alike."""
 from __future__ import annotations
 
 import argparse

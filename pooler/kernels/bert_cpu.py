@@ -129,6 +129,16 @@ class _PackedLayers:
         self.table = (ctypes.c_void_p * len(pointers))(*pointers)
 
 
+def _kernel_activation(cfg) -> int | None:
+    """encoder_cpu.c's epilogue code for the config's activation, or None when the kernel
+    cannot run this config: an activation it lacks, or hidden or head sizes that are not
+    multiples of 16 (its vector loops step 16 floats, 8 on AVX2)."""
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    if h % 16 or (h // heads) % 16:
+        return None
+    return _ACTIVATIONS.get((getattr(cfg, "hidden_act", None) or "gelu").lower())
+
+
 def _weights_key(tensors: list[torch.Tensor]) -> list:
     # A reload copies into the same tensors (bumping _version) or swaps them (a new object;
     # the state keeps the old ones alive, so their ids are not reused).
@@ -152,9 +162,7 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
     cfg = model.config
     m, h = x.shape
     heads, inter = cfg.num_attention_heads, cfg.intermediate_size
-    if h % 16 or (h // heads) % 16:  # the kernel's vector loops step 16 floats (8 on AVX2)
-        return None
-    act = _ACTIVATIONS.get((cfg.hidden_act or "gelu").lower())
+    act = _kernel_activation(cfg)
     lib = encoder_kernels() if act is not None else None
     if lib is None:
         return None
@@ -202,12 +210,8 @@ def large_steps_eligible(model: nn.Module) -> bool:
         return False
     if any(name not in layer._modules for layer in layers for name in _LINEARS + _NORMS):
         return False
-    if (getattr(cfg, "hidden_act", None) or "gelu").lower() not in _ACTIVATIONS:
-        return False
-    h, heads = cfg.hidden_size, cfg.num_attention_heads
-    if h % 16 or (h // heads) % 16:
+    if _kernel_activation(cfg) is None:
         return False
     linears = [layer._modules.get(name) for layer in layers for name in _LINEARS]
     return all(type(m) is nn.Linear and m.weight.dtype == torch.float32 for m in linears) and \
         all(_layer_tensors(layer) is not None for layer in layers)
-

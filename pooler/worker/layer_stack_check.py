@@ -76,6 +76,8 @@ def choose_large_step_path(backbone: nn.Module, max_model_len: int,
     # BertLayer: what run_layers (BERT, DistilBERT, MPNet and their kin) hands to the C stack
     if not (layers and all(type(layer) is BertLayer for layer in layers)
             and large_steps_eligible(backbone)):
+        # not logged at info: an int8 or bf16 engine would read that its fp32 steps use oneDNN
+        logger.debug("large steps: not an fp32 BERT-family stack with the CPU kernels built")
         return LayerStackDecision(False, "not eligible (not an fp32 BERT-family stack with the "
                                          "CPU kernels built)")
     chosen = policy()

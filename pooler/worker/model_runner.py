@@ -56,7 +56,8 @@ class ModelRunner(ModelRunnerBase):
         else:
             self.model = build_model(model_config)
         # fp32 steps above 48 tokens: the C layer stack or torch's layers, timed here
-        # (layer_stack_check.py); None for int8, bf16, non-BERT and non-CPU models
+        # (layer_stack_check.py); "not eligible" for int8, bf16 and non-BERT models, None off
+        # the CPU
         self.layer_stack_decision: LayerStackDecision | None = None
         if self.device.type == "cpu" and hasattr(self.model, "backbone"):
             self.layer_stack_decision = choose_large_step_path(self.model.backbone,
