@@ -21,7 +21,7 @@ Taken when all of these hold, else the model runs its torch layers:
 Measured on MiniLM-L6, 12 tokens, 2 threads (docs/benchmarks.md, "A short step in one C
 call"): the whole layer stack takes ~1.3 ms in C (its 24 GEMMs alone ~1.2 ms), where oneDNN's 24
 GEMMs alone took ~2.9 ms and the torch layers ~60 more eager ops. For larger steps the GEMM
-shares out (48-row block, panel) tasks; with that, MiniLM over the long-text mix ran 1.12x
+shares out (row block of at most 48 rows, panel) tasks, the same rows per thread; with that, MiniLM over the long-text mix ran 1.12x
 faster than the torch layers on Zen 4's AVX-512 build and 1.25x with everything held to AVX2
 (benchmarks/layer_stack_ab.py); before the row blocks, oneDNN won from about 64 tokens on.
 Outputs agree with the torch path to ~3e-7 (tests/unit/test_bert_cpu_kernel.py,

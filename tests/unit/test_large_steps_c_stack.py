@@ -25,7 +25,8 @@ pytestmark = pytest.mark.skipif(
     reason="CPU encoder kernels unavailable here (needs Linux x86-64 with AVX-512 or AVX2 and a C "
            "compiler; see pooler/kernels/build.py)")
 
-# 197 tokens: 4 whole 48-row blocks and a 5-row one; 97: two blocks and one row
+# Row blocks (encoder_cpu.c's row_blocks) of uneven sizes: 197 tokens are 5 blocks of 39-40 rows
+# on 1 thread, 6 of 32-33 on 2 or 3; 97 tokens 3 blocks of 32-33, or 4 of 24-25
 LARGE_STEPS = [[60, 37, 100], [97], [50, 1, 46]]
 
 
