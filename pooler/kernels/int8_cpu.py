@@ -107,7 +107,8 @@ def load_build(path: str) -> ctypes.CDLL | None:
     lib.pack_int8_weight.restype = None
     lib.int8_scratch_bytes.argtypes = [I, I]
     lib.int8_scratch_bytes.restype = ctypes.c_long
-    lib.int8_linear.argtypes = [P, P, I, I, P, P, P, P, P, P, I, I, I, ctypes.c_float, P, I]
+    F = ctypes.c_float
+    lib.int8_linear.argtypes = [P, P, I, I, P, P, P, P, P, P, I, I, I, F, P, P, F, P, I]
     lib.int8_linear.restype = None
     lib.variant = path
     lib.levels = lib.int8_levels()

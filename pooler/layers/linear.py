@@ -164,6 +164,20 @@ def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tor
     return layer(x) + residual
 
 
+def linear_add_norm(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor,
+                    norm: nn.Module) -> torch.Tensor:
+    """norm(layer(x) + residual): a post-norm block's add-and-norm. An int8 layer applies an
+    fp32 LayerNorm in its C epilogue (int8_gemm.c), on each block of rows while it is in cache:
+    the torch LayerNorm was a pass of its own over [num_tokens, hidden], ~5% of an int8 MiniLM
+    job on the bench corpus. Anything else adds (linear_add), then norms."""
+    fused = getattr(layer, "fused_forward", None)
+    if fused is not None and not has_lora(layer):
+        y = fused(x, 0, residual, norm=norm)
+        if y is not None:
+            return y
+    return norm(linear_add(layer, x, residual))
+
+
 def _as_input_of(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """x in a plain nn.Linear's dtype: a bf16 result kept by the layer before (keep_bf16)
     may reach an fp32 layer that the bf16 path left out."""

@@ -66,6 +66,25 @@ _PANEL = 32  # int8_gemm.c's panel width: its per-column vectors are padded to i
 _PACKED = "_int8_packed"  # derived packing, kept in __dict__ (not state_dict)
 
 
+# Benchmarks turn the fused LayerNorm off here (the norm then runs after the kernel, in torch)
+# to time it, or to compare with a build of int8_gemm.c that predates it.
+FUSED_NORM = True
+
+
+def fused_norm_args(norm: nn.Module, features: int) -> tuple[int, int, float] | None:
+    """(weight pointer, bias pointer, eps) of a LayerNorm the int8 kernel can apply in its
+    epilogue (int8_gemm.c's norm_rows): nn.LayerNorm over the last `features` dims with fp32
+    contiguous CPU weight and bias, no autograd; else None (the caller runs the norm)."""
+    if not (FUSED_NORM and type(norm) is nn.LayerNorm and norm.normalized_shape == (features,)):
+        return None
+    w, b = norm.weight, norm.bias
+    if w is None or b is None or torch.is_grad_enabled() and (w.requires_grad or b.requires_grad):
+        return None
+    if not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in (w, b)):
+        return None
+    return w.data_ptr(), b.data_ptr(), float(norm.eps)
+
+
 class Int8Linear(nn.Module):
     """y = x @ W^T + b with W int8 per output channel and x int8 per token.
 
@@ -154,33 +173,43 @@ class Int8Linear(nn.Module):
 
     def fused_forward(self, x: torch.Tensor, act: int = 0,
                       residual: torch.Tensor | None = None,
-                      bf16_out: bool = False) -> torch.Tensor | None:
+                      bf16_out: bool = False,
+                      norm: nn.LayerNorm | None = None) -> torch.Tensor | None:
         """act(x @ W^T + b) + residual in one pass over the output (act: int8_cpu.ACT_*), or
         None when this layer or these tensors do not take a C path (the caller then runs
         forward and the activation / add itself). x: [tokens, in]; residual: [tokens, out].
         bf16_out: the result rounded to bf16 as it is stored (for a consumer that rounds it
-        anyway: the bf16 attention kernel), half the bytes written and read back."""
+        anyway: the bf16 attention kernel), half the bytes written and read back.
+        norm: a LayerNorm over the out features applied to that result in the same call (fp32
+        out; see fused_norm_args for the ones taken, else None is returned)."""
         if self.path == "torch" or x.dim() != 2 or x.dtype != torch.float32 or not x.is_cpu:
             return None
         if residual is not None and not (residual.dtype == torch.float32 and
                                          residual.is_contiguous() and
                                          residual.shape == (x.shape[0], self.out_features)):
             return None
-        return self._kernel(load_build(self.path), x.contiguous(), act, residual, bf16_out)
+        norm_args = None
+        if norm is not None:
+            norm_args = fused_norm_args(norm, self.out_features)
+            if norm_args is None or bf16_out:
+                return None
+        return self._kernel(load_build(self.path), x.contiguous(), act, residual, bf16_out,
+                            norm_args)
 
     def _kernel(self, lib, x2: torch.Tensor, act: int = 0,
-                residual: torch.Tensor | None = None, bf16_out: bool = False) -> torch.Tensor:
+                residual: torch.Tensor | None = None, bf16_out: bool = False,
+                norm_args: tuple[int, int, float] | None = None) -> torch.Tensor:
         d = self._derived(lib)
         m, k = x2.shape
         y = torch.empty(m, self.out_features,  # [tokens, out]
                         dtype=torch.bfloat16 if bf16_out else torch.float32)
         scratch = torch.empty(lib.int8_scratch_bytes(m, k), dtype=torch.uint8)
-        lib.int8_linear(x2.data_ptr(), d["inv_smooth"].data_ptr(), m, k, d["packed"].data_ptr(), d["colsum"].data_ptr(),
-                        d["w_scale"].data_ptr(), d["bias"].data_ptr(),
+        ln_w, ln_b, ln_eps = norm_args or (None, None, 0.0)
+        lib.int8_linear(x2.data_ptr(), d["inv_smooth"].data_ptr(), m, k, d["packed"].data_ptr(),
+                        d["colsum"].data_ptr(), d["w_scale"].data_ptr(), d["bias"].data_ptr(),
                         None if residual is None else residual.data_ptr(), y.data_ptr(),
                         self.out_features, act, int(bf16_out), self.outlier_ratio,
-                        scratch.data_ptr(),
-                        torch.get_num_threads())
+                        ln_w, ln_b, ln_eps, scratch.data_ptr(), torch.get_num_threads())
         return y
 
     def _torch(self, x2: torch.Tensor) -> torch.Tensor:

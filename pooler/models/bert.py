@@ -18,7 +18,7 @@ from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.kernels.bert_cpu import bert_layers_on_cpu
 from pooler.kernels.attention_cpu import bf16_kernel_takes
-from pooler.layers.linear import linear_act, linear_add, onednn_postop, takes_bf16
+from pooler.layers.linear import linear_act, linear_add_norm, onednn_postop, takes_bf16
 from pooler.layers.lora import lora_active
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_renamed_weights
@@ -90,10 +90,10 @@ class BertLayer(nn.Module):
                                 num_unattended=inputs.num_unattended,
                                 position_bias=position_bias,
                                 bf16_products=self.attention_bf16_products)
-        x = self.attn_norm(linear_add(self.o_proj, attn.reshape(x.shape[0], -1), x))
+        x = linear_add_norm(self.o_proj, attn.reshape(x.shape[0], -1), x, self.attn_norm)
         h = linear_act(self.up_proj, x, self.act, self.act_postop,
                        keep_bf16=takes_bf16(self.down_proj))  # [num_tokens, inter]
-        return self.mlp_norm(linear_add(self.down_proj, h, x))
+        return linear_add_norm(self.down_proj, h, x, self.mlp_norm)
 
 
 def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,

@@ -20,7 +20,7 @@ from torch import nn
 
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
-from pooler.layers.linear import linear_act, linear_add, onednn_postop
+from pooler.layers.linear import linear_act, linear_add, linear_add_norm, onednn_postop
 from pooler.layers.rotary import apply_rotary, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
 from pooler.models.llama import RMSNorm
@@ -181,8 +181,9 @@ class RotaryEncoderLayer(nn.Module):
             x = linear_add(self.attn.o_proj, self.attn.attend(self.attn_norm(x), cos, sin, inputs),
                            x)
             return linear_add(self.mlp.mlp_out, self.mlp.inner(self.mlp_norm(x)), x)
-        x = self.attn_norm(linear_add(self.attn.o_proj, self.attn.attend(x, cos, sin, inputs), x))
-        return self.mlp_norm(linear_add(self.mlp.mlp_out, self.mlp.inner(x), x))
+        x = linear_add_norm(self.attn.o_proj, self.attn.attend(x, cos, sin, inputs), x,
+                            self.attn_norm)
+        return linear_add_norm(self.mlp.mlp_out, self.mlp.inner(x), x, self.mlp_norm)
 
 
 class RotaryEncoder(nn.Module):

@@ -1,9 +1,9 @@
 """Every int8 path this machine can execute (pooler/kernels/int8_gemm.c per instruction set, and
 the portable torch path) against an exact reference of its scheme, on shapes that hit the
 kernel's edges: k not a multiple of 4, partial 32-column panels, pairs of whole panels (the VNNI
-build's 64-column tiles) beside a lone one, one row, rows across 96-row tasks and 12/6/4-row
-tiles. An AVX-512 VNNI machine runs the AVX2 build too (as
-POOLER_CPU_KERNELS=avx2 would pick it)."""
+build's 64-column tiles) beside a lone one, one row, row blocks of uneven sizes (row_blocks)
+and 12/6/4-row tiles; the LayerNorm fused after the GEMM. An AVX-512 VNNI machine runs the AVX2
+build too (as POOLER_CPU_KERNELS=avx2 would pick it)."""
 from __future__ import annotations
 
 import pytest
@@ -109,17 +109,25 @@ def test_c_path_edges(path):
         torch.testing.assert_close(zeros, linear.bias.expand(3, -1))  # zero rows: the bias
         x = torch.randn(2, 7, 40)  # any leading shape
         assert layer(x).shape == (2, 7, 50)
-        # the thread count does not change a single bit (each output has one owner)
-        x = torch.randn(150, 40)
-        threads = torch.get_num_threads()
-        try:
-            torch.set_num_threads(1)
-            one = layer(x)
-            torch.set_num_threads(2)
-            two = layer(x)
-        finally:
-            torch.set_num_threads(threads)
-        assert torch.equal(one, two)
+        # the thread count does not change a single bit (each output has one owner), on step
+        # sizes whose row blocks (int8_gemm.c's row_blocks) come out uneven per thread count
+        for m in (12, 13, 100, 301):
+            x = torch.randn(m, 40)
+            outs = _per_thread_count(lambda: layer(x))
+            assert all(torch.equal(outs[0], o) for o in outs[1:]), m
+
+
+def _per_thread_count(run, counts=(1, 2, 3)) -> list:
+    """run() once per torch thread count (restored after)."""
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for count in counts:
+            torch.set_num_threads(count)
+            outs.append(run())
+        return outs
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_torch_path_close_to_fp32():
@@ -253,6 +261,21 @@ def test_smoothing_factors_balance_the_peaks():
     assert torch.isfinite(s).all() and (s > 0).all()
 
 
+def _with_outlier_rows(m: int, k: int, rows: list[int], seed: int = 4):
+    """[m, k] tokens, and the [m] mask of `rows`: those peak at over 22x their root mean square
+    (over Int8Linear's ratio of 20: the residual pass), the others under 6x. A peak can be at
+    most sqrt(k) times the rms, so k must be over 484."""
+    torch.manual_seed(seed)
+    x = torch.randn(m, k)  # peak / rms ~ 3: one pass
+    outliers = torch.zeros(m, dtype=torch.bool)
+    outliers[rows] = True
+    x[outliers] = torch.randn(len(rows), k) * 0.05
+    x[outliers, 5] = 60.0  # peak / rms ~ 24 at k = 600
+    ratio = x.abs().amax(1) / x.pow(2).mean(1).sqrt()
+    assert (ratio[outliers] > 22).all() and (ratio[~outliers] < 6).all()  # far from 20
+    return x, outliers
+
+
 @pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here")
 @pytest.mark.parametrize("path", C_PATHS)
 def test_outlier_tokens_get_a_residual_pass(path):
@@ -261,14 +284,8 @@ def test_outlier_tokens_get_a_residual_pass(path):
     rounding residual."""
     m, k, n = 30, 600, 70
     linear = _linear(k, n)
-    torch.manual_seed(4)
-    x = torch.randn(m, k)  # peak / rms ~ 3: one pass
-    outliers = torch.zeros(m, dtype=torch.bool)
-    outliers[[0, 13, 29]] = True
-    x[outliers] = torch.randn(3, k) * 0.05
-    x[outliers, 5] = 60.0  # peak / rms ~ 24
+    x, outliers = _with_outlier_rows(m, k, [0, 13, 29])
     ratio = x.abs().amax(1) / x.pow(2).mean(1).sqrt()
-    assert (ratio[outliers] > 22).all() and (ratio[~outliers] < 6).all()  # far from 20
     layer = Int8Linear.from_linear(linear, path)
     lib = int8_cpu.int8_kernels(path)
     with torch.inference_mode():
@@ -310,10 +327,8 @@ def test_bf16_output_is_the_fp32_output_rounded(path):
     """bf16_out stores exactly what the fp32 epilogue computes, rounded to nearest even: full
     and partial panels (114 columns), with an activation, a residual, and outlier rows (their
     combine step rounds too)."""
-    layer = Int8Linear.from_linear(_linear(64, 114), path)
-    x = _outlier_input(40, 64)
-    x[5] = 0.01
-    x[5, 7] = 50.0  # one row far over 20x its rms: the residual pass
+    layer = Int8Linear.from_linear(_linear(600, 114), path)
+    x, _ = _with_outlier_rows(40, 600, [5, 39])  # two rows take the residual pass
     residual = torch.randn(40, 114)
     with torch.inference_mode():
         for act, res in ((0, None), (int8_cpu.ACT_GELU_ERF, None), (0, residual)):
@@ -321,3 +336,107 @@ def test_bf16_output_is_the_fp32_output_rounded(path):
             half = layer.fused_forward(x, act, res, bf16_out=True)
             assert half.dtype == torch.bfloat16 and half.shape == full.shape
             assert torch.equal(half, full.to(torch.bfloat16))
+
+
+def _norm(n: int, seed: int = 4) -> nn.LayerNorm:
+    torch.manual_seed(seed)
+    norm = nn.LayerNorm(n, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    return norm
+
+
+@pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here")
+@pytest.mark.parametrize("path", C_PATHS)
+@pytest.mark.parametrize("m,n", [(1, 50), (37, 114), (301, 384)])
+def test_fused_layernorm_is_the_norm_of_the_output(path, m, n):
+    """norm= applies the LayerNorm in the kernel (int8_gemm.c's norm_rows, per row block): it
+    matches torch's LayerNorm run on the unfused output, on widths with a vector tail (50, 114)
+    and a partial panel, with outlier rows (normalized after their residual pass), and does not
+    depend on the thread count."""
+    layer, norm = Int8Linear.from_linear(_linear(600, n), path), _norm(n)
+    x, _ = _with_outlier_rows(m, 600, [m // 2])
+    residual = torch.randn(m, n)
+    with torch.inference_mode():
+        expected = norm(layer.fused_forward(x, 0, residual))
+        outs = _per_thread_count(lambda: layer.fused_forward(x, 0, residual, norm=norm))
+    torch.testing.assert_close(outs[0], expected, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here")
+def test_norms_the_kernel_cannot_apply_fall_back_to_torch():
+    """fused_forward returns None for a norm it does not take (the wrong width, no affine
+    parameters, an RMSNorm, a bf16 output), and linear_add_norm then runs the norm after the
+    add; a plain nn.Linear always takes that path."""
+    from pooler.layers.linear import linear_add_norm
+    from pooler.layers.quantization import fused_norm_args
+
+    linear = _linear(40, 48)
+    layer = Int8Linear.from_linear(linear, C_PATHS[0])
+    x, residual = torch.randn(5, 40), torch.randn(5, 48)
+    rms = nn.RMSNorm(48)
+    for norm in (_norm(40), nn.LayerNorm(48, elementwise_affine=False), rms):
+        assert fused_norm_args(norm, 48) is None
+    with torch.inference_mode():
+        assert layer.fused_forward(x, 0, residual, bf16_out=True, norm=_norm(48)) is None
+        torch.testing.assert_close(linear_add_norm(layer, x, residual, rms),
+                                   rms(layer.fused_forward(x, 0, residual)))
+        norm = _norm(48)
+        torch.testing.assert_close(linear_add_norm(linear, x, residual, norm),
+                                   norm(linear(x) + residual), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(linear_add_norm(layer, x, residual, norm),
+                                   norm(layer.fused_forward(x, 0, residual)), rtol=1e-5,
+                                   atol=1e-5)
+
+
+def _post_norm_models():
+    """A tiny BERT and a tiny GTE (a post-norm rotary encoder), seeded, LayerNorms made to
+    matter."""
+    from pooler.models.gte import GteModel
+    from tests.unit.bert_stack import tiny_bert
+
+    torch.manual_seed(5)
+    gte = GteModel({"vocab_size": 100, "hidden_size": 48, "intermediate_size": 80,
+                    "num_hidden_layers": 2, "num_attention_heads": 3}).eval()
+    with torch.no_grad():
+        for name, p in gte.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p) * 0.2 + (1.0 if name.endswith("weight") else 0.0))
+    return {"bert": tiny_bert(), "gte": gte}
+
+
+@pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here")
+@pytest.mark.parametrize("family", ["bert", "gte"])
+def test_post_norm_layers_norm_in_the_int8_kernel(family, monkeypatch):
+    """BERT's and the rotary encoders' post-norm blocks hand their add-and-norm to the int8
+    kernel (two norms per layer), and the model's output matches the norms run in torch."""
+    from pooler.layers import quantization
+    from tests.unit.bert_stack import packed_inputs
+
+    model = _post_norm_models()[family]
+    quantization.quantize_linears(model, keep_fp32=())
+    for module in model.modules():  # as apply_quantization sets it: attention's output is fp32
+        if hasattr(module, "attention_bf16_products"):
+            module.attention_bf16_products = True
+    inputs = packed_inputs([60, 37, 100])
+    fused_norms = []
+    forward = Int8Linear.fused_forward
+
+    def spy(self, *args, norm=None, **kwargs):
+        y = forward(self, *args, norm=norm, **kwargs)
+        fused_norms.append(norm is not None and y is not None)
+        return y
+
+    monkeypatch.setattr(Int8Linear, "fused_forward", spy)
+    with torch.inference_mode():
+        fused = model(inputs)
+        assert sum(fused_norms) == 2 * len(model.layers)
+        monkeypatch.setattr(quantization, "FUSED_NORM", False)
+        fused_norms.clear()
+        plain = model(inputs)
+        assert not any(fused_norms)
+    # the two differ by float rounding in the norm, which can move an int8 code downstream
+    cos = torch.nn.functional.cosine_similarity(fused, plain, dim=1)
+    assert cos.min() > 0.9999, cos.min()
