@@ -1,5 +1,6 @@
 """The bf16 attention kernel (pooler/kernels/attention_bf16.c) on and off, for the int8 and the
-bf16 engines, against fp32, in one process: interleaved rounds over the long mix, each engine
+bf16 engines, against fp32, in one process: interleaved rounds over the long mix (or --corpus
+mixed), each engine
 run with the kernel on and off in alternating order, so load drift hits every side alike.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/attention_bf16_ab.py [--threads 2] [--rounds 3]
@@ -13,7 +14,7 @@ import argparse
 
 import numpy as np
 
-from interleaved import add_round_arguments, clock_label, long_mix_texts, median_ratio, run_rounds
+from interleaved import add_round_arguments, clock_label, corpus_texts, median_ratio, run_rounds
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     if attention_cpu.bf16_attention_kernels() is None:
         print(f"cpu: {cpu.summary()}: the bf16 attention kernel does not run here")
         return
-    texts = long_mix_texts(args)
+    texts = corpus_texts(args)
     common = dict(device="cpu", num_threads=args.threads, precision_check="off")
     engines = {"fp32": Engine(DEFAULT_MODEL, device="cpu", num_threads=args.threads),
                "int8": Engine(DEFAULT_MODEL, quantization="int8", **common),
@@ -41,7 +42,7 @@ def main() -> None:
     sides = [("fp32", True), ("int8", True), ("int8", False), ("bf16", True), ("bf16", False)]
     for engine in engines.values():
         engine.embed(texts[:32], use_tqdm=False)  # warm up, pack weights
-    print(f"cpu: {cpu.summary()}; {len(texts)} texts (long mix), {clock_label(args)}")
+    print(f"cpu: {cpu.summary()}; {len(texts)} texts ({args.corpus}), {clock_label(args)}")
 
     def embed(side: tuple[str, bool]) -> list:
         attention_cpu.BF16_ENABLED = side[1]

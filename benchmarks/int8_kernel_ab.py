@@ -1,12 +1,15 @@
 """int8_gemm.c as a git revision has it against the working tree's, in one int8 engine: the old
 source is compiled beside the new one and the int8 layers are pointed at either build in
-alternating rounds over the long mix, with fp32 rounds in between (for the ratio to fp32), so
-load drift on a shared machine hits every side alike. Both builds must pack weights alike (the
-packed panels are made once, by the working tree's build) and take the same arguments (an
-older build without int8_linear's outlier ratio ignores it: it sits in a float register).
+alternating rounds over the long mix (or --corpus mixed), with fp32 rounds in between (for the
+ratio to fp32), so load drift on a shared machine hits every side alike. Both builds must pack
+weights alike (the packed panels are made once, by the working tree's build). An older build
+without int8_linear's outlier ratio ignores it (it sits in a float register); one without its
+fused LayerNorm gets the call without those arguments, and its side runs the norms in torch
+(quantization.FUSED_NORM off).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_kernel_ab.py [--rev HEAD] [--threads 2]
-        [--rounds 3] [--cpu-time]  # CPU seconds (use with --threads 1): steadier when shared
+        [--rounds 3] [--corpus long|mixed]
+        [--cpu-time]  # CPU seconds (use with --threads 1): steadier when shared
 
 Prints texts/s per side and round, the medians of new / old and of each against fp32, the max
 |difference| between the two builds' embeddings, the CPU kind and the load average."""
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from interleaved import add_round_arguments, clock_label, long_mix_texts, median_ratio, run_rounds
+from interleaved import add_round_arguments, clock_label, corpus_texts, median_ratio, run_rounds
 
 _KERNELS = Path(__file__).resolve().parents[1] / "pooler" / "kernels"
 
@@ -44,7 +47,27 @@ def _old_build(rev: str, path: str):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = getattr(new, name).argtypes, getattr(new, name).restype
     lib.variant, lib.levels = path, lib.int8_levels()
-    return lib
+    lib.fused_norm = "ln_eps" in (folder / "int8_gemm.c").read_text()
+    if lib.fused_norm:
+        return lib
+    types = lib.int8_linear.argtypes  # the call without (ln_w, ln_b, ln_eps)
+    lib.int8_linear.argtypes = types[:14] + types[17:]
+    return _WithoutNormArguments(lib)
+
+
+class _WithoutNormArguments:
+    """A build from before int8_linear took (ln_w, ln_b, ln_eps): the call without them."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def int8_linear(self, *args):
+        *head, ln_w, _ln_b, _ln_eps, scratch, threads = args
+        assert ln_w is None, "an old build has no fused norm: run its side with FUSED_NORM off"
+        return self._lib.int8_linear(*head, scratch, threads)
 
 
 def main() -> None:
@@ -66,13 +89,14 @@ def main() -> None:
     if path == "torch":
         raise SystemExit(f"cpu: {cpu_features().summary()}: no int8 C build runs here")
     builds = {"new": int8_cpu.load_build(path), "old": _old_build(args.rev, path)}
-    texts = long_mix_texts(args)
+    builds["new"].fused_norm = True
+    texts = corpus_texts(args)
     fp32 = Engine(DEFAULT_MODEL, device="cpu", num_threads=args.threads)
     int8 = Engine(DEFAULT_MODEL, device="cpu", num_threads=args.threads, quantization="int8",
                   precision_check="off")
     fp32.embed(texts[:32], use_tqdm=False)
     int8.embed(texts[:32], use_tqdm=False)  # packs the weights (the new build)
-    print(f"cpu: {cpu_features().summary()}; int8 path {path}; {len(texts)} texts (long mix), "
+    print(f"cpu: {cpu_features().summary()}; int8 path {path}; {len(texts)} texts ({args.corpus}), "
           f"{clock_label(args)}; old = {args.rev}")
 
     def embed(side: str) -> list:
@@ -80,6 +104,7 @@ def main() -> None:
             return fp32.embed(texts, use_tqdm=False)
         lib = builds[side]
         quantization.load_build = lambda _path: lib
+        quantization.FUSED_NORM = lib.fused_norm
         return int8.embed(texts, use_tqdm=False)
 
     rates, outputs = run_rounds(["fp32", "new", "old"], embed, texts, args)

@@ -1,5 +1,5 @@
 """What the in-process A/B scripts share (attention_bf16_ab.py, int8_kernel_ab.py,
-layer_stack_ab.py): their round options, and timed rounds over the long mix in alternating order
+layer_stack_ab.py): their round and corpus options, and timed rounds in alternating order
 (forward in even rounds, reversed in odd ones), so a shared machine's drift reaches every side
 alike."""
 from __future__ import annotations
@@ -16,15 +16,19 @@ import numpy as np
 def add_round_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--texts", type=int, default=0, help="first N of the long mix (0: all)")
+    parser.add_argument("--corpus", choices=["long", "mixed"], default="long",
+                        help="the long mix (300 short + 300 long texts) or the first 800 texts "
+                             "of the bench's default corpus")
+    parser.add_argument("--texts", type=int, default=0, help="first N of the corpus (0: all)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time in CPU seconds of this process instead of wall seconds")
 
 
-def long_mix_texts(args: argparse.Namespace) -> list[str]:
+def corpus_texts(args: argparse.Namespace) -> list[str]:
+    """--corpus's texts, the first --texts of them."""
     from pooler.bench import corpus
 
-    texts = corpus.long_mix()
+    texts = corpus.long_mix() if args.corpus == "long" else corpus.mixed_corpus()[:800]
     return texts[:args.texts] if args.texts else texts
 
 

@@ -1,5 +1,6 @@
 """fp32 steps above 48 tokens in the C layer stack (pooler/kernels/encoder_cpu.c) against torch's
-layers (oneDNN GEMMs): one fp32 engine, the two paths in alternating rounds over the long mix,
+layers (oneDNN GEMMs): one fp32 engine, the two paths in alternating rounds over the long mix
+(or --corpus mixed),
 plus sentence-transformers at batch 32 in the same rounds as the peer.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/layer_stack_ab.py [--threads 2] [--rounds 3]
@@ -22,21 +23,17 @@ import os
 
 import numpy as np
 
-from interleaved import add_round_arguments, clock_label, long_mix_texts, median_ratio, run_rounds
+from interleaved import add_round_arguments, clock_label, corpus_texts, median_ratio, run_rounds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_round_arguments(parser)
-    parser.add_argument("--corpus", choices=["long", "mixed"], default="long",
-                        help="the long mix (300 short + 300 long texts) or the first 800 texts "
-                             "of the bench's default corpus")
     parser.add_argument("--no-st", action="store_true", help="leave sentence-transformers out")
     args = parser.parse_args()
 
     import torch
 
-    from pooler.bench import corpus
     from pooler.cpu_features import cpu_features
     from pooler.engine.llm import Engine
     from pooler.kernels import bert_cpu
@@ -48,7 +45,7 @@ def main() -> None:
     if lib is None:
         print(f"cpu: {cpu_features().summary()}: the C layer stack does not run here")
         return
-    texts = long_mix_texts(args) if args.corpus == "long" else corpus.mixed_corpus()[:800]
+    texts = corpus_texts(args)
     engine = Engine(DEFAULT_MODEL, device="cpu", num_threads=args.threads)
     backbone = engine.core.model_runner.model.backbone
     sides = ["C stack", "torch layers"]
