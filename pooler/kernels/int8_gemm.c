@@ -573,12 +573,105 @@ static void gemm_rows(const uint8_t *q, const float *scale, const int32_t *zp, i
         }
 }
 
+/* d[0, k) = x / s minus the dequantized codes q: what the first pass's codes missed of a row */
+static void residual_of(const float *x, const float *inv_smooth, const uint8_t *q, float scale,
+                        int32_t zp, int k, float *d) {
+    typedef uint8_t vu8 __attribute__((vector_size(VW)));
+    int i = 0;
+    for (; i + VW <= k; i += VW) {
+        vf xv, sv;
+        vu8 qv;
+        memcpy(&xv, x + i, sizeof xv);
+        memcpy(&sv, inv_smooth + i, sizeof sv);
+        memcpy(&qv, q + i, sizeof qv);
+        vf r = xv * sv - scale * (__builtin_convertvector(qv, vf) - (float)zp);
+        memcpy(d + i, &r, sizeof r);
+    }
+    for (; i < k; i++) d[i] = x[i] * inv_smooth[i] - scale * (float)((int32_t)q[i] - zp);
+}
+
+/* The second pass over the m_out rows flagged in `outlier` (see the header): each row's
+ * residual (residual_of) is quantized on its own range, rows shared among the threads.
+ * - No activation and an fp32 y (act 0, !out_bf16: QKV, o_proj, down_proj): the residual's
+ *   product, without bias, is added onto y, which holds the first pass with bias and res:
+ *   one GEMM row per outlier row.
+ * - Else the first pass's codes are redone beside the residual's, both without bias, and
+ *   y = act(both + bias) (+ res) over the first pass's row: the activation needs the whole
+ *   sum, and a bf16 y has lost the bits to add to.
+ * Then the norm, which the first pass left out for these rows. MiniLM's FFN-down input has
+ * 6-8% outlier rows in its first four layers ([CLS], [SEP]); the serial, redone version of
+ * this pass took 20-40% of those calls (Zen 4, 2 threads). */
+static void residual_pass(const float *x, const float *inv_smooth, int m, int k,
+                          const uint8_t *q, const float *scale, const int32_t *zp,
+                          const char *outlier, int m_out, const int8_t *packed,
+                          const int32_t *colsum, const float *wscale, const float *bias,
+                          const float *res, void *y, int n, int act, int out_bf16,
+                          const struct norm_args *norm, int threads) {
+    int k4 = round_up4(k), npad = (n + NR - 1) / NR * NR;
+    int direct = act == 0 && !out_bf16, nrows = direct ? m_out : 2 * m_out;
+    int *rows = malloc(sizeof(int) * m_out);
+    uint8_t *rq = malloc((size_t)nrows * k4 + (size_t)nrows * 8);
+    float *rscale = (float *)(rq + (size_t)nrows * k4);
+    int32_t *rzp = (int32_t *)(rscale + nrows);
+    /* t: [nrows][npad] products; zeros: the second GEMM's bias; ones: no smoothing (the
+     * residual is already divided); d: a residual row per thread */
+    float *t = malloc(sizeof(float) * ((size_t)nrows * npad + npad + k + (size_t)threads * k));
+    float *zeros = t + (size_t)nrows * npad, *ones = zeros + npad, *d = ones + k;
+    for (int i = 0; i < npad; i++) zeros[i] = 0.f;
+    for (int i = 0; i < k; i++) ones[i] = 1.f;
+    for (int r = 0, j = 0; r < m; r++)
+        if (outlier[r]) rows[j++] = r;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int j = 0; j < m_out; j++) {
+        int r = rows[j], at = direct ? j : m_out + j;
+        float *dr = d + (size_t)omp_get_thread_num() * k;
+        residual_of(x + (size_t)r * k, inv_smooth, q + (size_t)r * k4, scale[r], zp[r], k, dr);
+        quantize_row(dr, ones, k, k4, rq + (size_t)at * k4, rscale + at, rzp + at, NULL);
+        if (!direct) {
+            memcpy(rq + (size_t)j * k4, q + (size_t)r * k4, k4);
+            rscale[j] = scale[r];
+            rzp[j] = zp[r];
+        }
+    }
+    gemm_rows(rq, rscale, rzp, nrows, k4, packed, colsum, wscale, zeros, NULL, t, npad, 0, 0,
+              NULL, threads);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int j = 0; j < m_out; j++) {
+        size_t at = (size_t)rows[j] * n;
+        const float *a = t + (size_t)j * npad, *b = direct ? NULL : a + (size_t)m_out * npad;
+        const float *rr = res ? res + at : NULL;
+        for (int c = 0; c < n; c += VW) { /* t and bias are padded to whole panels */
+            int cols = n - c < VW ? n - c : VW;
+            vf f, g, h;
+            memcpy(&f, a + c, sizeof f);
+            if (direct) {
+                memcpy(&g, (float *)y + at + c, (size_t)cols * sizeof(float));
+                f += g;
+                memcpy((float *)y + at + c, &f, (size_t)cols * sizeof(float));
+                continue;
+            }
+            memcpy(&g, b + c, sizeof g);
+            memcpy(&h, bias + c, sizeof h);
+            f = f + g + h;
+            if (act) f = activate(f, act);
+            for (int i = 0; i < cols; i++) f[i] += rr ? rr[c + i] : 0.f;
+            if (out_bf16) store_bf16((uint16_t *)y + at + c, f, cols);
+            else memcpy((float *)y + at + c, &f, (size_t)cols * sizeof(float));
+        }
+        if (norm->w) norm_rows((float *)y, n, rows[j], rows[j] + 1, norm->w, norm->b, norm->eps,
+                               NULL);
+    }
+    free(t);
+    free(rq);
+    free(rows);
+}
+
 void int8_linear(const float *x, const float *inv_smooth, int m, int k, const int8_t *packed,
                  const int32_t *colsum,
                  const float *wscale, const float *bias, const float *res, void *y, int n,
                  int act, int out_bf16, float outlier_ratio, const float *ln_w,
                  const float *ln_b, float ln_eps, uint8_t *scratch, int threads) {
-    int k4 = round_up4(k), npad = (n + NR - 1) / NR * NR;
+    int k4 = round_up4(k);
     float *scale = (float *)scratch;
     int32_t *zp = (int32_t *)(scale + m);
     uint8_t *q = (uint8_t *)(zp + m);
@@ -597,58 +690,8 @@ void int8_linear(const float *x, const float *inv_smooth, int m, int k, const in
     struct norm_args norm = {ln_w, ln_b, ln_eps, outlier};
     gemm_rows(q, scale, zp, m, k4, packed, colsum, wscale, bias, res, y, n, act, out_bf16,
               &norm, threads);
-    if (m_out == 0) {
-        free(outlier);
-        return;
-    }
-    /* The outlier rows again: their codes (rows [0, m_out)) and their residual x / s minus the
-     * dequantized codes, quantized on its own range (rows [m_out, 2 m_out)), both without bias
-     * or activation; then y = act(both + bias) (+ res) over the first pass's rows. */
-    int *rows = malloc(sizeof(int) * m_out);
-    float *buf = malloc(sizeof(float) * ((size_t)k + npad + (size_t)2 * m_out * npad));
-    float *d = buf, *zeros = d + k, *t = zeros + npad;
-    uint8_t *rq = malloc((size_t)2 * m_out * k4 + (size_t)2 * m_out * 8);
-    float *rscale = (float *)(rq + (size_t)2 * m_out * k4);
-    int32_t *rzp = (int32_t *)(rscale + 2 * m_out);
-    float *ones = malloc(sizeof(float) * k);
-    for (int i = 0; i < k; i++) ones[i] = 1.f;
-    for (int i = 0; i < npad; i++) zeros[i] = 0.f;
-    for (int r = 0, j = 0; r < m; r++) {
-        if (!outlier[r]) continue;
-        const float *xr = x + (size_t)r * k;
-        const uint8_t *qr = q + (size_t)r * k4;
-        memcpy(rq + (size_t)j * k4, qr, k4);
-        rscale[j] = scale[r];
-        rzp[j] = zp[r];
-        for (int i = 0; i < k; i++)
-            d[i] = xr[i] * inv_smooth[i] - scale[r] * (float)((int32_t)qr[i] - zp[r]);
-        quantize_row(d, ones, k, k4, rq + (size_t)(m_out + j) * k4, rscale + m_out + j,
-                     rzp + m_out + j, NULL);
-        rows[j++] = r;
-    }
-    gemm_rows(rq, rscale, rzp, 2 * m_out, k4, packed, colsum, wscale, zeros, NULL, t, npad,
-              0, 0, NULL, threads);
-    for (int j = 0; j < m_out; j++) {
-        size_t at = (size_t)rows[j] * n;
-        const float *a = t + (size_t)j * npad, *b = t + (size_t)(m_out + j) * npad;
-        const float *rr = res ? res + (size_t)rows[j] * n : NULL;
-        for (int c = 0; c < n; c += VW) { /* t and bias are padded to whole panels */
-            vf f, g, h;
-            memcpy(&f, a + c, sizeof f);
-            memcpy(&g, b + c, sizeof g);
-            memcpy(&h, bias + c, sizeof h);
-            f = f + g + h;
-            if (act) f = activate(f, act);
-            int cols = n - c < VW ? n - c : VW;
-            for (int i = 0; i < cols; i++) f[i] += rr ? rr[c + i] : 0.f;
-            if (out_bf16) store_bf16((uint16_t *)y + at + c, f, cols);
-            else memcpy((float *)y + at + c, &f, (size_t)cols * sizeof(float));
-        }
-        if (ln_w) norm_rows((float *)y, n, rows[j], rows[j] + 1, ln_w, ln_b, ln_eps, NULL);
-    }
-    free(ones);
-    free(rq);
-    free(buf);
-    free(rows);
+    if (m_out > 0)
+        residual_pass(x, inv_smooth, m, k, q, scale, zp, outlier, m_out, packed, colsum, wscale,
+                      bias, res, y, n, act, out_bf16, &norm, threads);
     free(outlier);
 }

@@ -5,7 +5,7 @@
 #ifndef POOLER_VECTOR_MATH_H
 #define POOLER_VECTOR_MATH_H
 
-/* Epilogue activation codes, as pooler/kernels/*.py pass them (EPILOGUE_ACTS). */
+/* Epilogue activation codes, as the Python side passes them (int8_cpu.EPILOGUE_ACTS). */
 enum activation { ACT_NONE = 0, ACT_GELU_ERF = 2, ACT_GELU_TANH = 3, ACT_RELU = 4 };
 
 #include <immintrin.h>
