@@ -66,12 +66,17 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
 
 
 def interleaved_medians(candidate: Callable[[], object], fp32: Callable[[], object],
-                        rounds: int = 4, warmup: int = 1) -> tuple[float, float]:
+                        rounds: int = 4, warmup: int = 1,
+                        statistic: Callable[[list[float]], float] = statistics.median
+                        ) -> tuple[float, float]:
     """Median wall times of the two sides, timed alternately (A B, B A, A B, ...) after
     `warmup` untimed calls of each. Timing one side after the other let whichever ran first
     absorb the machine's drift right after a load (the clock ramping up, a neighbour's job):
     on a quiet Zen 4 the int8 engine's short step, the very fp32 C stack the fp32 side runs,
-    came out 20% slower in four loads out of four and sent the whole engine back to fp32."""
+    came out 20% slower in four loads out of four and sent the whole engine back to fp32.
+    `statistic` (default the median) reduces each side's round times: `min` keeps each side's
+    least disturbed round, for two sides that run the same amount of work (a neighbour's job
+    only ever adds time)."""
     for _ in range(warmup):
         candidate()
         fp32()
@@ -82,7 +87,7 @@ def interleaved_medians(candidate: Callable[[], object], fp32: Callable[[], obje
             start = time.perf_counter()
             fn()
             times[side].append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return statistic(times[0]), statistic(times[1])
 
 
 # A case counts as slower only beyond this share of the fp32 time: a case where both sides run

@@ -9,7 +9,10 @@ torch libraries held to AVX2 (docs/benchmarks.md). On the AVX2 build oneDNN's fu
 epilogue was the weak part (61-65 GFLOP/s at 1 thread where its plain GEMM ran 80). No AVX2-only
 CPU was at hand, so the choice is timed on the machine itself rather than read from its flags:
 one step of CHECK_TOKENS tokens through each, alternating (precision_gate.interleaved_medians),
-once per model shape and thread count in a process. The C stack is kept unless it is slower
+once per model shape and thread count in a process, each side's fastest round compared (both
+run the same step, and a neighbour's job only adds time: with medians of 3 rounds a busy moment
+once sent a load to the torch layers, C 82.9 against 77.9 ms, where C is ~1.1x faster over
+whole jobs). The C stack is kept unless it is slower
 than the torch layers by more than MARGIN, the precision gate's rule: at the check's step size
 the two measured close on the AVX-512 build (C 1.02-1.09x faster per step, 2 threads), where
 over a whole corpus C won by 1.12x (fewer allocations and eager ops between the GEMMs), so
@@ -91,7 +94,8 @@ def choose_large_step_path(backbone: nn.Module, max_model_len: int,
         decision = None if measure is not None else _DECISIONS.get(key)
         if decision is None:
             decision = _timed(backbone, max_model_len,
-                              measure or partial(interleaved_medians, rounds=TIMING_ROUNDS))
+                              measure or partial(interleaved_medians, rounds=TIMING_ROUNDS,
+                                                 statistic=min))
             if measure is None:
                 _DECISIONS[key] = decision
     backbone.__dict__[LARGE_STEPS] = decision.large_steps_in_c

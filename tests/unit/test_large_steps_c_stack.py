@@ -137,14 +137,18 @@ def test_one_timing_per_model_shape_in_a_process(monkeypatch, caplog):
     monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
     monkeypatch.setattr(layer_stack_check, "_DECISIONS", {})
     calls = []
-    monkeypatch.setattr(layer_stack_check, "interleaved_medians",
-                        lambda c, t, rounds: _fake(1.0, 2.0, calls)(c, t))
+    statistics = []
+
+    def timed(c, t, rounds, statistic):
+        statistics.append(statistic)
+        return _fake(1.0, 2.0, calls)(c, t)
+    monkeypatch.setattr(layer_stack_check, "interleaved_medians", timed)
     with caplog.at_level(logging.INFO, logger=layer_stack_check.__name__):
         first = layer_stack_check.choose_large_step_path(tiny_bert(seed=0), 128)
         second_model = tiny_bert(seed=1)  # other weights, same shape: the memo answers
         second = layer_stack_check.choose_large_step_path(second_model, 128)
         layer_stack_check.choose_large_step_path(tiny_bert(inter=96), 128)  # another shape
-    assert len(calls) == 2
+    assert len(calls) == 2 and statistics == [min, min]  # each side's fastest round
     assert first == second and second_model.__dict__[bert_cpu.LARGE_STEPS] is True
     assert sum("C layer stack" in r.getMessage() for r in caplog.records) == 3
 

@@ -70,6 +70,27 @@ def test_median_seconds_times_the_callable():
     assert len(calls) == 5
 
 
+def test_fastest_rounds_ignore_a_neighbours_burst_on_one_side(monkeypatch):
+    """Two sides of 60 and 66 ms (the second 10% slower) while a neighbour's job adds 30 ms to
+    the faster side's calls in two of three rounds: their medians put it slower, each side's
+    fastest round (statistic=min, the layer-stack check's) keeps the true order."""
+    clock = {"now": 0.0, "calls": 0}
+    burst_calls = {3, 4}  # the fast side's calls in rounds 1 and 2 (calls: A B, B A, A B)
+
+    def side(cost: float):
+        def run():
+            clock["now"] += cost + (0.030 if clock["calls"] in burst_calls else 0.0)
+            clock["calls"] += 1
+        return run
+    monkeypatch.setattr(gate.time, "perf_counter", lambda: clock["now"])
+    fast, slow = side(0.060), side(0.066)
+    medians = gate.interleaved_medians(fast, slow, rounds=3, warmup=0)
+    assert medians[0] > medians[1]
+    clock.update(now=0.0, calls=0)
+    best = gate.interleaved_medians(fast, slow, rounds=3, warmup=0, statistic=min)
+    assert best == pytest.approx((0.060, 0.066))
+
+
 def test_interleaved_timing_cancels_a_drift_that_sequential_timing_pins_on_one_side(monkeypatch):
     """Two sides running the same code while the machine speeds up after a load (each call
     10% faster than the one before, down to a floor): timed one after the other, the first side
