@@ -60,12 +60,6 @@ void pack_linear_weight(const float *w, float *out, int n, int k) {
             }
 }
 
-static inline float hsum(vf v) {  /* lanes added in a fixed order: results are reproducible */
-    float s = 0.f;
-    for (int i = 0; i < VW; i++) s += v[i];
-    return s;
-}
-
 /* One register tile: rows [0, mr) of x (row stride k) times one weight panel, plus bias, into
  * y (row stride ldy), `cols` (<= 32) valid columns. mr is a constant at each call site, so the
  * compiler keeps all accumulators in registers. */
@@ -153,23 +147,12 @@ static void gemm(const float *x, const float *packed, const float *bias, const f
         }
 }
 
-/* out[r] = layer_norm(in[r]) * w + b, rows shared among the threads; h % 16 == 0. */
+/* out[r] = layer_norm(in[r]) * w + b (vector_math.h's norm_row), rows shared among the
+ * threads. */
 static void layer_norm(const float *in, float *out, int m, int h, const float *w,
                        const float *b, float eps) {
 #pragma omp for schedule(static)
-    for (int r = 0; r < m; r++) {
-        const float *x = in + (size_t)r * h;
-        float *y = out + (size_t)r * h;
-        vf sum = vsplat(0.f), sq = vsplat(0.f);
-        for (int i = 0; i < h; i += VW) sum += *(const vf *)(x + i);
-        float mean = hsum(sum) / (float)h;
-        for (int i = 0; i < h; i += VW) {
-            vf c = *(const vf *)(x + i) - mean;
-            sq += c * c;
-        }
-        float inv = 1.f / sqrtf(hsum(sq) / (float)h + eps);
-        for (int i = 0; i < h; i++) y[i] = (x[i] - mean) * inv * w[i] + b[i];
-    }
+    for (int r = 0; r < m; r++) norm_row(in + (size_t)r * h, out + (size_t)r * h, h, w, b, eps);
 }
 
 #include "attention.h"

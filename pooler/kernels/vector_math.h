@@ -1,5 +1,5 @@
-/* Vector math shared by pooler's C kernels (encoder_cpu.c, int8_gemm.c): exp, erf and the
- * epilogue activations on one GCC vector of floats. The including file defines `vf` and `vi`
+/* Vector math shared by pooler's C kernels (encoder_cpu.c, int8_gemm.c): exp, erf, the
+ * epilogue activations on one GCC vector of floats, and a row's LayerNorm. The including file defines `vf` and `vi`
  * (float and int32 vectors of its width) before including this. build.py hashes this header
  * with each source, so editing it rebuilds both kernels. */
 #ifndef POOLER_VECTOR_MATH_H
@@ -9,6 +9,8 @@
 enum activation { ACT_NONE = 0, ACT_GELU_ERF = 2, ACT_GELU_TANH = 3, ACT_RELU = 4 };
 
 #include <immintrin.h>
+#include <math.h>
+#include <string.h>
 
 static inline vf vsplat(float v) { return (vf){} + v; }
 static inline vf vselect(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
@@ -61,6 +63,49 @@ static inline vf verf(vf x) {
     vf q = 1.f + z * (5.127152801e-01f + z * (1.160142049e-01f + z * (1.456010714e-02f +
             z * 9.825493908e-04f)));
     return x * p * vrcp(q);
+}
+
+/* Lanes added in a fixed order: results are reproducible. */
+static inline float hsum(vf v) {
+    float s = 0.f;
+    for (int i = 0; i < (int)(sizeof(vf) / sizeof(float)); i++) s += v[i];
+    return s;
+}
+
+/* out[0, n) = (in - mean) / sqrt(var + eps) * w + b: LayerNorm over one row, in fp32. Two
+ * passes: the mean, then the mean squared deviation (as torch's CPU kernel: no E[x^2] - E[x]^2
+ * cancellation). in and out may be the same row; any n (a scalar tail past whole vectors). */
+static inline void norm_row(const float *in, float *out, int n, const float *w, const float *b,
+                            float eps) {
+    const int lanes = (int)(sizeof(vf) / sizeof(float));
+    vf vs = vsplat(0.f), vq = vsplat(0.f);
+    int c = 0;
+    for (; c + lanes <= n; c += lanes) {
+        vf f;
+        memcpy(&f, in + c, sizeof f);
+        vs += f;
+    }
+    float sum = hsum(vs);
+    for (int i = c; i < n; i++) sum += in[i];
+    float mean = sum / (float)n;
+    for (c = 0; c + lanes <= n; c += lanes) {
+        vf f;
+        memcpy(&f, in + c, sizeof f);
+        f -= mean;
+        vq += f * f;
+    }
+    float sq = hsum(vq);
+    for (int i = c; i < n; i++) sq += (in[i] - mean) * (in[i] - mean);
+    float inv = 1.f / sqrtf(sq / (float)n + eps);
+    for (c = 0; c + lanes <= n; c += lanes) {
+        vf f, g, h;
+        memcpy(&f, in + c, sizeof f);
+        memcpy(&g, w + c, sizeof g);
+        memcpy(&h, b + c, sizeof h);
+        f = (f - mean) * inv * g + h;
+        memcpy(out + c, &f, sizeof f);
+    }
+    for (int i = c; i < n; i++) out[i] = (in[i] - mean) * inv * w[i] + b[i];
 }
 
 static inline vf activate(vf y, int act) {
