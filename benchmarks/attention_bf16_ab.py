@@ -2,8 +2,11 @@
 bf16 engines, against fp32, in one process: interleaved rounds over the long mix (or --corpus
 mixed), each engine
 run with the kernel on and off in alternating order, so load drift hits every side alike.
+With --rev REV the "off" side is the kernel as git revision REV has it instead (compiled beside
+the working tree's): an A/B of a change to the kernel.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/attention_bf16_ab.py [--threads 2] [--rounds 3]
+        [--corpus long|mixed] [--rev REV]
         [--cpu-time]  # CPU seconds (use with --threads 1): steadier on a shared machine
 
 Prints texts/s per side and round, each side's ratio to fp32 (median over rounds), min cosine
@@ -14,11 +17,31 @@ import argparse
 
 import numpy as np
 
-from interleaved import add_round_arguments, clock_label, corpus_texts, median_ratio, run_rounds
+from interleaved import (add_round_arguments, clock_label, corpus_texts, kernel_sources_at,
+                         median_ratio, run_rounds)
+
+
+def _build_at(rev: str):
+    """attention_bf16.c (and the headers it includes) as `rev` has them, compiled and typed as
+    the working tree's build is."""
+    from pooler.kernels import attention_cpu
+    from pooler.kernels.build import load_library
+
+    folder = kernel_sources_at(rev, ("attention_bf16.c", "attention.h", "vector_math.h"))
+    lib, why = load_library(attention_cpu._BF16_CFLAGS, folder / "attention_bf16.c")
+    if lib is None:
+        raise SystemExit(f"the {rev} build failed: {why}")
+    new = attention_cpu._bf16_build()
+    for name in ("attention_bf16_scratch_bytes", "packed_attention_bf16"):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = getattr(new, name).argtypes, getattr(new, name).restype
+    return lib
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", help="compare against this git revision's kernel instead of "
+                                      "the kernel off")
     add_round_arguments(parser)
     args = parser.parse_args()
 
@@ -43,23 +66,35 @@ def main() -> None:
     for engine in engines.values():
         engine.embed(texts[:32], use_tqdm=False)  # warm up, pack weights
     print(f"cpu: {cpu.summary()}; {len(texts)} texts ({args.corpus}), {clock_label(args)}")
+    new_build = attention_cpu._bf16_build
+    old = None if args.rev is None else _build_at(args.rev)
+    off = "off" if old is None else args.rev
 
     def embed(side: tuple[str, bool]) -> list:
-        attention_cpu.BF16_ENABLED = side[1]
+        if old is None:
+            attention_cpu.BF16_ENABLED = side[1]
+        elif not side[1]:
+            attention_cpu._bf16_build = lambda: old
         try:
             return engines[side[0]].embed(texts, use_tqdm=False)
         finally:
             attention_cpu.BF16_ENABLED = True
+            attention_cpu._bf16_build = new_build
 
     rates, outputs = run_rounds(sides, embed, texts, args,
-                                label=lambda s: f"{s[0]} {'on' if s[1] else 'off'}")
+                                label=lambda s: f"{s[0]} {'on' if s[1] else off}")
     ref = outputs[("fp32", True)]
     for side in sides[1:]:
         x = outputs[side]
         cos = (x * ref).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(ref, axis=1)
-        print(f"{side[0]} with the bf16 attention kernel {'on' if side[1] else 'off'}: "
+        kernel = "on" if side[1] else off
+        print(f"{side[0]} with the bf16 attention kernel {kernel}: "
               f"{median_ratio(rates, side, ('fp32', True)):.2f}x fp32 (median of rounds), "
               f"min cosine to fp32 {cos.min():.5f}")
+    if old is not None:
+        for name in ("int8", "bf16"):
+            print(f"{name}: working tree / {args.rev}: "
+                  f"{median_ratio(rates, (name, True), (name, False)):.3f}x (median of rounds)")
 
 
 if __name__ == "__main__":

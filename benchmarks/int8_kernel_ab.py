@@ -16,15 +16,11 @@ Prints texts/s per side and round, the medians of new / old and of each against 
 from __future__ import annotations
 
 import argparse
-import subprocess
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
-from interleaved import add_round_arguments, clock_label, corpus_texts, median_ratio, run_rounds
-
-_KERNELS = Path(__file__).resolve().parents[1] / "pooler" / "kernels"
+from interleaved import (add_round_arguments, clock_label, corpus_texts, kernel_sources_at,
+                         median_ratio, run_rounds)
 
 
 def _old_build(rev: str, path: str):
@@ -32,11 +28,7 @@ def _old_build(rev: str, path: str):
     from pooler.kernels import int8_cpu
     from pooler.kernels.build import load_library
 
-    folder = Path(tempfile.mkdtemp(prefix="int8-ab-"))
-    for name in ("int8_gemm.c", "vector_math.h"):
-        text = subprocess.run(["git", "show", f"{rev}:pooler/kernels/{name}"], check=True,
-                              capture_output=True, text=True, cwd=_KERNELS).stdout
-        (folder / name).write_text(text)
+    folder = kernel_sources_at(rev, ("int8_gemm.c", "vector_math.h"))
     cflags = next(c for name, _, c in int8_cpu._VARIANTS if name == path)
     lib, why = load_library(cflags, folder / "int8_gemm.c")
     if lib is None:

@@ -7,7 +7,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable, Hashable
 
 import numpy as np
@@ -22,6 +25,20 @@ def add_round_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--texts", type=int, default=0, help="first N of the corpus (0: all)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time in CPU seconds of this process instead of wall seconds")
+
+
+_KERNELS = Path(__file__).resolve().parents[1] / "pooler" / "kernels"
+
+
+def kernel_sources_at(rev: str, names: tuple[str, ...]) -> Path:
+    """A new folder holding pooler/kernels/<name> as git revision `rev` has each (an old build
+    to compile beside the working tree's)."""
+    folder = Path(tempfile.mkdtemp(prefix="kernel-ab-"))
+    for name in names:
+        text = subprocess.run(["git", "show", f"{rev}:pooler/kernels/{name}"], check=True,
+                              capture_output=True, text=True, cwd=_KERNELS).stdout
+        (folder / name).write_text(text)
+    return folder
 
 
 def corpus_texts(args: argparse.Namespace) -> list[str]:

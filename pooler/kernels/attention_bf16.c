@@ -134,13 +134,8 @@ static inline void prefetch_row(const char *row, int bytes) {
     for (int b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
 }
 
-/* n (a multiple of 16) values of a source row as bf16 at dst */
-static inline void row_to_bf16(const void *src, int in_bf16, int n, uint16_t *dst) {
-    if (in_bf16) {
-        memcpy(dst, src, (size_t)n * 2);
-        return;
-    }
-    const float *f = src;
+/* n (a multiple of 16) fp32 values as bf16 at dst */
+static inline void row_to_bf16(const float *f, int n, uint16_t *dst) {
     for (int c = 0; c < n; c += 16)
         _mm256_storeu_si256((__m256i *)(dst + c),
                             (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(f + c)));
@@ -202,6 +197,63 @@ static inline __attribute__((always_inline)) void bf16_pv_tile(
         }
 }
 
+/* 16 x 16 32-bit elements transposed in registers: r[i] lane j becomes r[j] lane i (unpacks
+ * within 128-bit lanes, then a 4 x 4 transpose of the lanes) */
+static inline void transpose16_epi32(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int k = 0; k < 16; k += 2) {
+        t[k] = _mm512_unpacklo_epi32(r[k], r[k + 1]);
+        t[k + 1] = _mm512_unpackhi_epi32(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 16; k += 4) { /* u[k + j] lane L: column 4 L + j of rows k .. k + 3 */
+        u[k] = _mm512_unpacklo_epi64(t[k], t[k + 2]);
+        u[k + 1] = _mm512_unpackhi_epi64(t[k], t[k + 2]);
+        u[k + 2] = _mm512_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm512_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        __m512i ab_lo = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
+        __m512i ab_hi = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
+        __m512i cd_lo = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+        __m512i cd_hi = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
+        r[j] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88);
+        r[4 + j] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD);
+        r[8 + j] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD);
+    }
+}
+
+/* qt32[c2 * QB + i] = query i's dims (2 c2, 2 c2 + 1) as a bf16 pair, for the nq queries of a
+ * block whose first row is at src (row stride ld values, fp32 or bf16); queries nq .. QB - 1 are
+ * zero. Sixteen queries by sixteen pairs at a time, transposed in registers: one query row at a
+ * time (a copy, then one 32-bit store per pair) was ~10% of this kernel. */
+static void queries_to_qt(const char *src, int ld, int in_bf16, int nq, int d, uint32_t *qt32) {
+    int d2 = d / 2, in = in_bf16 ? 2 : 4;
+    for (int i0 = 0; i0 < QB; i0 += 16)
+        for (int c0 = 0; c0 < d2; c0 += 16) {
+            int nc = d2 - c0 < 16 ? d2 - c0 : 16; /* 16, or 8 (d % 16 == 0) */
+            __mmask16 pairs = (__mmask16)((1u << nc) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const char *row = src + (size_t)(i0 + i) * ld * in;
+                if (i0 + i >= nq)
+                    r[i] = _mm512_setzero_si512();
+                else if (in_bf16)
+                    r[i] = _mm512_maskz_loadu_epi32(pairs, (const uint32_t *)row + c0);
+                else {
+                    const float *f = (const float *)row + 2 * c0;
+                    __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(f));
+                    __m256i hi = nc == 16 ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(f + 16))
+                                          : _mm256_setzero_si256();
+                    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                }
+            }
+            transpose16_epi32(r);
+            for (int c = 0; c < nc; c++)
+                _mm512_storeu_si512(qt32 + (size_t)(c0 + c) * QB + i0, r[c]);
+        }
+}
+
 static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *work) {
     int d = a->d, first = a->starts[s], len = a->starts[s + 1] - first;
     int nk = a->keys ? a->keys[s] : len, np = pairs_of(nk);
@@ -217,7 +269,7 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
     if (!a->in_bf16) {
         for (int j = 0; j < nk; j++) {
             prefetch_row(k + (size_t)(j + AHEAD) * a->ldk * in, d * in);
-            row_to_bf16(k + (size_t)j * a->ldk * in, 0, d, w.kb + (size_t)j * d);
+            row_to_bf16((const float *)(k + (size_t)j * a->ldk * in), d, w.kb + (size_t)j * d);
         }
         kr = w.kb;
         ldkb = d;
@@ -255,18 +307,7 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
     int ldo = a->heads * d;
     for (int q0 = 0; q0 < len; q0 += QB) {
         int nq = len - q0 < QB ? len - q0 : QB;
-        /* qt[c2][i] = query i's dims (2 c2, 2 c2 + 1); padding queries are zero, never stored */
-        uint16_t row[d];
-        uint32_t *qt32 = (uint32_t *)w.qt;
-        for (int i = 0; i < QB; i++) {
-            if (i + AHEAD < nq) prefetch_row(q + (size_t)(q0 + i + AHEAD) * a->ldq * in, d * in);
-            if (i < nq)
-                row_to_bf16(q + (size_t)(q0 + i) * a->ldq * in, a->in_bf16, d, row);
-            else
-                memset(row, 0, sizeof row);
-            const uint32_t *r32 = (const uint32_t *)row;
-            for (int c2 = 0; c2 < d / 2; c2++) qt32[c2 * QB + i] = r32[c2];
-        }
+        queries_to_qt(q + (size_t)q0 * a->ldq * in, a->ldq, a->in_bf16, nq, d, (uint32_t *)w.qt);
         for (int j0 = 0; j0 < nk; j0 += KR) {
             int mr = nk - j0 < KR ? nk - j0 : KR;
             const uint16_t *kj = kr + (size_t)j0 * ldkb;
@@ -359,7 +400,7 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
         }
         if (!a->p_bf16 && a->out_bf16)
             for (int i = 0; i < nq; i++)
-                row_to_bf16(w.otile + (size_t)i * d, 0, d, (uint16_t *)o + (size_t)i * ldo);
+                row_to_bf16(w.otile + (size_t)i * d, d, (uint16_t *)o + (size_t)i * ldo);
     }
 }
 

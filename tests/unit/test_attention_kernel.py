@@ -166,22 +166,26 @@ def test_bf16_kernel_matches_sdpa_on_the_same_bf16_values(bf16_kernel, heads, di
 
 
 @pytest.mark.parametrize("source", ["float32", "bfloat16"])
-def test_bf16_products_for_int8_engines(bf16_kernel, source):
+@pytest.mark.parametrize("dim", [32, 64, 48, 16])
+def test_bf16_products_for_int8_engines(bf16_kernel, source, dim):
     """bf16_products (int8 engines): fp32 or bf16 q/k/v, q/k/v and P rounded to bf16, an fp32
-    result for the int8 output projection; within bf16's rounding of the fp32 answer."""
+    result for the int8 output projection; within bf16's rounding of the fp32 answer. Head
+    sizes: the query block is transposed 16 queries x 16 dim pairs at a time (48 and 16 end in
+    a half-filled group of pairs, 64 takes two groups), and 1, 31, 33 leave a partial group of
+    queries."""
     seq_lens = [1, 31, 32, 33, 130, 257]
-    q, k, v = _fused_qkv(seq_lens, 3, 32, seed=8)
+    q, k, v = _fused_qkv(seq_lens, 3, dim, seed=8)
     expected = _reference(q, k, v, seq_lens)
     dtype = getattr(torch, source)
     fused = torch.stack([q, k, v], 1).to(dtype)  # [tokens, 3, heads, dim]
     got = attention_cpu.attention_on_cpu(fused[:, 0], fused[:, 1], fused[:, 2], seq_lens,
-                                         _cu(seq_lens), 32 ** -0.5, bf16_products=True)
+                                         _cu(seq_lens), dim ** -0.5, bf16_products=True)
     assert got is not None and got.dtype == torch.float32
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
     cos = F.cosine_similarity(got.reshape(len(q), -1), expected.reshape(len(q), -1))
     assert cos.min() > 0.9999
     # without the flag fp32 inputs keep the fp32 kernel: the reference to fp32 precision
-    exact = attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), 32 ** -0.5)
+    exact = attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), dim ** -0.5)
     torch.testing.assert_close(exact, expected, atol=1e-5, rtol=1e-5)
 
 
