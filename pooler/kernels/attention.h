@@ -36,6 +36,60 @@ struct attention_args {
     const int *task_starts;   /* seqs + 1: first work unit of each sequence (attention_tasks) */
 };
 
+#if VW == 16
+/* 16 x 16 32-bit elements transposed in registers: r[i] lane j becomes r[j] lane i (unpacks
+ * within 128-bit lanes, then a 4 x 4 transpose of the lanes) */
+static inline void transpose16_epi32(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int k = 0; k < 16; k += 2) {
+        t[k] = _mm512_unpacklo_epi32(r[k], r[k + 1]);
+        t[k + 1] = _mm512_unpackhi_epi32(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 16; k += 4) { /* u[k + j] lane L: column 4 L + j of rows k .. k + 3 */
+        u[k] = _mm512_unpacklo_epi64(t[k], t[k + 2]);
+        u[k + 1] = _mm512_unpackhi_epi64(t[k], t[k + 2]);
+        u[k + 2] = _mm512_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm512_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        __m512i ab_lo = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
+        __m512i ab_hi = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
+        __m512i cd_lo = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+        __m512i cd_hi = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
+        r[j] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88);
+        r[4 + j] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD);
+        r[8 + j] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD);
+    }
+}
+#endif
+
+/* qt[c][i] = query i's element c times scale, for the nq queries of a block whose first row is
+ * at q (row stride ldq); queries nq .. QB - 1 are zero (padding: computed, never stored). On
+ * AVX-512, 16 queries x 16 elements at a time, transposed in registers (as attention_bf16.c
+ * does for its bf16 pairs); the AVX2 build reads one element at a time. */
+static void queries_to_qt_f32(const float *q, int ldq, int nq, int d, float scale, float *qt) {
+#if VW == 16
+    for (int i0 = 0; i0 < QB; i0 += 16)
+        for (int c0 = 0; c0 < d; c0 += 16) { /* d % VW == 0 */
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i0 + i < nq ? _mm512_castps_si512(_mm512_mul_ps(
+                                         _mm512_loadu_ps(q + (size_t)(i0 + i) * ldq + c0),
+                                         _mm512_set1_ps(scale)))
+                                   : _mm512_setzero_si512();
+            transpose16_epi32(r);
+            for (int c = 0; c < 16; c++)
+                _mm512_storeu_si512(qt + (size_t)(c0 + c) * QB + i0, r[c]);
+        }
+#else
+    for (int c = 0; c < d; c++) {
+        for (int i = 0; i < nq; i++) qt[c * QB + i] = q[(size_t)i * ldq + c] * scale;
+        for (int i = nq; i < QB; i++) qt[c * QB + i] = 0.f;
+    }
+#endif
+}
+
 /* floats of per-thread scratch for sequences of up to max_len tokens, head size d */
 static long attention_work_floats(int max_len, int d) {
     return (long)QB * (d + max_len + 1);
@@ -99,10 +153,7 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
     const float *q = a->q + (size_t)(first + q0) * a->ldq + hd * d;
     const float *k = a->k + (size_t)first * a->ldk + hd * d;
     const float *v = a->v + (size_t)first * a->ldv + hd * d;
-    for (int c = 0; c < d; c++) {
-        for (int i = 0; i < nq; i++) qt[c * QB + i] = q[(size_t)i * a->ldq + c] * a->scale;
-        for (int i = nq; i < QB; i++) qt[c * QB + i] = 0.f;  /* padding queries: never stored */
-    }
+    queries_to_qt_f32(q, a->ldq, nq, d, a->scale, qt);
     for (int j0 = 0; j0 < nk; j0 += KR) {
         int mr = nk - j0 < KR ? nk - j0 : KR;
         const float *kr = k + (size_t)j0 * a->ldk;

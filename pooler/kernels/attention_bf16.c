@@ -197,32 +197,6 @@ static inline __attribute__((always_inline)) void bf16_pv_tile(
         }
 }
 
-/* 16 x 16 32-bit elements transposed in registers: r[i] lane j becomes r[j] lane i (unpacks
- * within 128-bit lanes, then a 4 x 4 transpose of the lanes) */
-static inline void transpose16_epi32(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int k = 0; k < 16; k += 2) {
-        t[k] = _mm512_unpacklo_epi32(r[k], r[k + 1]);
-        t[k + 1] = _mm512_unpackhi_epi32(r[k], r[k + 1]);
-    }
-    for (int k = 0; k < 16; k += 4) { /* u[k + j] lane L: column 4 L + j of rows k .. k + 3 */
-        u[k] = _mm512_unpacklo_epi64(t[k], t[k + 2]);
-        u[k + 1] = _mm512_unpackhi_epi64(t[k], t[k + 2]);
-        u[k + 2] = _mm512_unpacklo_epi64(t[k + 1], t[k + 3]);
-        u[k + 3] = _mm512_unpackhi_epi64(t[k + 1], t[k + 3]);
-    }
-    for (int j = 0; j < 4; j++) {
-        __m512i ab_lo = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
-        __m512i ab_hi = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
-        __m512i cd_lo = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
-        __m512i cd_hi = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
-        r[j] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88);
-        r[4 + j] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD);
-        r[8 + j] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88);
-        r[12 + j] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD);
-    }
-}
-
 /* qt32[c2 * QB + i] = query i's dims (2 c2, 2 c2 + 1) as a bf16 pair, for the nq queries of a
  * block whose first row is at src (row stride ld values, fp32 or bf16); queries nq .. QB - 1 are
  * zero. Sixteen queries by sixteen pairs at a time, transposed in registers: one query row at a
