@@ -1,7 +1,7 @@
 """What the in-process A/B scripts share (attention_bf16_ab.py, int8_kernel_ab.py,
-layer_stack_ab.py): their round and corpus options, and timed rounds in alternating order
-(forward in even rounds, reversed in odd ones), so a shared machine's drift reaches every side
-alike."""
+layer_stack_ab.py): their round and corpus options, timed rounds in alternating order (forward
+in even rounds, reversed in odd ones), so a shared machine's drift reaches every side alike, and
+a kernel's sources as an older git revision has them (to compile beside the working tree's)."""
 from __future__ import annotations
 
 import argparse
