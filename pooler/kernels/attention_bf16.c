@@ -206,21 +206,17 @@ static void queries_to_qt(const char *src, int ld, int in_bf16, int nq, int d, u
     for (int i0 = 0; i0 < QB; i0 += 16)
         for (int c0 = 0; c0 < d2; c0 += 16) {
             int nc = d2 - c0 < 16 ? d2 - c0 : 16; /* 16, or 8 (d % 16 == 0) */
-            __mmask16 pairs = (__mmask16)((1u << nc) - 1);
             __m512i r[16];
             for (int i = 0; i < 16; i++) {
                 const char *row = src + (size_t)(i0 + i) * ld * in;
-                if (i0 + i >= nq)
+                if (i0 + i >= nq) {
                     r[i] = _mm512_setzero_si512();
-                else if (in_bf16)
-                    r[i] = _mm512_maskz_loadu_epi32(pairs, (const uint32_t *)row + c0);
-                else {
-                    const float *f = (const float *)row + 2 * c0;
-                    __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(f));
-                    __m256i hi = nc == 16 ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(f + 16))
-                                          : _mm256_setzero_si256();
-                    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                    continue;
                 }
+                __m256i lo = load16_bf16(row, in_bf16, 2 * c0); /* pairs c0 .. c0 + 7 */
+                __m256i hi = nc == 16 ? load16_bf16(row, in_bf16, 2 * c0 + 16)
+                                      : _mm256_setzero_si256();
+                r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
             }
             transpose16_epi32(r);
             for (int c = 0; c < nc; c++)
