@@ -17,7 +17,7 @@ import argparse
 
 import numpy as np
 
-from interleaved import (add_round_arguments, clock_label, corpus_texts, kernel_sources_at,
+from interleaved import (add_round_arguments, clock_label, corpus_texts, library_at,
                          median_ratio, run_rounds)
 
 
@@ -25,17 +25,10 @@ def _build_at(rev: str):
     """attention_bf16.c (and the headers it includes) as `rev` has them, compiled and typed as
     the working tree's build is."""
     from pooler.kernels import attention_cpu
-    from pooler.kernels.build import load_library
 
-    folder = kernel_sources_at(rev, ("attention_bf16.c", "attention.h", "vector_math.h"))
-    lib, why = load_library(attention_cpu._BF16_CFLAGS, folder / "attention_bf16.c")
-    if lib is None:
-        raise SystemExit(f"the {rev} build failed: {why}")
-    new = attention_cpu._bf16_build()
-    for name in ("attention_bf16_scratch_bytes", "packed_attention_bf16"):
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = getattr(new, name).argtypes, getattr(new, name).restype
-    return lib
+    return library_at(rev, ("attention_bf16.c", "attention.h", "vector_math.h"),
+                      attention_cpu._BF16_CFLAGS, attention_cpu._bf16_build(),
+                      ("attention_bf16_scratch_bytes", "packed_attention_bf16"))[0]
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import os
 import statistics
 import time
 
-from interleaved import kernel_sources_at
+from interleaved import library_at
 
 _SOURCES = {"bf16": ("attention_bf16.c", "attention.h", "vector_math.h"),
             "fp32": ("encoder_cpu.c", "attention.h", "vector_math.h")}
@@ -39,13 +39,7 @@ def _builds(kernel: str, rev: str) -> dict:
         cflags = None if variant is None else variant[1]
     if new is None:
         raise SystemExit(f"the {kernel} attention kernel does not run here")
-    folder = kernel_sources_at(rev, _SOURCES[kernel])
-    old, why = build.load_library(cflags, folder / _SOURCES[kernel][0])
-    if old is None:
-        raise SystemExit(f"the {rev} build failed: {why}")
-    for name in _ENTRY_POINTS[kernel]:
-        fn = getattr(old, name)
-        fn.argtypes, fn.restype = getattr(new, name).argtypes, getattr(new, name).restype
+    old = library_at(rev, _SOURCES[kernel], cflags, new, _ENTRY_POINTS[kernel])[0]
     if kernel == "fp32":
         old.vector_floats = new.vector_floats
     return {"new": new, rev: old}

@@ -19,25 +19,19 @@ import argparse
 
 import numpy as np
 
-from interleaved import (add_round_arguments, clock_label, corpus_texts, kernel_sources_at,
+from interleaved import (add_round_arguments, clock_label, corpus_texts, library_at,
                          median_ratio, run_rounds)
 
 
 def _old_build(rev: str, path: str):
     """The int8 library compiled from `rev`'s int8_gemm.c (and its headers), for `path`."""
     from pooler.kernels import int8_cpu
-    from pooler.kernels.build import load_library
 
-    folder = kernel_sources_at(rev, ("int8_gemm.c", "vector_math.h"))
     cflags = next(c for name, _, c in int8_cpu._VARIANTS if name == path)
-    lib, why = load_library(cflags, folder / "int8_gemm.c")
-    if lib is None:
-        raise SystemExit(f"the {rev} build failed: {why}")
-    new = int8_cpu.load_build(path)
-    for name in ("int8_levels", "int8_packed_bytes", "pack_int8_weight", "int8_scratch_bytes",
-                 "int8_linear"):
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = getattr(new, name).argtypes, getattr(new, name).restype
+    lib, folder = library_at(rev, ("int8_gemm.c", "vector_math.h"), cflags,
+                             int8_cpu.load_build(path),
+                             ("int8_levels", "int8_packed_bytes", "pack_int8_weight",
+                              "int8_scratch_bytes", "int8_linear"))
     lib.variant, lib.levels = path, lib.int8_levels()
     lib.fused_norm = "ln_eps" in (folder / "int8_gemm.c").read_text()
     if lib.fused_norm:

@@ -1,7 +1,7 @@
 """What the in-process A/B scripts share (attention_bf16_ab.py, int8_kernel_ab.py,
 layer_stack_ab.py): their round and corpus options, timed rounds in alternating order (forward
 in even rounds, reversed in odd ones), so a shared machine's drift reaches every side alike, and
-a kernel's sources as an older git revision has them (to compile beside the working tree's)."""
+a kernel as an older git revision has it, compiled beside the working tree's build."""
 from __future__ import annotations
 
 import argparse
@@ -39,6 +39,23 @@ def kernel_sources_at(rev: str, names: tuple[str, ...]) -> Path:
                               capture_output=True, text=True, cwd=_KERNELS).stdout
         (folder / name).write_text(text)
     return folder
+
+
+def library_at(rev: str, sources: tuple[str, ...], cflags: list[str], like,
+               functions: tuple[str, ...]):
+    """sources[0] (with the headers after it) as git revision `rev` has them, compiled with
+    `cflags` beside the working tree's build `like`, its `functions` typed as `like` types
+    them. Returns (the library, the folder holding the sources)."""
+    from pooler.kernels.build import load_library
+
+    folder = kernel_sources_at(rev, sources)
+    lib, why = load_library(cflags, folder / sources[0])
+    if lib is None:
+        raise SystemExit(f"the {rev} build failed: {why}")
+    for name in functions:
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = getattr(like, name).argtypes, getattr(like, name).restype
+    return lib, folder
 
 
 def corpus_texts(args: argparse.Namespace) -> list[str]:
