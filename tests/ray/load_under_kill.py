@@ -1,5 +1,6 @@
 """Closed-loop clients against a served embedder while a replica is killed: the load both Ray
-Serve tests (an in-process `serve.run` app and `pooler serve --ray`) put on their server."""
+Serve tests (an in-process `serve.run` app and `pooler serve --ray`) put on their server, and
+what they may lose."""
 from __future__ import annotations
 
 import threading
@@ -48,3 +49,20 @@ def load_through_kill(url: str, texts: list[str], want: np.ndarray,  # want [n, 
         t.join(timeout=90)
     assert not any(t.is_alive() for t in threads), "a client hung"
     return before, results
+
+
+def assert_only_in_flight_lost(results: list, clients: int, request_timeout_s: float) -> None:
+    """At most one request per client (those in flight at the kill) failed, each with a 5xx at
+    once or a 408 at Serve's request timeout, and no request outlived that timeout.
+
+    The 408: Ray Serve (2.60) retries a request on another replica when the replica it went to
+    dies before the router hears that it was accepted; if the dead replica had already pulled
+    the request's body from the proxy, the retry waits for a body that never comes until the
+    proxy's request timeout answers 408 (seen once in CI: the surviving replica logged the
+    request CANCELLED after 60 s). pooler cannot tell that from a slow upload."""
+    failed = [(seconds, o) for seconds, o in results if o != "ok"]
+    assert len(failed) <= clients, failed
+    for seconds, outcome in failed:
+        assert outcome.startswith("error 5") or (
+            outcome == "error 408" and seconds >= request_timeout_s - 1), failed
+    assert max(seconds for seconds, _ in results) < request_timeout_s + 10, failed

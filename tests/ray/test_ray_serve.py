@@ -15,7 +15,11 @@ from ray import serve
 from pooler.engine.llm import Engine
 from pooler.ray.serve import REPLICA_HEADER, serve_app
 from tests.batch.conftest import corpus_texts
-from tests.ray.load_under_kill import load_through_kill
+from tests.ray.load_under_kill import assert_only_in_flight_lost, load_through_kill
+
+# Serve's proxy answers 408 after this: bounds a request lost in a replica's death (see
+# assert_only_in_flight_lost) without holding the test for long.
+REQUEST_TIMEOUT_S = 15
 
 
 def free_port() -> int:
@@ -28,7 +32,8 @@ def free_port() -> int:
 def serve_url(ray_cluster):
     port = free_port()
     # One proxy (two nodes on one machine cannot both bind the port).
-    serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": 60},
+    serve.start(http_options={"host": "127.0.0.1", "port": port,
+                              "request_timeout_s": REQUEST_TIMEOUT_S},
                 proxy_location="HeadOnly")
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
@@ -105,10 +110,7 @@ def test_killed_replica_under_load(embed_app, tiny_embedder):
         kill=lambda: ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True))
     outcomes = [o for _, o in results]
     assert before > 0 and outcomes.count("ok") > before  # the other replica kept serving
-    assert all(o == "ok" or o.startswith("error 5") for o in outcomes), set(outcomes)
-    # At most the requests in flight at the kill (one per client) are lost.
-    assert len([o for o in outcomes if o != "ok"]) <= 4, outcomes
-    assert max(s for s, _ in results) < 60  # no request waited for the timeout
+    assert_only_in_flight_lost(results, clients=4, request_timeout_s=REQUEST_TIMEOUT_S)
     # Serve replaces the dead replica.
     deadline = time.monotonic() + 120
     while True:
