@@ -65,9 +65,9 @@ static inline void transpose16_epi32(__m512i r[16]) {
 #endif
 
 /* qt[c][i] = query i's element c times scale, for the nq queries of a block whose first row is
- * at q (row stride ldq); queries nq .. QB - 1 are zero (padding: computed, never stored). On
- * AVX-512, 16 queries x 16 elements at a time, transposed in registers (as attention_bf16.c
- * does for its bf16 pairs); the AVX2 build reads one element at a time. */
+ * at q (row stride ldq); queries nq .. QB - 1 are zero (padding: computed, never stored).
+ * Square tiles of queries x elements are loaded as vectors and transposed in registers: 16 x 16
+ * on AVX-512 (as attention_bf16.c does for its bf16 pairs), 8 x 8 in the AVX2 build. */
 static void queries_to_qt_f32(const float *q, int ldq, int nq, int d, float scale, float *qt) {
 #if VW == 16
     for (int i0 = 0; i0 < QB; i0 += 16)
@@ -83,10 +83,30 @@ static void queries_to_qt_f32(const float *q, int ldq, int nq, int d, float scal
                 _mm512_storeu_si512(qt + (size_t)(c0 + c) * QB + i0, r[c]);
         }
 #else
-    for (int c = 0; c < d; c++) {
-        for (int i = 0; i < nq; i++) qt[c * QB + i] = q[(size_t)i * ldq + c] * scale;
-        for (int i = nq; i < QB; i++) qt[c * QB + i] = 0.f;
-    }
+    for (int i0 = 0; i0 < QB; i0 += 8)
+        for (int c0 = 0; c0 < d; c0 += 8) { /* d % VW == 0 */
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = i0 + i < nq ? _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)(i0 + i) * ldq + c0),
+                                                   _mm256_set1_ps(scale))
+                                   : _mm256_setzero_ps();
+            for (int k = 0; k < 8; k += 2) { /* pairs of rows interleaved, per 128-bit lane */
+                t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+                t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+            }
+            for (int k = 0; k < 8; k += 4) { /* u[k + j]: columns j and 4 + j of rows k .. k + 3 */
+                u[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+                u[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+                u[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+                u[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+            }
+            for (int j = 0; j < 4; j++) {
+                _mm256_storeu_ps(qt + (size_t)(c0 + j) * QB + i0,
+                                 _mm256_permute2f128_ps(u[j], u[4 + j], 0x20));
+                _mm256_storeu_ps(qt + (size_t)(c0 + 4 + j) * QB + i0,
+                                 _mm256_permute2f128_ps(u[j], u[4 + j], 0x31));
+            }
+        }
 #endif
 }
 
