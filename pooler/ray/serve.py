@@ -11,8 +11,8 @@ background loop (continuous batching inside each replica).
   MaxSim) inside that replica's Engine, in that one handler call: the two stages are never
   separate requests, so they can never land on different replicas. If the replica dies, its
   cache dies with it and the client gets an error from the proxy: a 5xx, or in one race
-  inside Serve (a retried request whose body the dead replica had read) a 408 at the request
-  timeout (docs/scale-out.md).
+  inside Serve (a retried request whose body the dead replica had read) a 408 at Serve's
+  request timeout or the app's body timeout, whichever is first (docs/scale-out.md).
 - Scaling: a fixed number of replicas, or autoscaling between MIN and MAX on ongoing requests
   per replica (Serve's `target_ongoing_requests`).
 - Metrics: `/metrics` answers with the Prometheus registry of the replica that served the
