@@ -17,18 +17,8 @@ import argparse
 
 import numpy as np
 
-from interleaved import (add_round_arguments, clock_label, corpus_texts, library_at,
+from interleaved import (add_round_arguments, attention_builds, clock_label, corpus_texts,
                          median_ratio, run_rounds)
-
-
-def _build_at(rev: str):
-    """attention_bf16.c (and the headers it includes) as `rev` has them, compiled and typed as
-    the working tree's build is."""
-    from pooler.kernels import attention_cpu
-
-    return library_at(rev, ("attention_bf16.c", "attention.h", "vector_math.h"),
-                      attention_cpu._BF16_CFLAGS, attention_cpu._bf16_build(),
-                      ("attention_bf16_scratch_bytes", "packed_attention_bf16"))[0]
 
 
 def main() -> None:
@@ -60,7 +50,7 @@ def main() -> None:
         engine.embed(texts[:32], use_tqdm=False)  # warm up, pack weights
     print(f"cpu: {cpu.summary()}; {len(texts)} texts ({args.corpus}), {clock_label(args)}")
     new_build = attention_cpu._bf16_build
-    old = None if args.rev is None else _build_at(args.rev)
+    old = None if args.rev is None else attention_builds("bf16", args.rev)[args.rev]
     off = "off" if old is None else args.rev
 
     def embed(side: tuple[str, bool]) -> list:

@@ -19,30 +19,7 @@ import os
 import statistics
 import time
 
-from interleaved import library_at
-
-_SOURCES = {"bf16": ("attention_bf16.c", "attention.h", "vector_math.h"),
-            "fp32": ("encoder_cpu.c", "attention.h", "vector_math.h")}
-_ENTRY_POINTS = {"bf16": ("attention_bf16_scratch_bytes", "packed_attention_bf16"),
-                 "fp32": ("attention_scratch_floats", "packed_attention_f32")}
-
-
-def _builds(kernel: str, rev: str) -> dict:
-    """{"new": the working tree's build, REV: the revision's}, typed alike."""
-    from pooler.kernels import attention_cpu, build
-
-    if kernel == "bf16":
-        new, cflags = attention_cpu._bf16_build(), attention_cpu._BF16_CFLAGS
-    else:
-        new = build.encoder_kernels()
-        variant = build._variant(build.kernels_choice())
-        cflags = None if variant is None else variant[1]
-    if new is None:
-        raise SystemExit(f"the {kernel} attention kernel does not run here")
-    old = library_at(rev, _SOURCES[kernel], cflags, new, _ENTRY_POINTS[kernel])[0]
-    if kernel == "fp32":
-        old.vector_floats = new.vector_floats
-    return {"new": new, rev: old}
+from interleaved import attention_builds
 
 
 def main() -> None:
@@ -63,7 +40,7 @@ def main() -> None:
     from pooler.kernels import attention_cpu
 
     torch.set_num_threads(args.threads)
-    builds = _builds(args.kernel, args.rev)
+    builds = attention_builds(args.kernel, args.rev)
     getter = "_bf16_build" if args.kernel == "bf16" else "encoder_kernels"
     own = getattr(attention_cpu, getter)
     products = args.kernel == "bf16"

@@ -1,5 +1,5 @@
-"""What the in-process A/B scripts share (attention_bf16_ab.py, int8_kernel_ab.py,
-layer_stack_ab.py): their round and corpus options, timed rounds in alternating order (forward
+"""What the in-process A/B scripts share (attention_bf16_ab.py, attention_kernel_lengths.py,
+int8_kernel_ab.py, layer_stack_ab.py): their round and corpus options, timed rounds in alternating order (forward
 in even rounds, reversed in odd ones), so a shared machine's drift reaches every side alike, and
 a kernel as an older git revision has it, compiled beside the working tree's build."""
 from __future__ import annotations
@@ -56,6 +56,33 @@ def library_at(rev: str, sources: tuple[str, ...], cflags: list[str], like,
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = getattr(like, name).argtypes, getattr(like, name).restype
     return lib, folder
+
+
+_ATTENTION_SOURCES = {"bf16": ("attention_bf16.c", "attention.h", "vector_math.h"),
+                      "fp32": ("encoder_cpu.c", "attention.h", "vector_math.h")}
+_ATTENTION_ENTRY_POINTS = {"bf16": ("attention_bf16_scratch_bytes", "packed_attention_bf16"),
+                           "fp32": ("attention_scratch_floats", "packed_attention_f32")}
+
+
+def attention_builds(kernel: str, rev: str) -> dict:
+    """An attention kernel ("bf16": attention_bf16.c; "fp32": encoder_cpu.c's, attention.h) as
+    {"new": the working tree's build, rev: the revision's}, compiled with the same flags and
+    typed alike."""
+    from pooler.kernels import attention_cpu, build
+
+    if kernel == "bf16":
+        new, cflags = attention_cpu._bf16_build(), attention_cpu._BF16_CFLAGS
+    else:
+        new = build.encoder_kernels()
+        variant = build._variant(build.kernels_choice())
+        cflags = None if variant is None else variant[1]
+    if new is None:
+        raise SystemExit(f"the {kernel} attention kernel does not run here")
+    old = library_at(rev, _ATTENTION_SOURCES[kernel], cflags, new,
+                     _ATTENTION_ENTRY_POINTS[kernel])[0]
+    if kernel == "fp32":
+        old.vector_floats = new.vector_floats
+    return {"new": new, rev: old}
 
 
 def corpus_texts(args: argparse.Namespace) -> list[str]:
