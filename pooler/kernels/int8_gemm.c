@@ -64,12 +64,29 @@
 #else
 #define LEVELS 128 /* activation codes [0, 128]: with |w| <= 127, 2 * 128 * 127 = 32512 */
 #define AVX2_BUILD 1
-#define MR 4 /* 4 x 2 ymm accumulators + 2 weight vectors + broadcasts in 16 ymm */
+/* 6 x 2 ymm accumulators, a broadcast, the ones and a product in 15 of the 16 ymm: the weights
+ * are read as memory operands (MADD_U8S8), so they need no register */
+#define MR 6
 #define CW 16 /* columns per tile: half a panel */
 #endif
 #define MB 96 /* most rows per task (row_blocks) */
 
-#ifndef AVX2_BUILD
+#ifdef AVX2_BUILD
+/* acc += u8 x s8 products of 4 (a: 4 activation bytes in each lane; w: 32 weight bytes at
+ * that address), as VPMADDUBSW (pairs -> int16), VPMADDWD by ones (-> int32), VPADDD. Inline
+ * asm, as DPBUSD below: written with intrinsics, GCC 12 copied accumulators between registers
+ * and spilled one to the stack on every step of the 4-row tile, and with the weights held in
+ * registers no taller tile fit. This 6-row tile ran MiniLM's shapes 1.04-1.28x faster alone
+ * (docs/benchmarks.md, "AVX2 int8 tile"). */
+#define MADD_U8S8(acc, a, w, ones)                                                           \
+    do {                                                                                      \
+        __m256i t_;                                                                           \
+        __asm__("vpmaddubsw %[W], %[A], %[T]\n\tvpmaddwd %[O], %[T], %[T]\n\t"                \
+                "vpaddd %[T], %[C], %[C]"                                                     \
+                : [C] "+x"(acc), [T] "=&x"(t_)                                                \
+                : [A] "x"(a), [W] "m"(*(const __m256i *)(w)), [O] "x"(ones));                 \
+    } while (0)
+#else
 /* acc += u8 x s8 dot products of 4, in place. Inline asm because GCC 12 copies every
  * accumulator through a spare register around the intrinsic (2 moves per VPDPBUSD: the loop
  * ran at half speed). */
@@ -300,21 +317,21 @@ static inline __attribute__((always_inline)) void tile(
     for (int g = 0; g < k4 / 4; g++) {
         const int8_t *wg = panel + (size_t)g * NR * 4 + c0 * 4;
         _mm_prefetch((const char *)(wg + 32 * NR * 4), _MM_HINT_T1);
-        __m256i w0 = _mm256_loadu_si256((const __m256i *)wg);
-        __m256i w1 = _mm256_loadu_si256((const __m256i *)(wg + 32));
 #pragma GCC unroll 12
         for (int r = 0; r < mr; r++) {
             int32_t a4;
             memcpy(&a4, q + (size_t)r * k4 + g * 4, 4);
             __m256i a = _mm256_set1_epi32(a4);
             /* u8 x s8 pairs -> int16 (128 x 127 x 2 fits: no saturation), pairs -> int32 */
-            acc[r][0] = _mm256_add_epi32(acc[r][0],
-                                         _mm256_madd_epi16(_mm256_maddubs_epi16(a, w0), ones));
-            acc[r][1] = _mm256_add_epi32(acc[r][1],
-                                         _mm256_madd_epi16(_mm256_maddubs_epi16(a, w1), ones));
+            MADD_U8S8(acc[r][0], a, wg, ones);
+            MADD_U8S8(acc[r][1], a, wg + 32, ones);
         }
     }
-    epilogue_out_of_line(mr, acc, c0, scale, zp, colsum, wscale, bias, res, y, ldy, cols, act,
+    /* a copy for the call: were acc's own address passed, GCC would keep it in memory */
+    vacc out[MR][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) out[r][0] = acc[r][0], out[r][1] = acc[r][1];
+    epilogue_out_of_line(mr, out, c0, scale, zp, colsum, wscale, bias, res, y, ldy, cols, act,
                          out_bf16);
 #endif
 }
