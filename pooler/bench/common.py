@@ -133,6 +133,11 @@ def flops_per_token(model: Path, seq_lens: list[int]) -> float:
                                    seq_lens)
 
 
+# An AVX2-only CPU's code paths on a better x86 CPU: pooler's C kernels (int8 and fp32) and
+# oneDNN's (torch's layers where the C stack does not run) held to AVX2.
+AVX2_ENV = {"POOLER_CPU_KERNELS": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def pooler_sides(opts: BenchOptions, make: Callable[[str | None, str], Callable],
                  suffix: str = "") -> list[Side]:
     """The pooler side of a workload, plus its int8 twin when --quantization int8 is given.
@@ -152,12 +157,11 @@ def pooler_sides(opts: BenchOptions, make: Callable[[str | None, str], Callable]
         if runnable_paths()[:1] == ["avx512-vnni"] and "avx2" in runnable_paths():
             # the AVX2 build on this VNNI CPU: what an AVX2-only CPU runs (issue 30)
             sides.append(Side(f"pooler int8 avx2{suffix}", "pooler",
-                              _with_env(make("int8", f"pooler-int8-avx2{suffix}"),
-                                        {"POOLER_CPU_KERNELS": "avx2"})))
+                              with_env(make("int8", f"pooler-int8-avx2{suffix}"), AVX2_ENV)))
     return sides
 
 
-def _with_env(run: Callable, env: dict[str, str]) -> Callable:
+def with_env(run: Callable, env: dict[str, str]) -> Callable:
     """The side's run with `env` set first (each side runs in its own process)."""
     def with_env(opts: BenchOptions):
         os.environ.update(env)

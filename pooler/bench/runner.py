@@ -307,9 +307,13 @@ def pooler_ratio_lines(rows: list[Row]) -> list[str]:
     lines = []
     for r in rows:
         variant, shape = split(r.side)
+        # an AVX2 side's own fp32 rounds ran the AVX2 build; the plain fp32 side, the best one
+        fp32 = "pooler (fp32{})".format(
+            "" if "avx2" not in variant.split() else
+            ", AVX2 build too" if r.interleaved_vs_fp32 else ", this CPU's best build")
         if r.interleaved_vs_fp32:  # timed against fp32 in its own process: steadier
             rounds = ", ".join(f"{x:.2f}" for x in r.interleaved_vs_fp32)
-            lines.append(f"{r.workload}: {r.side} vs pooler (fp32), alternating rounds in one "
+            lines.append(f"{r.workload}: {r.side} vs {fp32}, alternating rounds in one "
                          f"process {float(np.median(r.interleaved_vs_fp32)):.2f}x "
                          f"(median; rounds {rounds})")
             continue
@@ -317,7 +321,7 @@ def pooler_ratio_lines(rows: list[Row]) -> list[str]:
         if r.side.replace("-", " ").split()[0] != "pooler" or not variant or base is None or not r.ratio \
                 or not base.ratio:
             continue
-        lines.append(f"{r.workload}: {r.side} vs pooler (fp32) {r.ratio / base.ratio:.2f}x")
+        lines.append(f"{r.workload}: {r.side} vs {fp32} {r.ratio / base.ratio:.2f}x")
     return lines
 
 

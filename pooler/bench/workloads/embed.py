@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 from pooler.bench import corpus
-from pooler.bench.common import (flops_per_token, one_at_a_time, pooler_engine,
-                                 pooler_sides, save_array, token_lens)
+from pooler.bench.common import (AVX2_ENV, flops_per_token, one_at_a_time, pooler_engine,
+                                 pooler_sides, save_array, token_lens, with_env)
 from pooler.bench.machine import rss_mb
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
 
@@ -76,11 +76,12 @@ def interleaved_rounds(opts: BenchOptions) -> int:
     return (1 if opts.quick else 3) if rounds is None else int(rounds)
 
 
-def _pooler_interleaved(quantization: str | None, dtype: str, side: str):
+def _pooler_interleaved(quantization: str | None, dtype: str, side: str, fp32_label: str = ""):
     """The precision variant (int8, or bf16 on the CPU) and pooler fp32 in one process, timed
     over the corpus in alternating rounds (fp32 first in even rounds, the variant first in odd
     ones), so drift on a shared machine reaches both alike: each round gives a ratio, and the
-    side's texts/s is the variant's median round."""
+    side's texts/s is the variant's median round. fp32_label names the fp32 engine's build in
+    the note where it is not this CPU's best (the AVX2 side)."""
     from dataclasses import replace
 
     def run(opts: BenchOptions) -> SideResult:
@@ -106,8 +107,8 @@ def _pooler_interleaved(quantization: str | None, dtype: str, side: str):
         return SideResult(side, "pooler", len(texts), tokens, float(np.median(seconds["variant"])),
                           loaded_rss_mb=loaded, interleaved_vs_fp32=ratios,
                           note=f"{len(ratios)} round{'s' * (len(ratios) != 1)} alternating "
-                               f"with pooler fp32 in one process (fp32 {fp32_rate:.1f} "
-                               "texts/s there)",
+                               f"with pooler fp32{fp32_label} in one process (fp32 "
+                               f"{fp32_rate:.1f} texts/s there)",
                           outputs_file=save_array(opts, f"embed-{side.replace(' ', '-')}", emb))
     return run
 
@@ -124,6 +125,15 @@ def _interleaved_sides(opts: BenchOptions) -> list[Side]:
     if opts.quantization == "int8":
         sides.append(Side("pooler int8 interleaved", "pooler",
                           _pooler_interleaved("int8", "float32", "pooler int8 interleaved")))
+        from pooler.kernels.int8_cpu import runnable_paths
+
+        if runnable_paths()[:1] == ["avx512-vnni"] and "avx2" in runnable_paths():
+            # What an AVX2-only CPU runs, int8 against fp32 both on AVX2 builds (issue 30's
+            # AVX2 target is int8 over fp32 there): pooler's C kernels and oneDNN held to AVX2.
+            name = "pooler int8 avx2 interleaved"
+            sides.append(Side(name, "pooler", with_env(
+                _pooler_interleaved("int8", "float32", name, " (AVX2 build too)"),
+                AVX2_ENV)))
     return sides
 
 
