@@ -2,8 +2,9 @@
 the portable torch path) against an exact reference of its scheme, on shapes that hit the
 kernel's edges: k not a multiple of 4, partial 32-column panels, pairs of whole panels (the VNNI
 build's 64-column tiles) beside a lone one, one row, row blocks of uneven sizes (row_blocks)
-and 12/6/4-row tiles; the LayerNorm fused after the GEMM. An AVX-512 VNNI machine runs the AVX2
-build too (as POOLER_CPU_KERNELS=avx2 would pick it)."""
+and 12/6-row tiles with shorter remainders (11 rows: the AVX2 build's 6 + 5); the LayerNorm
+fused after the GEMM. An AVX-512 VNNI machine runs the AVX2 build too (as
+POOLER_CPU_KERNELS=avx2 would pick it)."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,7 @@ from pooler.kernels import int8_cpu
 from pooler.layers.quantization import Int8Linear, record_input_ranges, smoothing_factors
 
 C_PATHS = int8_cpu.runnable_paths()
-SHAPES = [(1, 8, 5), (13, 100, 70), (37, 384, 96), (200, 130, 33), (101, 64, 160)]  # (tokens, in, out)
+SHAPES = [(1, 8, 5), (11, 40, 50), (13, 100, 70), (37, 384, 96), (200, 130, 33), (101, 64, 160)]  # (tokens, in, out)
 
 
 def _linear(k: int, n: int, seed: int = 0) -> nn.Linear:
