@@ -6,9 +6,9 @@
  * Why it exists: a short query (about 12 tokens) is bound by streaming the weights through a
  * small-M GEMM, 24 of them for MiniLM, plus ~60 small eager ops between them. oneDNN's GEMM at
  * M=12 runs well below what the core can do, and each eager op costs ~10-20 us of dispatch.
- * Here the GEMM is a 12x32 register tile (3x32 on AVX2) over weights packed into 32-column
- * panels (each weight read once per block of rows, contiguous), and everything between the
- * GEMMs (attention, softmax, layer norm, GELU, residual adds) runs inside the same OpenMP
+ * Here the GEMM is a 12x32 register tile (6x16 on AVX2) over weights packed into panels of
+ * that width (each weight read once per block of rows, contiguous), and everything between
+ * the GEMMs (attention, softmax, layer norm, GELU, residual adds) runs inside the same OpenMP
  * parallel region.
  *
  * Threads: the region runs on the OpenMP runtime torch already loaded (the .so asks for
@@ -17,8 +17,9 @@
  * results do not depend on the thread count.
  *
  * Layout: activations row-major [tokens, features]; weights as nn.Linear keeps them, [out, in],
- * packed by pack_linear_weight into [ceil(out/32)][in][32] panels, zero-padded; biases padded to
- * a multiple of 32. */
+ * packed by pack_linear_weight into [ceil(out/NR)][in][NR] panels (NR 32, or 16 on AVX2),
+ * zero-padded, within the ceil(out/32) * 32 * in floats bert_cpu.py allocates; biases padded
+ * to a multiple of 32. */
 #include <math.h>
 #include <omp.h>
 #include <stddef.h>
@@ -26,19 +27,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One vector register: 16 floats (zmm) on AVX-512, 8 (ymm) in the AVX2 build. */
+/* One vector register: 16 floats (zmm) on AVX-512, 8 (ymm) in the AVX2 build. A register tile
+ * is MR rows x one panel of NR columns, two vectors wide in both builds. */
 #ifdef __AVX512F__
 #define VW 16
 #define MR 12 /* rows per register tile: 12 x 2 accumulators + 2 weight vectors of 32 zmm */
+#define NR 32 /* panel width in output columns */
 #else
 #define VW 8
-#define MR 3 /* 3 x 4 accumulators + weights and a broadcast in 16 ymm */
+/* 6 x 2 accumulators + 2 weight vectors and a broadcast in 15 of 16 ymm. The panels are 16
+ * columns wide: with 32-column panels (a 3 x 32 tile) a 12-token step streamed every panel 4
+ * times, the first pass wanting 128 bytes of weights per 12 FMAs from memory, and a short query
+ * ran 1.3-1.6x slower than on the AVX-512 build at the same FMA rate (docs/benchmarks.md,
+ * "AVX2 short query"). */
+#define MR 6
+#define NR 16
 #endif
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));  /* any alignment */
 typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 
-#define NR 32 /* panel width: 32 output columns, NV vectors */
-#define NV (NR / VW)
+#define NV (NR / VW) /* vectors per tile row: 2 */
 
 #include "vector_math.h"
 
@@ -61,7 +69,7 @@ void pack_linear_weight(const float *w, float *out, int n, int k) {
 }
 
 /* One register tile: rows [0, mr) of x (row stride k) times one weight panel, plus bias, into
- * y (row stride ldy), `cols` (<= 32) valid columns. mr is a constant at each call site, so the
+ * y (row stride ldy), `cols` (<= NR) valid columns. mr is a constant at each call site, so the
  * compiler keeps all accumulators in registers. */
 static inline __attribute__((always_inline)) void tile(
         int mr, const float *x, int k, const float *panel, const float *bias,
@@ -72,8 +80,8 @@ static inline __attribute__((always_inline)) void tile(
     for (int kk = 0; kk < k; kk++) {
         /* the weights stream from memory: ask for them 4 KB ahead, into L2 (prefetcht2).
          * +17% on a memory-bound panel at one thread; 2 KB or 8 KB ahead, or into L1, lost. */
-        __builtin_prefetch(panel + (size_t)(kk + 32) * NR, 0, 1);
-        __builtin_prefetch(panel + (size_t)(kk + 32) * NR + 16, 0, 1);
+        __builtin_prefetch(panel + (size_t)kk * NR + 1024, 0, 1);
+        if (NR > 16) __builtin_prefetch(panel + (size_t)kk * NR + 1024 + 16, 0, 1);
         vf w[NV];
         for (int v = 0; v < NV; v++) w[v] = *(const vf *)(panel + (size_t)kk * NR + v * VW);
         for (int r = 0; r < mr; r++) {

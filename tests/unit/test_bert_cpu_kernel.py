@@ -133,12 +133,15 @@ def test_switched_off_by_environment(fresh_build, monkeypatch):
     assert fresh_build.encoder_kernels() is None
 
 
-def test_the_avx2_build_matches_torch_layers(fresh_build, monkeypatch):
+@pytest.mark.parametrize("inter", [80, 88])
+def test_the_avx2_build_matches_torch_layers(fresh_build, monkeypatch, inter):
+    """The AVX2 build's panels are 16 columns wide: hidden sizes (multiples of 16) fill them, so
+    an FFN of 88 (5.5 panels) is what gives its up and down GEMMs a partial panel."""
     if not fresh_build.cpu_features().avx2:
         pytest.skip("no AVX2 here")
     monkeypatch.setenv(fresh_build.DISABLE_ENV, "avx2")
     assert fresh_build.encoder_kernels().variant == "avx2"
-    model = _model()
+    model = _model(inter=inter)
     with torch.inference_mode():
         for lengths, unattended in (([1], None), ([13], None), ([bert_cpu.MAX_TOKENS], None),
                                     ([4, 9], [0, 2])):
