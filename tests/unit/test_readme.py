@@ -97,3 +97,11 @@ def test_readme_links_resolve():
         path = link.split("#", 1)[0]
         if path:
             assert (ROOT / path).exists(), f"README links to {link}, which does not exist"
+
+
+def test_benchmarks_readme_lists_every_script():
+    folder = ROOT / "benchmarks"
+    listed = set(re.findall(r"^\| `([\w.]+)` \|", (folder / "README.md").read_text(), re.M))
+    present = {p.name for p in folder.iterdir() if p.suffix in (".py", ".c")}
+    assert listed == present, (f"benchmarks/README.md lists {sorted(listed - present)} that are "
+                               f"gone and misses {sorted(present - listed)}")
