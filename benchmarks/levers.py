@@ -1,4 +1,4 @@
-"""Lever measurements behind docs/benchmarks.md (single process, not side by side).
+"""Lever measurements behind docs/dev/journal.md (single process, not side by side).
 
 On a shared machine wall time is noise, so these default to ONE thread and report the CPU time
 of the measuring thread (time.thread_time): it counts the work done, not the waiting. Usage:

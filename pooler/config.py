@@ -288,7 +288,7 @@ def _fallback_head(architecture: str, config) -> tuple[str, str]:
 
 # Default token budget of one step per device type. CPU: 2048 measured fastest for MiniLM (vs
 # 1k/4k/8k/16k: activations stay in cache). CUDA: 16384 ran the embed corpus 1.4-1.5x faster
-# than 2048 on an H200 (fewer steps, each too small to fill the GPU); docs/benchmarks.md.
+# than 2048 on an H200 (fewer steps, each too small to fill the GPU); docs/dev/journal.md.
 DEFAULT_TOKEN_BUDGET = {"cpu": 2048, "cuda": 16384}
 
 

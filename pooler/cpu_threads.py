@@ -13,7 +13,7 @@ at load average 5.5, 2 threads, took 488 ms (issue 14); with 2 busy neighbours i
 must wake its threads, 1.6x on a quiet short query (8.7 vs 5.3 ms). A short spin
 (GOMP_SPINCOUNT=10000, tens of microseconds) keeps the quiet figure and bounds the waste; the
 step-thread rule (pooler/worker/step_threads.py) takes small steps to one thread while the cores
-are contended, where no thread waits at all (docs/benchmarks.md, "OpenMP spin and the
+are contended, where no thread waits at all (docs/dev/journal.md, "OpenMP spin and the
 contention rule").
 
 OpenMP reads these once, when torch loads libgomp, so they must be in the environment before

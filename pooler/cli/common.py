@@ -45,7 +45,7 @@ def add_engine_args(parser: argparse.ArgumentParser, task: bool = True,
                              "\"is_original_qwen3_reranker\": true}'")
     parser.add_argument("--quantization", default=None, choices=["int8"],
                         help="int8: dynamic int8 linear layers on CPU (opt-in; "
-                             "see docs/benchmarks.md for speed and accuracy)")
+                             "see docs/models/precision.md for speed and accuracy)")
     parser.add_argument("--precision-check", default="fallback",
                         choices=["fallback", "refuse", "off"],
                         help="when --dtype bfloat16 or --quantization int8 is not faster than "

@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
                         "(model = ..., optional name = ..., and any Engine option: task, "
                         "runner, dtype, max_num_batched_tokens, ...); requests pick one by "
                         "their `model` field")
-    lora = p.add_argument_group("LoRA adapters (README: LoRA adapters)")
+    lora = p.add_argument_group("LoRA adapters (docs/models/lora.md)")
     lora.add_argument("--lora-modules", nargs="+", default=None, type=parse_lora_module,
                       metavar="NAME=PATH",
                       help="PEFT LoRA folders served beside the base model, as vLLM spells "
@@ -116,7 +116,7 @@ def add_parser(sub) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn and pooler log level (default: %(default)s)")
-    ops = p.add_argument_group("operating (README: Operating pooler; gRPC and OTLP need "
+    ops = p.add_argument_group("operating (docs/operating/index.md; gRPC and OTLP need "
                                "pooler's [ops] extra)")
     ops.add_argument("--log-format", default="text", choices=["text", "json"],
                      help="json: one JSON object per line for every log record, and one per "

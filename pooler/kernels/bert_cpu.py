@@ -18,7 +18,7 @@ Taken when all of these hold, else the model runs its torch layers:
   fp32 weights, and a short step is faster in this fp32 kernel than in bf16 oneDNN GEMMs
   (pooler/worker/cpu_bf16.py).
 
-Measured on MiniLM-L6, 12 tokens, 2 threads (docs/benchmarks.md, "A short step in one C
+Measured on MiniLM-L6, 12 tokens, 2 threads (docs/dev/journal.md, "A short step in one C
 call"): the whole layer stack takes ~1.3 ms in C (its 24 GEMMs alone ~1.2 ms), where oneDNN's 24
 GEMMs alone took ~2.9 ms and the torch layers ~60 more eager ops. For larger steps the GEMM
 shares out (row block of at most 48 rows, panel) tasks, the same rows per thread; with that, MiniLM over the long-text mix ran 1.12x

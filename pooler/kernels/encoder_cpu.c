@@ -38,7 +38,7 @@
 /* 6 x 2 accumulators + 2 weight vectors and a broadcast in 15 of 16 ymm. The panels are 16
  * columns wide: with 32-column panels (a 3 x 32 tile) a 12-token step streamed every panel 4
  * times, the first pass wanting 128 bytes of weights per 12 FMAs from memory, and a short query
- * ran 1.3-1.6x slower than on the AVX-512 build at the same FMA rate (docs/benchmarks.md,
+ * ran 1.3-1.6x slower than on the AVX-512 build at the same FMA rate (docs/dev/journal.md,
  * "AVX2 short query"). */
 #define MR 6
 #define NR 16

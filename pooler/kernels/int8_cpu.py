@@ -41,7 +41,7 @@ PATHS = tuple(name for name, _, _ in _VARIANTS) + ("torch",)
 # so no sum can saturate (int8_gemm.c). Measured on the bench corpus (min cosine to fp32, QKV
 # fp32), unsmoothed: 191/85 0.99639, 127/127 0.99639, 255/63 0.99453, 255/127 (saturating)
 # 0.89588; with smoothing (pooler/layers/quantization.py) full weight codes win: see
-# docs/benchmarks.md.
+# docs/dev/journal.md.
 WEIGHT_LEVELS = {"avx512-vnni": 127, "avx2": 127, "torch": 127}
 # int8_gemm.c's epilogue activations, by the (oneDNN post-op, algorithm) pooler/layers/linear.py
 # names them with

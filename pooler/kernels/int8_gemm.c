@@ -77,7 +77,7 @@
  * asm, as DPBUSD below: written with intrinsics, GCC 12 copied accumulators between registers
  * and spilled one to the stack on every step of the 4-row tile, and with the weights held in
  * registers no taller tile fit. This 6-row tile ran MiniLM's shapes 1.04-1.28x faster alone
- * (docs/benchmarks.md, "AVX2 int8 tile"). */
+ * (docs/dev/journal.md, "AVX2 int8 tile"). */
 #define MADD_U8S8(acc, a, w, ones)                                                           \
     do {                                                                                      \
         __m256i t_;                                                                           \
@@ -339,7 +339,7 @@ static inline __attribute__((always_inline)) void tile(
 /* Asks for the lines the epilogue of an mr-row, 64-column tile will touch (its residual rows
  * and its output rows, written in place) while the products run. Measured on Zen 4, 1 thread:
  * +9% on a 2,000 x 384 x 1152 call with fp32 outputs, within noise on the other MiniLM shapes
- * (docs/benchmarks.md, "6 x 64 int8 tiles"). */
+ * (docs/dev/journal.md, "6 x 64 int8 tiles"). */
 static inline __attribute__((always_inline)) void prefetch_out(
         int mr, const float *res, const void *y, int ldy, size_t out_bytes) {
     for (int r = 0; r < mr; r++) {

@@ -53,7 +53,7 @@ static inline vf vrcp(vf d) {
  * so clamping there costs nothing), P of degree 6 and Q of degree 4 fitted to erf in float64
  * (1.3e-7; float32 Horner rounding brings it to 4.4e-7). 18 vector operations where the
  * Abramowitz & Stegun form with exp took ~33: the int8 FFN-up layer with its GELU epilogue ran
- * ~10% faster on the VNNI build (Zen 4), level on the AVX2 build (docs/benchmarks.md). */
+ * ~10% faster on the VNNI build (Zen 4), level on the AVX2 build (docs/dev/journal.md). */
 static inline vf verf(vf x) {
     x = vmin(vmax(x, vsplat(-4.f)), vsplat(4.f));
     vf z = x * x;

@@ -6,7 +6,7 @@ products for bf16 q/k/v and, with `bf16_products`, for an int8 engine's), bias a
 keys included. On the long mix's steps
 it takes 1.5-1.9x less CPU time than the torch paths below (5-8x less wall time at 2 threads on
 a loaded machine, where their many small parallel ops wait on each other); whole MiniLM jobs
-6-15% faster in fp32 and bf16 (docs/benchmarks.md, "Attention in one C call"). Where it does not apply (causal or local masks, GQA, other head
+6-15% faster in fp32 and bf16 (docs/dev/journal.md, "Attention in one C call"). Where it does not apply (causal or local masks, GQA, other head
 sizes, no compiler, `POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length share
 one call. In fp32, sequences up to _MATH_MAX_LEN tokens run as two batched matmuls and a
 softmax, in chunks whose [chunk, heads, L, L] scores fit in L2 (_SCORE_BYTES); measured 8-57%

@@ -4,7 +4,7 @@ fused into it.
 On CPU in fp32, `torch.ops.mkldnn._linear_pointwise` runs the GEMM and applies bias and GELU in
 its epilogue, saving one pass over the [num_tokens, intermediate] activations; measured ~15%
 faster than `linear` then `gelu` for MiniLM's FFN, and oneDNN's plain GEMM ~5-8% faster than
-the MKL one `nn.Linear` calls on this CPU (docs/benchmarks.md). Anything else (CUDA,
+the MKL one `nn.Linear` calls on this CPU (docs/dev/journal.md). Anything else (CUDA,
 half precision, int8 layers, other activations, autograd) takes the plain path.
 
 bf16 on CPU (`Bf16Linear`, what `dtype="bfloat16"` swaps in on a CPU with AVX512_BF16 or
@@ -145,7 +145,7 @@ def _act_in_place(y: torch.Tensor, act, postop: tuple[str, str]) -> torch.Tensor
 def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """layer(x) + residual, with the add in the GEMM's epilogue on the fast path: one pass and
     one allocation fewer per residual connection (a 12-token query measured within noise of
-    linear + add on the shared 2-core machine; see docs/benchmarks.md, issue 14 part 5).
+    linear + add on the shared 2-core machine; see docs/dev/journal.md, issue 14 part 5).
     On the bf16 path the add reads the bf16 GEMM output and writes the fp32 residual stream."""
     packed = _packed_for(layer, x)
     fp32_add = residual.dtype == torch.float32 and residual.is_contiguous()

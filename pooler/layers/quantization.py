@@ -1,6 +1,6 @@
 """Opt-in int8 linear layers for CPU (`quantization="int8"`).
 
-Scheme (chosen by measurement, see docs/benchmarks.md):
+Scheme (chosen by measurement, see docs/dev/journal.md):
 - weights: symmetric int8 per output channel (one scale per row), computed once at load;
 - activations: int8 per token (one scale per row of the input), computed on every call, so a
   token with large values does not crush the resolution of the others (per-tensor activation
@@ -19,7 +19,7 @@ codes 0..128 with weights +-127 so that VPMADDUBSW cannot saturate), else the po
 `torch._int_mm` path (symmetric 8-bit activations). Whether any of them beats fp32 on this CPU
 is checked at load (pooler/precision_gate.py, wired in pooler/worker/precision_check.py).
 
-Where the error came from (benchmarks/int8_smoothing.py and the study in docs/benchmarks.md:
+Where the error came from (benchmarks/int8_smoothing.py and the study in docs/dev/journal.md:
 all-MiniLM-L6-v2, 400 texts of the bench corpus, one kind of linear in int8 at a time, min
 cosine to fp32): the QKV and FFN-up inputs are post-LayerNorm hidden states whose few outlier
 channels (up to 29 against a median of 1.7 in layer 3) set every token's range, so their
@@ -55,7 +55,7 @@ SMOOTHED_KEEP_FP32: dict[str, tuple[str, ...]] = {"avx512-vnni": (), "avx2": (),
 # over 10x their rms (3% of MiniLM's QKV rows, 0% at 20) won back most of what QKV in int8 cost
 # (min cosine above; mean 0.998525 -> 0.998911, QKV fp32 0.999059), while the int8 QKV ran the
 # forced AVX2 build at 1.31x fp32 against 1.24x with QKV fp32 (Zen 4, 1 thread, CPU time, four
-# interleaved rounds, faster in each: docs/benchmarks.md). Lower ratios bought nothing more
+# interleaved rounds, faster in each: docs/dev/journal.md). Lower ratios bought nothing more
 # (6: 0.99735, 4: 0.99774), and 10 on the FFN-down input would send 38% of its rows through
 # twice.
 OUTLIER_RATIOS: dict[str, dict[str, float]] = {"avx2": {"qkv_proj": 10.0}}

@@ -5,7 +5,7 @@ bert_layers). A larger step can take it too, or run the model's torch layers (on
 fused epilogues, the C attention kernel, torch's layer norm). Which one is faster depends on the
 CPU: measured on Zen 4 over the long-text mix (`python benchmarks/layer_stack_ab.py`), the C
 stack ran 1.12x faster with the AVX-512 build and 1.25x faster with the AVX2 build and the
-torch libraries held to AVX2 (docs/benchmarks.md). On the AVX2 build oneDNN's fused erf GELU
+torch libraries held to AVX2 (docs/dev/journal.md). On the AVX2 build oneDNN's fused erf GELU
 epilogue was the weak part (61-65 GFLOP/s at 1 thread where its plain GEMM ran 80). No AVX2-only
 CPU was at hand, so the choice is timed on the machine itself rather than read from its flags:
 one step of CHECK_TOKENS tokens through each, alternating (precision_gate.interleaved_medians),

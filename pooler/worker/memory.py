@@ -42,7 +42,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 # stays mapped up to 256 MB, so each step reuses the last step's pages. glibc's defaults mmap
 # such blocks fresh or trim them on free, and every step page-faults them in again: measured
 # on the 2,000-text embed job, int8 ~100 -> ~120 texts/s (its int32 GEMM outputs and casts are
-# all fresh [tokens, 1536] buffers), fp32 unchanged within noise (docs/benchmarks.md).
+# all fresh [tokens, 1536] buffers), fp32 unchanged within noise (docs/dev/journal.md).
 # RSS stays bounded by HeapTrimmer's malloc_trim. Setting either threshold alone is worse
 # than the defaults (trim alone halved int8 speed: it pins the mmap threshold at 128 KB).
 MMAP_THRESHOLD_BYTES = 32 * 2**20
@@ -71,7 +71,7 @@ def tune_malloc_for_steps() -> bool:
 # Entries per cache. A MiniLM step builds 4 GEMM kernels per token count, so 128 keeps the
 # 32 most recent token counts hot (a stream of short queries of similar lengths never rebuilds)
 # and caps the caches at ~+55 MB of heap instead of ~+500 MB. With no cache at all every step
-# rebuilds its kernels: one short query went from 5 to 14 ms. Measured in docs/benchmarks.md
+# rebuilds its kernels: one short query went from 5 to 14 ms. Measured in docs/dev/journal.md
 # ("Soak").
 KERNEL_CACHE_CAPACITY = 128
 # oneDNN's primitive cache, ideep's computation cache.

@@ -3,7 +3,7 @@ one thread for a small step (below 256 tokens: short queries), half the threads 
 for a larger one.
 
 Measured on a 2-core machine, all-MiniLM-L6-v2, 2 threads, 2 busy processes in their own
-sessions as the loaded case (docs/benchmarks.md, "OpenMP spin and the contention rule"):
+sessions as the loaded case (docs/dev/journal.md, "OpenMP spin and the contention rule"):
 - one short query, p50 over 130 queries, median of three rounds (`python
   benchmarks/omp_wait_ab.py`): GOMP_SPINCOUNT=10000 with the rule off 4.69 ms quiet, 21.16 ms
   loaded; with the rule on 5.34 / 10.18 ms (one thread alone: 6.35 / 9.82 ms;
@@ -17,7 +17,7 @@ process holds a core, our second thread waits on a run queue and the caller wait
 every barrier; a short query runs a few hundred such loops, each too small to gain much from
 a second thread anyway. Fewer threads than free cores have no peer to wait for.
 
-An earlier A/B (docs/benchmarks.md, "Threads under contention") put the rule off: with
+An earlier A/B (docs/dev/journal.md, "Threads under contention") put the rule off: with
 OMP_WAIT_POLICY=PASSIVE, on a machine other sessions kept at load ~12, it made that p50 worse
 (11.2 -> 24.8 ms). There the "quiet" half was itself contended and every wake-up went through
 the kernel; on a quiet machine with the short spin the rule wins the loaded half and leaves the

@@ -114,7 +114,7 @@ def test_reload_clears_late_interaction_state_and_reset_cache_does_not(engine):
 @pytest.mark.parametrize("background_loop", [False, True])
 def test_each_reset_on_a_cached_query(engine, background_loop):
     """reset_cache and reset_mm_cache keep a cached query; reset_encoder_cache and
-    reload_weights drop it (README: the reset table)."""
+    reload_weights drop it (docs/tasks/late-interaction.md: the reset table)."""
     if background_loop:
         engine.start_background_loop()
     expected = {"reset_cache": True, "reset_mm_cache": True,

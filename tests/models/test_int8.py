@@ -38,7 +38,7 @@ def test_quantize_linears_respects_keep_fp32():
 # special tokens: [CLS]/[SEP] carry BERT's largest outlier activations, and a text that is
 # little else is int8's weakest case (an empty text, batched with passages, measured 0.996 with
 # the VNNI build and 0.987 with the AVX2 one before smoothing and the outlier-token residual
-# pass; docs/benchmarks.md). Served alone such a text is a short step and runs the fp32 C
+# pass; docs/dev/journal.md). Served alone such a text is a short step and runs the fp32 C
 # stack; these are batched with the others, so they run int8.
 NUM_EDGE_TEXTS = 2
 

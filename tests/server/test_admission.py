@@ -1,7 +1,7 @@
 """Admission (issue 28, part 3): one refusal shape per protocol with Retry-After on every
 refusal, tokenizer-only routes outside the model queue, and a steady closed-loop load answered
 in full with the default rule. The full-size loads (64 clients x 8 texts, 200 x 64 bursts) are
-`python -m pooler.bench.burst`, figures in README / docs/benchmarks.md."""
+`python -m pooler.bench.burst`, figures in docs/operating/admission.md."""
 from __future__ import annotations
 
 import asyncio

@@ -52,7 +52,7 @@ def test_unknown_model_name_ignored_on_tei_shared_routes(client, url, engine):
     assert got.model != "tei"  # the answer names the model that served it
     r = client.post("/embeddings", json={"model": "text-embedding-3-small", "input": "a"})
     assert r.status_code == 200
-    # vLLM-only routes keep vLLM's 404 (README: "Model names").
+    # vLLM-only routes keep vLLM's 404 (docs/serving/http.md, "Model names").
     r = client.post("/pooling", json={"model": "gpt-4", "input": "a"})
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
 

@@ -88,7 +88,7 @@ def test_full_queue_gives_fast_503_with_retry_after(engine, serve_app):
 
 
 def test_scaled_down_burst(engine, serve_app):
-    """40 clients x 64 texts at once (the full 200 x 64 figures are in docs/benchmarks.md):
+    """40 clients x 64 texts at once (the full 200 x 64 figures are in docs/dev/journal.md):
     every client gets a 200 or a 503 with Retry-After, none times out; /health keeps
     answering; the queue holds about max_queue_seconds of work."""
     from pooler.bench.burst import burst

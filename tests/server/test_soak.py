@@ -1,4 +1,4 @@
-"""A small soak (the full 5,000 + 1,000 figures are in docs/benchmarks.md): varied requests
+"""A small soak (the full 5,000 + 1,000 figures are in docs/dev/journal.md): varied requests
 in a row, then concurrent ColBERT reranks with random client disconnects. No errors, every
 kept call answered, nothing left queued or cached at idle (in the engine and in /metrics),
 memory flat once warm."""

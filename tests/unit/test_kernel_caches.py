@@ -61,7 +61,7 @@ def test_new_step_sizes_keep_the_heap_flat(minilm_path):
     if memory.heap_in_use_mb() is None:
         pytest.skip("no glibc mallinfo2 here")
     bounded = _heap_growth_mb(str(minilm_path), {})
-    # The libraries' own default: the cause of the soak's RSS growth (docs/benchmarks.md).
+    # The libraries' own default: the cause of the soak's RSS growth (docs/dev/journal.md).
     unbounded = _heap_growth_mb(str(minilm_path), {"POOLER_KERNEL_CACHE_CAPACITY": "1024"})
     # Measured: bounded ~0 MB, unbounded ~55 MB (~2 MB per new length).
     assert bounded < 8, bounded
