@@ -19,8 +19,11 @@ class TaskEngine(Protocol):
     model_config: Any
     tokenizer: Any
     processor: Any
-    colbert_inputs: Any  # built once per engine (late_interaction.colbert_input_builder)
-    gliner_inputs: Any  # built once per engine (zero_shot_ner.gliner_input_builder)
+    # Built once per engine, on first use, by the task modules' builders:
+    colbert_inputs: Any  # late_interaction.colbert_input_builder
+    gliner_inputs: Any  # zero_shot_ner.gliner_input_builder
+    _subword_rules: Any  # token_classification.subword_rules
+    _static_query_encoder: Any  # sparse.static_query_encoder
 
     @property
     def supported_tasks(self) -> frozenset[str]: ...
@@ -30,6 +33,9 @@ class TaskEngine(Protocol):
     def check_lora(self, name: str) -> None: ...
     def drop_cached_queries(self, keys: list[str]) -> None: ...
     def classify(self, inputs: Any, **kwargs) -> list: ...
+    def gliner_span_scores(self, items: list[str], label_sets: list[list[str]],
+                           truncate: bool = True, use_tqdm: bool | None = None,
+                           priority: int = 0) -> tuple: ...
 
 
 @contextmanager

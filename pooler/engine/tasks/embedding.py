@@ -70,6 +70,8 @@ def token_embed(engine: TaskEngine, inputs: str | Sequence, *, normalize: bool |
                 truncation_direction: str = "right", prompt: str | None = None,
                 prompt_name: str | None = None, use_tqdm: bool | None = None,
                 priority: int = 0) -> list[TokenEmbeddingOutput]:
+    """A vector per token ([num_tokens, hidden] per input; skip_special_tokens leaves
+    [CLS]/[SEP] and the like out)."""
     params = PoolingParams(task="token_embed", normalize=normalize,
                            skip_special_tokens=skip_special_tokens)
     results = encode_inputs(engine, inputs, params, TruncationOptions(
