@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from collections import Counter
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -46,10 +46,11 @@ class CallContext:
     """Per-call facts a caller (the HTTP server) hands to Engine methods without new
     parameters: every Engine method that reaches run_processed honours `cancel`, calls
     `admit(num_tokens)` before it submits (the server's token admission: it raises to refuse),
-    and _run_texts adds its tokenization time to `tokenize_seconds`. run_processed counts
-    the inputs it submits by task (`submitted`) and keeps the outputs that came back
-    (`finished`, with their timing): the server's metrics, logs and traces read them. `lora`
-    names the LoRA adapter every request of the call runs with (None: the base model)."""
+    and tokenizing (pooler/engine/tasks/common.py) adds its time to `tokenize_seconds`.
+    run_processed counts the inputs it submits by task (`submitted`) and keeps the outputs
+    that came back (`finished`, with their timing): the server's metrics, logs and traces
+    read them. `lora` names the LoRA adapter every request of the call runs with (None: the
+    base model)."""
     cancel: threading.Event | None = None
     tokenize_seconds: float = 0.0
     admit: Callable[[int], None] | None = None
@@ -157,6 +158,25 @@ class EngineLoop:
             futures.append(future)
         self._wakeup.set()
         return futures
+
+    def run_to_completion(self, requests: list[Request], progress,
+                          cancel: threading.Event | None) -> dict[str, RequestOutput]:
+        """Submit `requests` and wait until all finish, ticking `progress` (tqdm-like) as
+        they do; setting `cancel` aborts the unfinished ones and raises RequestCancelled."""
+        futures = dict(zip((r.request_id for r in requests), self.submit(requests)))
+        pending = set(futures.values())
+        while pending:
+            done, pending = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+            progress.update(len(done))
+            if cancel is not None and cancel.is_set() and pending:
+                self.abort([rid for rid, f in futures.items() if not f.done()])
+                raise RequestCancelled(f"{len(pending)} of {len(futures)} requests aborted")
+        results = {}
+        for req_id, future in futures.items():
+            if future.cancelled():
+                raise RequestCancelled(f"request {req_id} was aborted")
+            results[req_id] = future.result()  # re-raises a submission error
+        return results
 
     def _count_queued(self, delta: int) -> None:
         with self._queued_lock:

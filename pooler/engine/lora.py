@@ -7,7 +7,9 @@ import functools
 import inspect
 from dataclasses import replace
 
+from pooler import architectures
 from pooler.engine.engine_loop import CallContext, current_call
+from pooler.params import PoolingParams
 
 # Model families whose linear layers adapters reach (pooler/layers/lora.py); the rest refuse
 # lora_modules at start-up rather than serve an adapter half applied.
@@ -32,6 +34,27 @@ def check_family(family: str, runner: str) -> None:
         raise ValueError(f"LoRA adapters are served on the {list(LORA_FAMILIES)} families; "
                          f"this model's family is {family!r}. Merge the adapter into the base "
                          "(peft's merge_and_unload) and serve the merged model instead.")
+
+
+def start_adapters(core, model_config, lora_modules: dict[str, str] | None, max_loras: int,
+                   max_lora_rank: int):
+    """The model runner's adapter manager, `lora_modules` ({name: PEFT folder}) loaded;
+    a ValueError where the model's family takes no adapters."""
+    check_family(architectures.get_arch_spec(model_config.architecture).family
+                 if model_config.runner != "transformers" else "", model_config.runner)
+    manager = core.model_runner.enable_lora(max_loras, max_lora_rank)
+    for name, path in (lora_modules or {}).items():
+        manager.add(name, path)
+    return manager
+
+
+def on_adapter(params: PoolingParams, lora: str) -> PoolingParams:
+    """`params` for the adapter `lora` (a copy unless they already name it)."""
+    if params.lora == lora:
+        return params
+    params = params.clone()
+    params.lora = lora
+    return params
 
 
 def with_lora(method):
