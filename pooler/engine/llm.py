@@ -46,7 +46,7 @@ class Engine:
         max_loras: adapters held in memory at once (others are read from disk when asked for,
         least recently used dropped first) and at most in one batch; max_lora_rank: the
         largest rank accepted. precision_check: what a requested int8 or bfloat16 does where it
-        is not faster than float32 here ("fallback", "refuse" or "off"; README "Precision")."""
+        is not faster than float32 here ("fallback", "refuse" or "off"; docs/models/precision.md)."""
         self.model_config = ModelConfig(
             model=model, task=task, runner=runner, dtype=dtype, device=device,
             max_model_len=max_model_len, hf_overrides=hf_overrides, quantization=quantization,
@@ -240,7 +240,7 @@ class Engine:
         request_ids = [f"{self._id_prefix}-{batch_id}-{i}" for i in range(len(processed))]
         # Submit shortest first: with FCFS scheduling, each step then packs sequences of
         # similar length, so attention groups equal lengths into one kernel call (measured in
-        # docs/benchmarks.md). Results are still returned in input order.
+        # docs/dev/journal.md). Results are still returned in input order.
         order = sorted(range(len(processed)), key=lambda i: len(processed[i].prompt_token_ids))
         requests = [Request(request_id=request_ids[i],
                             prompt_token_ids=processed[i].prompt_token_ids,
