@@ -303,8 +303,6 @@ def apply(args: argparse.Namespace, environ=os.environ) -> None:
     errors = list(getattr(args, "peer_env_errors", []))
     if errors:
         raise ValueError(" ".join(errors))
-    if getattr(args, "peer_env_used", None):
-        logger.info("from the environment: %s", ", ".join(args.peer_env_used))
     _models(args)
     _convert(args)
     _pooler_config(args)
@@ -312,9 +310,6 @@ def apply(args: argparse.Namespace, environ=os.environ) -> None:
         environ["HF_TOKEN"] = args.hf_token
     if args.huggingface_hub_cache:
         environ["HF_HUB_CACHE"] = args.huggingface_hub_cache
-    if args.uds_path:
-        logger.info("--uds-path / UDS_PATH is TEI's socket between its router and backend; "
-                    "pooler is one process and does not use it. Clients connect to --port.")
     per_model = [flag for flag, value in (("--pooling", args.pooling),
                                           ("--default-prompt-name", args.default_prompt_name),
                                           ("--cors-allow-origin", args.cors_allow_origin))
@@ -323,6 +318,15 @@ def apply(args: argparse.Namespace, environ=os.environ) -> None:
     if per_model and (args.ray or several):
         raise ValueError(f"{', '.join(per_model)} apply to one model served without --ray; "
                          "drop them, or serve one model.")
+
+
+def report(args: argparse.Namespace) -> None:
+    """Once logging is set up: which variables were read, and what has no effect here."""
+    if getattr(args, "peer_env_used", None):
+        logger.info("from the environment: %s", ", ".join(args.peer_env_used))
+    if args.uds_path:
+        logger.info("--uds-path / UDS_PATH is TEI's socket between its router and backend; "
+                    "pooler is one process and does not use it. Clients connect to --port.")
 
 
 def _models(args: argparse.Namespace) -> None:

@@ -371,6 +371,7 @@ def run(args) -> int:
         logging.basicConfig(level=args.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     warn_if_exposed(args.host, args.api_key)
+    peer_flags.report(args)
 
     import uvicorn
 
