@@ -53,7 +53,8 @@ class Refuse(argparse.Action):
     """A peer's flag pooler cannot honour: the parse stops with the reason."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is not supported by pooler: {REFUSED[self.option_strings[0]]}")
+        reason = REFUSED[self.option_strings[0]]
+        parser.error(f"{option_string} is not supported by pooler: {reason}")
 
 
 def parse_bool(text: str) -> bool:
