@@ -5,7 +5,7 @@
 #   docker run -p 8080:80 -v $PWD/data:/data pooler:cpu --model-id BAAI/bge-small-en-v1.5
 #   docker run -p 8080:80 -e MODEL_ID=BAAI/bge-small-en-v1.5 -e API_KEY=... pooler:cpu
 #
-# docs/deploy.md: the flags and variables, what was tested and how.
+# docs/operating/deploy.md: the flags and variables, what was tested and how.
 FROM python:3.11-slim-bookworm
 
 # pooler compiles its CPU kernels for the CPU it runs on, at first start (about a second):
@@ -31,7 +31,7 @@ RUN useradd --create-home --uid 1000 --user-group pooler \
 # As TEI's image: models cached on the /data volume (HF_HUB_CACHE=/data is the layout of TEI's
 # HUGGINGFACE_HUB_CACHE=/data, so a volume TEI filled is reused; HF_HOME=/data keeps a token
 # saved there), port 80. A non-root process may bind 80 where the runtime allows it (Docker
-# >= 20.10 does by default; Kubernetes: docs/deploy.md), else set PORT=8080.
+# >= 20.10 does by default; Kubernetes: docs/operating/deploy.md), else set PORT=8080.
 ENV PATH=/opt/pooler/bin:$PATH \
     HF_HOME=/data \
     HF_HUB_CACHE=/data \

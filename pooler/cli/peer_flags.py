@@ -4,8 +4,8 @@ TEI (`text-embeddings-router`): its flag names, each also read from its environm
 (the flag's upper-snake name: MODEL_ID, PORT, MAX_CLIENT_BATCH_SIZE, API_KEY, JSON_OUTPUT, ...);
 a flag beats its variable, as clap's `env` does. vLLM (`vllm serve`): `--runner pooling`,
 `--convert`, `--pooler-config`, `--max-model-len`, VLLM_API_KEY. Each maps onto the pooler
-option that means the same (docs/deploy.md has the table). A flag or variable pooler cannot
-honour stops the server with the reason; none is silently dropped.
+option that means the same (docs/operating/deploy.md has the table). A flag or variable
+pooler cannot honour stops the server with the reason; none is silently dropped.
 
 The variables are read when the parser is built (they become the options' defaults, so a flag
 given on the command line wins); a variable with a bad value is reported when `pooler serve`
@@ -144,10 +144,10 @@ def add(parser: argparse.ArgumentParser, port_number: Callable[[str], int]) -> N
     S = argparse.SUPPRESS
     tei = parser.add_argument_group(
         "TEI's spelling (text-embeddings-router); each also reads its environment variable "
-        "[env: NAME], a flag beats its variable (docs/deploy.md). pooler's own options with "
-        "TEI's names read theirs too: --port PORT, --api-key API_KEY (or vLLM's VLLM_API_KEY), "
-        "--revision REVISION, --dtype DTYPE, --served-model-name SERVED_MODEL_NAME, "
-        "--otlp-endpoint OTLP_ENDPOINT, --otlp-service-name OTLP_SERVICE_NAME, "
+        "[env: NAME], a flag beats its variable (docs/operating/deploy.md). pooler's own "
+        "options with TEI's names read theirs too: --port PORT, --api-key API_KEY (or "
+        "vLLM's VLLM_API_KEY), --revision REVISION, --dtype DTYPE, "
+        "--served-model-name SERVED_MODEL_NAME, --otlp-endpoint OTLP_ENDPOINT, --otlp-service-name OTLP_SERVICE_NAME, "
         "--prometheus-port PROMETHEUS_PORT")
     tei.add_argument("--model-id", default=None, metavar="MODEL",
                      help="the model, as MODEL [env: MODEL_ID]")
