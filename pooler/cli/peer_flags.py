@@ -147,8 +147,8 @@ def add(parser: argparse.ArgumentParser, port_number: Callable[[str], int]) -> N
         "[env: NAME], a flag beats its variable (docs/operating/deploy.md). pooler's own "
         "options with TEI's names read theirs too: --port PORT, --api-key API_KEY (or "
         "vLLM's VLLM_API_KEY), --revision REVISION, --dtype DTYPE, "
-        "--served-model-name SERVED_MODEL_NAME, --otlp-endpoint OTLP_ENDPOINT, --otlp-service-name OTLP_SERVICE_NAME, "
-        "--prometheus-port PROMETHEUS_PORT")
+        "--served-model-name SERVED_MODEL_NAME, --otlp-endpoint OTLP_ENDPOINT, "
+        "--otlp-service-name OTLP_SERVICE_NAME, --prometheus-port PROMETHEUS_PORT")
     tei.add_argument("--model-id", default=None, metavar="MODEL",
                      help="the model, as MODEL [env: MODEL_ID]")
     tei.add_argument("--hostname", dest="host", default=S,
