@@ -89,3 +89,9 @@ pylate-references:
 
 clean:
 	rm -rf $(VENV) $(PYLATE_VENV)
+
+# The container images' install step (deploy/install.sh) into a temporary prefix, then a
+# start configured by TEI's variables and GET /health (docs/operating/deploy.md); CI runs it.
+.PHONY: check-install
+check-install: install
+	deploy/check-install.sh

@@ -46,7 +46,8 @@ class RemoteCodeRequired(ValueError):
 
 def hub_cache_dir() -> Path:
     """The cache huggingface_hub uses, from the environment as it is now."""
-    cache = os.environ.get("HF_HUB_CACHE")
+    # HUGGINGFACE_HUB_CACHE: the older name huggingface_hub still reads (TEI's images set it)
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if cache:
         return Path(cache).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(

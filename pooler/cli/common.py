@@ -28,8 +28,10 @@ def add_engine_args(parser: argparse.ArgumentParser, task: bool = True,
     if task:
         parser.add_argument("--task", default=None, help="embed | classify | token_embed | "
                             "token_classify (default: model's)")
-    parser.add_argument("--runner", default="auto", choices=["auto", "native", "transformers"],
-                        help="native engine, or the transformers fallback")
+    parser.add_argument("--runner", default="auto", type=_runner,
+                        choices=["auto", "native", "transformers"],
+                        help="native engine, or the transformers fallback (vLLM's "
+                             "--runner pooling is auto)")
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     parser.add_argument("--device", default="auto", help="cpu | cuda | auto")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -65,6 +67,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                   precision_check=getattr(args, "precision_check", "fallback"),
                   revision=getattr(args, "revision", None),
                   hf_overrides=getattr(args, "hf_overrides", None))
+    if getattr(args, "max_model_len", None) is not None:  # pooler serve's (vLLM's) option
+        kwargs["max_model_len"] = args.max_model_len
     lora_modules = getattr(args, "lora_modules", None)
     if lora_modules or getattr(args, "enable_lora", False):  # pooler serve's LoRA options
         names = [name for name, _ in lora_modules or []]
@@ -81,6 +85,17 @@ def engine_from_args(args: argparse.Namespace):
 
     kwargs = engine_kwargs(args)
     return Engine(kwargs.pop("model"), **kwargs)
+
+
+def _runner(text: str) -> str:
+    """vLLM spells pooler's `auto` `pooling` (pooler runs nothing else)."""
+    if text == "pooling":
+        return "auto"
+    if text in ("generate", "draft"):
+        raise argparse.ArgumentTypeError(
+            f"{text} is vLLM's text-generation runner; pooler serves pooling models only "
+            "(--runner pooling, or leave it out)")
+    return text
 
 
 def _json_object(text: str) -> dict:

@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 
+from pooler.cli import peer_flags
 from pooler.cli.common import add_engine_args, engine_from_args, engine_kwargs
 
 logger = logging.getLogger("pooler.serve")
@@ -150,6 +151,7 @@ def add_parser(sub) -> None:
                      help="GPUs per replica (default: %(default)s)")
     ray.add_argument("--request-timeout", type=float, default=300,
                      help="seconds before Serve's proxy answers 408 (default: %(default)s)")
+    peer_flags.add(p, port_number)  # last: TEI's variables become the options' defaults
     p.set_defaults(func=run)
 
 
@@ -351,6 +353,7 @@ def warn_if_exposed(host: str, api_key: str | None) -> None:
 
 
 def run(args) -> int:
+    peer_flags.apply(args)  # TEI's / vLLM's spellings, checked before anything loads
     # Before anything imports torch (seconds): a wrong address fails at once.
     check_port(args.host, args.port)
     for flag in ("--grpc-port", "--prometheus-port"):
@@ -368,6 +371,7 @@ def run(args) -> int:
         logging.basicConfig(level=args.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     warn_if_exposed(args.host, args.api_key)
+    peer_flags.report(args)
 
     import uvicorn
 
@@ -380,6 +384,7 @@ def run(args) -> int:
         return run_ray(args)
     install_log_rate_limit()
     app = build_app(args)
+    peer_flags.after_build(app, args)
     # A ModelRouter (several models) has each model's state; the first one's limits and
     # metrics count connections, and a shutdown reaches every model.
     state = app.state.pooler if hasattr(app, "state") else app.models[0].app.state.pooler
