@@ -70,11 +70,12 @@ docs: $(VENV)/.installed-docs
 bench: install
 	$(VENV)/bin/pooler bench
 
-# TEI's gRPC stubs, committed (pooler/server/grpc_server.py says why); rerun after editing the
-# .proto (tests/server/test_grpc.py fails until the stubs match it).
+# TEI's gRPC stubs, committed (pooler/server/grpc/server.py says why); rerun after editing the
+# .proto (tests/server/test_grpc.py fails until the stubs match it). The -I mapping files the
+# proto under generated/, so protoc writes the stubs there and they import each other from it.
 proto: install
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
-		pooler/server/tei.proto
+	$(PY) -m grpc_tools.protoc -Ipooler/server/grpc/generated=pooler/server/grpc \
+		--python_out=. --pyi_out=. --grpc_python_out=. pooler/server/grpc/tei.proto
 
 # PyLate 1.6 pins sentence-transformers 5.3 and transformers <= 5.3 (and fails on
 # sentence-transformers 6), so its reference outputs for the ColBERT parity tests are computed

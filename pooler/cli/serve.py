@@ -2,9 +2,9 @@
 
 SIGTERM / Ctrl-C: stop accepting connections, let in-flight requests finish (up to
 --graceful-timeout seconds), abort the rest (503 with Retry-After) and exit 0; a second
-signal exits at once (pooler/server/shutdown.py). Slow clients are bounded by
+signal exits at once (pooler/server/edges/shutdown.py). Slow clients are bounded by
 --header-timeout, --body-timeout, --keep-alive-timeout and --max-connections
-(pooler/server/connection_limits.py).
+(pooler/server/edges/connection_limits.py).
 """
 from __future__ import annotations
 
@@ -364,7 +364,7 @@ def run(args) -> int:
             check_port(args.host, extra, flag)
     json_logs = getattr(args, "log_format", "text") == "json"
     if json_logs:
-        from pooler.server.json_logs import configure
+        from pooler.server.observability.json_logs import configure
 
         configure(args.log_level)
     else:
@@ -375,10 +375,10 @@ def run(args) -> int:
 
     import uvicorn
 
-    from pooler.server.connection_limits import (accept_backlog, fit_connection_cap,
-                                                 guarded_h11_protocol, install_log_rate_limit,
-                                                 raise_fd_limit)
-    from pooler.server.shutdown import GracefulServer, uvicorn_backstop
+    from pooler.server.edges.connection_limits import (accept_backlog, fit_connection_cap,
+                                                       guarded_h11_protocol, install_log_rate_limit,
+                                                       raise_fd_limit)
+    from pooler.server.edges.shutdown import GracefulServer, uvicorn_backstop
 
     if args.ray:
         return run_ray(args)

@@ -2,7 +2,7 @@
 
 The lifespan starts the engine's background loop (one thread owns the model; handlers'
 requests from every client join its batches), then marks the server ready. On shutdown
-(uvicorn finishes in-flight requests first on SIGTERM, bounded as shutdown.py says) it stops
+(uvicorn finishes in-flight requests first on SIGTERM, bounded as edges/shutdown.py says) it stops
 the loop, cancelling whatever is left, so the process always exits.
 """
 from __future__ import annotations
@@ -16,17 +16,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from pooler.server import bge_m3, cohere, long_inputs, lora, ner, openai, rerank, tei, vllm
-from pooler.server.auth import APIKeyMiddleware
-from pooler.server.connection_limits import BodyTimeoutMiddleware
+from pooler.server.dialects import cohere, openai, tei
+from pooler.server.dialects.native import bge_m3, long_inputs, ner
+from pooler.server.dialects.vllm import lora, rerank
+from pooler.server.dialects.vllm import routes as vllm
+from pooler.server.edges.auth import APIKeyMiddleware
+from pooler.server.edges.connection_limits import BodyTimeoutMiddleware
+from pooler.server.edges.invalid_text import InvalidTextMiddleware
+from pooler.server.edges.limits import PayloadLimitMiddleware, QueueGateMiddleware
+from pooler.server.edges.refusals import RefusalShapes
 from pooler.server.errors import (ERROR_RESPONSES, error_response, install_error_handlers,
                                   validation_message)
-from pooler.server.invalid_text import InvalidTextMiddleware
-from pooler.server.limits import PayloadLimitMiddleware, QueueGateMiddleware
-from pooler.server.metrics import MetricsMiddleware, ServerMetrics
+from pooler.server.observability.metrics import MetricsMiddleware, ServerMetrics
 from pooler.server.openapi_spec import narrow_openapi
 from pooler.server.protocol import InfoResponse
-from pooler.server.refusals import RefusalShapes
 from pooler.server.state import ServerSettings, ServerState
 
 logger = logging.getLogger(__name__)
@@ -168,12 +171,12 @@ def _add_request_observers(metrics: ServerMetrics, settings: ServerSettings, mod
     Returns the tracer (to flush at shutdown) or None."""
     tracer = None
     if settings.otlp_endpoint:
-        from pooler.server.tracing import RequestTracer
+        from pooler.server.observability.tracing import RequestTracer
 
         tracer = RequestTracer(settings.otlp_endpoint, settings.otlp_service_name, model_name)
         metrics.request_observers.append(tracer.on_request)
     if settings.log_requests:
-        from pooler.server.json_logs import log_request
+        from pooler.server.observability.json_logs import log_request
 
         metrics.request_observers.append(log_request)
     return tracer
@@ -183,7 +186,7 @@ async def _start_side_servers(app: FastAPI, settings: ServerSettings, scrape) ->
     """--prometheus-port and --grpc-port listeners; returns their async stop functions."""
     stops = []
     if settings.prometheus_port is not None:
-        from pooler.server.metrics import serve_metrics_port
+        from pooler.server.observability.metrics import serve_metrics_port
 
         server = serve_metrics_port(settings.listen_host, settings.prometheus_port, scrape)
         app.state.prometheus_port = server.server_address[1]  # the real one when asked for 0
@@ -196,7 +199,7 @@ async def _start_side_servers(app: FastAPI, settings: ServerSettings, scrape) ->
         logger.info("Prometheus metrics on http://%s:%d/metrics", settings.listen_host,
                     server.server_address[1])
     if settings.grpc_port is not None:
-        from pooler.server.grpc_server import start_grpc_server
+        from pooler.server.grpc.server import start_grpc_server
 
         stops.append(await start_grpc_server(app, settings.listen_host, settings.grpc_port))
     return stops

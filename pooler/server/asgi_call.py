@@ -1,5 +1,5 @@
 """One HTTP request through an ASGI app in process, without a socket: the gRPC server runs
-its TEI calls through the HTTP routes this way (pooler/server/grpc_server.py), and the
+its TEI calls through the HTTP routes this way (pooler/server/grpc/server.py), and the
 multi-model front door reads each model's GET routes (pooler/server/multi_model.py)."""
 from __future__ import annotations
 

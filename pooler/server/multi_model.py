@@ -18,7 +18,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from pooler.server.asgi_call import call_asgi
-from pooler.server.peer_metrics import render_text
+from pooler.server.observability.peer_metrics import render_text
 
 # The task a route serves, for requests that name no model (the first model with it wins).
 _ROUTE_TASKS = {

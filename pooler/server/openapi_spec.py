@@ -282,7 +282,7 @@ def _model_facts(engine) -> dict:
     score_params = inspect.signature(engine.score).parameters \
         if callable(getattr(engine, "score", None)) else {}
     try:
-        from pooler.server.chat import model_chat_template
+        from pooler.server.dialects.vllm.chat import model_chat_template
         mc = engine.model_config
         chat = model_chat_template(mc.tokenizer_config, mc.path) is not None
     except Exception:
@@ -388,7 +388,7 @@ def _narrow_node(schema: dict, facts: dict) -> None:
         elif name == "max_batch_size":
             for node in _integer_nodes(prop):
                 node["minimum"] = max(node.get("minimum", 1), 1)
-        elif name == "priority":  # only 0 unless priority scheduling is on (vllm_common.py)
+        elif name == "priority":  # 0 only, unless priority scheduling is on (vllm/common.py)
             for node in _integer_nodes(prop):
                 node["minimum"] = node["maximum"] = 0
         elif name == "truncate_prompt_tokens" and schema.get("title") in _NO_TRUNCATION:

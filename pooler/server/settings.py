@@ -13,7 +13,7 @@ class ServerSettings:
     max_payload_bytes: int = 32 * 2**20  # request body size (413 above)
     max_queue: int = 16384               # inputs admitted and unanswered (503 above)
     max_workers: int = 64                # threads running blocking Engine calls
-    # The server's edges (pooler/server/connection_limits.py, shutdown.py).
+    # The server's edges (pooler/server/edges/connection_limits.py, shutdown.py).
     graceful_timeout: float = 30.0       # s in-flight requests may finish on SIGTERM
     header_timeout: float = 10.0         # s to send a request head (408 after)
     body_timeout: float = 60.0           # s to send a whole body after its head (408 after)
@@ -22,13 +22,13 @@ class ServerSettings:
     show_model_path: bool = False        # /info and /v1/models show the model's folder
     long_input: str = "truncate"         # /v1/embeddings default: "truncate" | "chunk"
     # The queue in tokens (503 above): a fixed number, or None to derive it from the measured
-    # rate: tokens/s x max_queue_seconds (pooler/server/limits.py, TokenAdmission).
+    # rate: tokens/s x max_queue_seconds (pooler/server/edges/limits.py, TokenAdmission).
     max_queue_tokens: int | None = None
     # 20 s: a request admitted at the bound is answered (its own compute added) before a 60 s
     # client time-out on a 2-CPU machine (figures: README, "Admission"; the bench:
     # python -m pooler.bench.burst).
     max_queue_seconds: float = 20.0
-    # The steady-load floor (limits.py, TokenAdmission part 2): requests of at most this many
+    # The steady-load floor (edges/limits.py, TokenAdmission part 2): requests of at most this many
     # inputs are admitted past the time bound while at most this many requests are in flight.
     small_request_inputs: int = 8
     small_request_slots: int = 64

@@ -25,11 +25,11 @@ from fastapi.responses import Response
 from pooler.engine.engine_loop import CallContext, RequestCancelled, current_call
 from pooler.engine.input_processor import normalize_inputs
 from pooler.params import PoolingParams
+from pooler.server.edges.limits import Admission, Reservation, TokenAdmission
+from pooler.server.edges.shutdown import ShutdownGate
 from pooler.server.errors import APIError, bad_request, unsupported
-from pooler.server.limits import Admission, Reservation, TokenAdmission
-from pooler.server.metrics import ServerMetrics
+from pooler.server.observability.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
-from pooler.server.shutdown import ShutdownGate
 
 # Threads for the tokenizer-only routes: tokenizing a request takes milliseconds.
 TOKENIZER_WORKERS = 4
@@ -188,7 +188,7 @@ class ServerState:
         body) in a worker thread, and answer with its JSON. A client that disconnects first
         has its queued engine requests aborted and gets nothing (logged as 499); when the
         graceful shutdown time runs out first, the same abort happens and the client gets
-        503 with Retry-After (see shutdown.py). model_step=False (the tokenizer routes):
+        503 with Retry-After (see edges/shutdown.py). model_step=False (the tokenizer routes):
         nothing is admitted and the work runs on the tokenizer threads."""
         if self.shutdown.expired:
             raise self.shutdown.refusal()
@@ -206,7 +206,7 @@ class ServerState:
         self.metrics.inputs_in_flight.set(self.admission.in_flight)
         call = CallContext(cancel=threading.Event(), admit=tokens.admit,
                            lora=_request_lora.get())
-        # For the metrics, traces and logs written when the answer is sent (metrics.py).
+        # For the metrics, traces and logs written when the answer is sent (observability/).
         request.scope["pooler.call"], request.scope["pooler.num_items"] = call, num_items
 
         def work() -> bytes | Response:

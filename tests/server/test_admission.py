@@ -96,8 +96,8 @@ def test_tokenizer_routes_never_wait_in_the_model_queue(full):
 
 
 def test_shutdown_refusal_on_a_tei_route_is_unhealthy_with_retry_after():
-    from pooler.server.shutdown import ShutdownGate
-    from pooler.server.tei import as_tei_error
+    from pooler.server.dialects.tei import as_tei_error
+    from pooler.server.edges.shutdown import ShutdownGate
 
     error = as_tei_error(ShutdownGate.refusal())
     response = error.response()

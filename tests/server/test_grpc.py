@@ -18,7 +18,7 @@ grpc = pytest.importorskip("grpc")
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # noqa: E402
 
-from pooler.server import tei_pb2 as pb, tei_pb2_grpc as pb_grpc  # noqa: E402
+from pooler.server.grpc.generated import tei_pb2 as pb, tei_pb2_grpc as pb_grpc  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TOL = 1e-6
@@ -328,11 +328,13 @@ def test_api_key_from_metadata(engine, serve_app):
 # ---- the committed stubs -------------------------------------------------------------------------
 def test_committed_stubs_are_generated_from_the_proto(tmp_path):
     pytest.importorskip("grpc_tools")
+    # The same command as `make proto`: the proto filed under generated/, where the stubs live.
     out = subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I.", f"--python_out={tmp_path}",
-         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", "pooler/server/tei.proto"],
+        [sys.executable, "-m", "grpc_tools.protoc",
+         "-Ipooler/server/grpc/generated=pooler/server/grpc", f"--python_out={tmp_path}",
+         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", "pooler/server/grpc/tei.proto"],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for name in ("tei_pb2.py", "tei_pb2.pyi", "tei_pb2_grpc.py"):
-        assert (tmp_path / "pooler/server" / name).read_text() == \
-            (REPO / "pooler/server" / name).read_text(), f"{name}: run `make proto`"
+        assert (tmp_path / "pooler/server/grpc/generated" / name).read_text() == \
+            (REPO / "pooler/server/grpc/generated" / name).read_text(), f"{name}: run `make proto`"

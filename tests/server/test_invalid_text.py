@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pooler.server.invalid_text import lone_surrogate_error
+from pooler.server.edges.invalid_text import lone_surrogate_error
 
 SPECIAL = ["", " ", "\x00", "\ud800", "\udfff", "a\ud800b", "\ud83d\ude00", "\ud83d",
            "\ufeff", "\uffff", "\U0010ffff", "\u200b", "\r\n", "\\ud800", "[SEP]", "[CLS] x",

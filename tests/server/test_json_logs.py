@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pooler.server.json_logs import JSONFormatter
+from pooler.server.observability.json_logs import JSONFormatter
 from tests.server.health import wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def test_formatter_writes_one_object_with_extras():
 
 def test_serve_json_logs_metrics_port_and_grpc(minilm_path):
     grpc = pytest.importorskip("grpc")
-    from pooler.server import tei_pb2 as pb, tei_pb2_grpc as pb_grpc
+    from pooler.server.grpc.generated import tei_pb2 as pb, tei_pb2_grpc as pb_grpc
 
     port, metrics_port, grpc_port = _free_port(), _free_port(), _free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -8,8 +8,8 @@ import asyncio
 import httpx
 import pytest
 
+from pooler.server.edges.limits import TokenAdmission
 from pooler.server.errors import APIError
-from pooler.server.limits import TokenAdmission
 from pooler.server.settings import ServerSettings
 
 

@@ -77,10 +77,10 @@ def test_llama_index_text_embeddings_inference(url, engine):
                                atol=ATOL)
 
 
-# tei-client's generated stubs and pooler's own (pooler/server/tei_pb2.py, imported by the gRPC
-# tests in this process) both register the tei.v1 symbols in protobuf's process-wide
-# descriptor pool, which refuses the second set: the client runs in its own interpreter, as a
-# user's client process would, and reports what it got as JSON.
+# tei-client's generated stubs and pooler's own (pooler/server/grpc/generated/tei_pb2.py,
+# imported by the gRPC tests in this process) both register the tei.v1 symbols in protobuf's
+# process-wide descriptor pool, which refuses the second set: the client runs in its own
+# interpreter, as a user's client process would, and reports what it got as JSON.
 _TEI_CLIENT_SCRIPT = """
 import json, sys
 import tei_client
@@ -168,7 +168,7 @@ def test_huggingface_hub_inference_client(url, engine, st_minilm, classifier,
 # ---- Cohere -------------------------------------------------------------------------------------
 def test_cohere_v2_embed_every_embedding_type(url, engine):
     cohere = pytest.importorskip("cohere")
-    from pooler.server.quantized import quantize
+    from pooler.server.dialects.quantized import quantize
 
     client = cohere.ClientV2(api_key="unused", base_url=url)
     response = client.embed(texts=TEXTS, model="embed-english-v3.0",

@@ -16,7 +16,7 @@ from pooler.config import SchedulerConfig
 from pooler.engine.request import Request
 from pooler.engine.scheduler import Scheduler
 from pooler.params import LateInteractionParams, PoolingParams
-from pooler.server.metrics import ServerMetrics
+from pooler.server.observability.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
 from tests.models.colbert_folders import build_tiny_stanford
 
@@ -199,8 +199,8 @@ def test_display_name_keeps_hub_names():
 def test_a_handler_cancelled_at_shutdown_answers_503_not_500():
     """uvicorn's backstop (graceful timeout + 5 s) cancels handlers that are still running:
     the client gets 503 with Retry-After, not uvicorn's bare 500."""
-    from pooler.server.connection_limits import BodyTimeoutMiddleware
-    from pooler.server.shutdown import ShutdownGate
+    from pooler.server.edges.connection_limits import BodyTimeoutMiddleware
+    from pooler.server.edges.shutdown import ShutdownGate
 
     async def stuck_app(scope, receive, send):
         await asyncio.sleep(3600)

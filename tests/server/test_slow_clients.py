@@ -35,8 +35,8 @@ def guarded_server(engine, settings: ServerSettings, max_connections: int):
     import uvicorn
 
     from pooler.server.app import create_app
-    from pooler.server.connection_limits import guarded_h11_protocol
-    from pooler.server.shutdown import GracefulServer
+    from pooler.server.edges.connection_limits import guarded_h11_protocol
+    from pooler.server.edges.shutdown import GracefulServer
 
     app = create_app(engine, settings, owns_engine=False)
     state = app.state.pooler
@@ -221,7 +221,7 @@ def test_idle_connection_without_a_request_is_closed(engine):
 def test_log_rate_limit_drops_a_flood():
     import logging
 
-    from pooler.server.connection_limits import RateLimitFilter
+    from pooler.server.edges.connection_limits import RateLimitFilter
 
     limiter = RateLimitFilter(burst=5, interval=60)
     passed = sum(limiter.filter(logging.LogRecord(
@@ -235,7 +235,7 @@ def test_log_rate_limit_drops_a_flood():
 
 @pytest.mark.parametrize("limit, wanted, expected", [(1024, 2048, 640), (20000, 2048, 2048)])
 def test_connection_cap_stays_below_the_fd_limit(limit, wanted, expected):
-    from pooler.server.connection_limits import fit_connection_cap
+    from pooler.server.edges.connection_limits import fit_connection_cap
 
     assert fit_connection_cap(wanted, limit) == expected
 

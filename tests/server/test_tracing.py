@@ -119,7 +119,7 @@ def test_a_bad_endpoint_is_a_clear_error(engine):
 
 
 def test_grpc_calls_join_the_callers_trace_from_metadata(engine, serve_app, collector):
-    from pooler.server import tei_pb2 as pb, tei_pb2_grpc as pb_grpc
+    from pooler.server.grpc.generated import tei_pb2 as pb, tei_pb2_grpc as pb_grpc
 
     sink, endpoint = collector
     trace_id = "0af7651916cd43dd8448eb211c80319c"

@@ -2,7 +2,9 @@
 
 Layers, top to bottom (docs/architecture.md): entry points -> engine -> worker -> pooling /
 models -> layers -> base (config, model folder, params, outputs, ...). Every import counts:
-module level, inside functions, and under TYPE_CHECKING.
+module level, inside functions, and under TYPE_CHECKING. Every subpackage needs a layer, and
+inside the server each part (dialects/, grpc/, observability/, edges/, the core modules)
+imports only the parts its SERVER_IMPORTS row names.
 """
 from __future__ import annotations
 
@@ -22,6 +24,26 @@ LAYERS = {
     "layers": 1, "kernels": 1,
 }
 BASE = 0  # any other top-level module: config, model_folder, params, outputs, tokenizer, ...
+
+# Inside the server (docs/architecture.md, "The server"): each part -> the server parts it may
+# import (its own included). A part is a subpackage of pooler/server or a core module at its
+# top. The entry (app, multi_model) wires everything; gRPC runs over the TEI dialect; the
+# dialects answer through the shared state; the state guards calls with the edges and reports
+# them to observability; edges shape early refusals per dialect (their path table, TEI's and
+# vLLM's error shapes), which import nothing of the edges back; observability hears about a
+# request only when it is finished and imports nothing but the error codes.
+SERVER_CORE = {"errors", "protocol", "settings", "asgi_call"}  # import no other server module
+SERVER_IMPORTS = {
+    "app": {"state", "dialects", "grpc", "observability", "edges", "openapi_spec"} | SERVER_CORE,
+    "multi_model": {"asgi_call", "observability"},
+    "grpc": {"dialects", "asgi_call"},
+    "openapi_spec": {"dialects"},
+    "dialects": {"state", "errors", "protocol"},
+    "state": {"edges", "observability", "errors", "settings"},
+    "edges": {"dialects", "errors"},
+    "observability": {"errors"},
+    **{core: set() for core in SERVER_CORE},
+}
 
 
 def _module_name(path: Path) -> str:
@@ -106,6 +128,13 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _server_part(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "server":
+        return None
+    return parts[2]
+
+
 def test_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
@@ -137,3 +166,37 @@ def test_worker_depends_on_the_step_contract_not_the_scheduler():
             assert "pooler.engine.scheduler" not in targets, module
     assert "pooler.step_contract" in graph["pooler.worker.model_runner"]
     assert "pooler.step_contract" in graph["pooler.engine.scheduler"]
+
+
+def test_every_subpackage_has_a_layer():
+    subpackages = {p.parent.name for p in PACKAGE_DIR.glob("*/__init__.py")}
+    assert subpackages - set(LAYERS) == set(), "give each new subpackage a layer in LAYERS"
+    server_parts = {p.stem if p.suffix == ".py" else p.name
+                    for p in (PACKAGE_DIR / "server").iterdir()
+                    if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    assert server_parts ^ set(SERVER_IMPORTS) == set(), "give each server part a SERVER_IMPORTS row"
+
+
+def test_server_parts_import_only_what_the_layout_allows():
+    wrong = []
+    for module, targets in sorted(_import_graph().items()):
+        part = _server_part(module)
+        if part is None:
+            continue
+        allowed = SERVER_IMPORTS[part] | {part}
+        wrong += [f"{module} ({part}) imports {t}" for t in sorted(targets)
+                  if _server_part(t) is not None and _server_part(t) not in allowed]
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_generated_grpc_stubs_import_only_each_other():
+    graph = _import_graph()
+    generated = "pooler.server.grpc.generated"
+    stubs = [m for m in graph if m.startswith(generated + ".")]
+    assert stubs, "the TEI stubs moved: update this test and docs/architecture.md"
+    for module in stubs:
+        assert {t for t in graph[module] if not t.startswith(generated)} == set(), module
+    # Only the gRPC server (and nothing outside grpc/) uses them.
+    users = {m for m, targets in graph.items() if m not in stubs
+             and any(t.startswith(generated) for t in targets)}
+    assert users == {"pooler.server.grpc.server"}

@@ -28,7 +28,7 @@ import time
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from pooler.server.auth import send_json
+from pooler.server.edges.auth import send_json
 from pooler.server.errors import error_body
 
 logger = logging.getLogger(__name__)
@@ -308,7 +308,7 @@ class RateLimitFilter(logging.Filter):
         return window[1] <= self.burst
 
 
-_FILTERED_LOGGERS = ("asyncio", "uvicorn.error", "pooler.server.connection_limits",
+_FILTERED_LOGGERS = ("asyncio", "uvicorn.error", __name__,
                      "pooler.server.errors")
 
 

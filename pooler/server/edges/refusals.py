@@ -1,5 +1,5 @@
 """One refusal shape per protocol, for the refusals made before a route's handler runs
-(QueueGateMiddleware, pooler/server/limits.py): the route a path belongs to decides.
+(QueueGateMiddleware, pooler/server/edges/limits.py): the route a path belongs to decides.
 
 - TEI routes: TEI's {"error", "error_type"}: 429 "Overloaded" for a full queue, 503
   "Unhealthy" otherwise (shutting down).
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from pooler.server.dialects import route_dialects
+from pooler.server.dialects.by_path import route_dialects
+from pooler.server.dialects.tei import as_tei_error
+from pooler.server.dialects.vllm.errors import to_vllm_response
 from pooler.server.errors import APIError, error_response
-from pooler.server.tei import as_tei_error
-from pooler.server.vllm_errors import to_vllm_response
 
 # Paths that need no model step: never gated, never counted in the model's queue.
 NO_MODEL_STEP = frozenset({"/tokenize", "/detokenize", "/decode"})

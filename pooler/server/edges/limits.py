@@ -10,7 +10,7 @@ import threading
 from typing import Callable
 
 from pooler.engine.engine_loop import CancelledBeforeSubmit
-from pooler.server.auth import send_json
+from pooler.server.edges.auth import send_json
 from pooler.server.errors import APIError, error_body
 
 

@@ -1,10 +1,10 @@
 """OpenAI-compatible routes: GET /v1/models. (POST /v1/embeddings, with vLLM's options, is in
-vllm.py.)"""
+vllm/routes.py.)"""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from pooler.server import quantized
+from pooler.server.dialects import quantized
 from pooler.server.errors import ERROR_RESPONSES
 from pooler.server.protocol import ModelList
 from pooler.server.state import ServerState

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 
-from pooler.server.dialects import error_payload, route_dialects
+from pooler.server.dialects.by_path import error_payload, route_dialects
 
 OPEN_PATHS = frozenset({"/health", "/ping"})
 

@@ -75,7 +75,7 @@ class VLLMRoute(APIRoute):
     """An APIRoute whose errors leave in vLLM's shape (FastAPI's documented way to handle one
     router's errors differently)."""
 
-    dialect = "vllm"  # pooler/server/dialects.py
+    dialect = "vllm"  # pooler/server/dialects/by_path.py
 
     def get_route_handler(self):
         handler = super().get_route_handler()

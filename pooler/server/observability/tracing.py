@@ -14,7 +14,7 @@ GET requests (health checks, scrapes, /info) are not traced.
 from __future__ import annotations
 
 from pooler.install_hint import install_command
-from pooler.server.metrics import FinishedRequest
+from pooler.server.observability.metrics import FinishedRequest
 
 
 

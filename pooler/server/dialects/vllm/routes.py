@@ -1,8 +1,8 @@
 """vLLM-compatible routes: /v1/embeddings, /pooling, /classify, /score, /v1/score, /tokenize,
 /detokenize, /invocations (SageMaker). /rerank, /v1/rerank, /v2/rerank are in rerank.py.
 
-Bodies, options and errors follow vLLM's pooling entrypoints (see vllm_protocol.py and
-vllm_errors.py): `messages` (chat) input, add_special_tokens, use_activation, embed_dtype x
+Bodies, options and errors follow vLLM's pooling entrypoints (see protocol.py and
+errors.py here): `messages` (chat) input, add_special_tokens, use_activation, embed_dtype x
 endianness with base64 or binary ("bytes", "bytes_only") bodies.
 
 /tokenize is shared with TEI: a body with `inputs` is TEI's request, one with `prompt` or
@@ -19,25 +19,26 @@ from fastapi import APIRouter, Body, Request
 from pydantic import ValidationError
 
 from pooler.params import PoolingParams
-from pooler.server import quantized, rerank, tei
+from pooler.server.dialects import quantized, tei
+from pooler.server.dialects.vllm import rerank
+from pooler.server.dialects.vllm.common import (check_priority, chat_token_ids, envelope, get_state,
+                                                prompt_inputs, require_task, response_id,
+                                                scoring_unavailable_reason, truncation_options,
+                                                vllm_usage)
+from pooler.server.dialects.vllm.encoding import binary_response, encode_vector
+from pooler.server.dialects.vllm.errors import VLLMRoute, use_tei_errors
+from pooler.server.dialects.vllm.protocol import (ClassificationRequest, ClassificationResponse,
+                                                  DetokenizeRequest, DetokenizeResponse,
+                                                  EmbeddingRequest, EmbeddingResponse,
+                                                  PoolingRequest, PoolingResponse, RerankRequest,
+                                                  ScoreRequest, TokenizeRequest, TokenizeResponse)
 from pooler.server.errors import ERROR_RESPONSES, bad_request
 from pooler.server.protocol import TEITokenizeRequest
 from pooler.server.state import ServerState
-from pooler.server.vllm_common import (check_priority, chat_token_ids, envelope, get_state,
-                                       prompt_inputs, require_task, response_id,
-                                       scoring_unavailable_reason, truncation_options,
-                                       vllm_usage)
-from pooler.server.vllm_encoding import binary_response, encode_vector
-from pooler.server.vllm_errors import VLLMRoute, use_tei_errors
-from pooler.server.vllm_protocol import (ClassificationRequest, ClassificationResponse,
-                                         DetokenizeRequest, DetokenizeResponse,
-                                         EmbeddingRequest, EmbeddingResponse, PoolingRequest,
-                                         PoolingResponse, RerankRequest, ScoreRequest,
-                                         TokenizeRequest, TokenizeResponse)
 
 router = APIRouter(tags=["vLLM"], route_class=VLLMRoute)
 
-# encoding_format "bytes"/"bytes_only": the vectors as a binary body (vllm_encoding.py).
+# encoding_format "bytes"/"bytes_only": the vectors as a binary body (encoding.py).
 ENCODED_RESPONSES = {**ERROR_RESPONSES, 200: {
     "description": "JSON, or raw vectors for encoding_format bytes / bytes_only",
     "content": {"application/octet-stream": {}}}}
@@ -107,8 +108,8 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
              tags=["TEI"])
 async def tei_embeddings(body: EmbeddingRequest, request: Request):
     """TEI's alias of the OpenAI route (/v1/embeddings): same body, same answer, TEI's error
-    shape; `model` may be any name, as TEI ignores it. (Here rather than in tei.py: the vLLM
-    module imports tei.py for the shared paths, so tei.py cannot import this handler.)"""
+    shape; `model` may be any name, as TEI ignores it. (Here rather than in dialects/tei.py: the
+    vLLM routes import tei.py for the shared paths, so tei.py cannot import this handler.)"""
     use_tei_errors(request)
     return await create_embeddings(body.model_copy(update={"model": None}), request)
 

@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from pooler.server.auth import send_json
+from pooler.server.edges.auth import send_json
 from pooler.server.errors import error_body
 
 # A surrogate as a JSON escape, or as raw (invalid) UTF-8 bytes, which json.loads also lets

@@ -1,5 +1,5 @@
 """Which protocol a path speaks, for answers written before routing (a middleware's 401, the
-queue gate's 503/429 in pooler/server/refusals.py).
+queue gate's 503/429 in pooler/server/edges/refusals.py).
 
 Each API family's routes are built with its own route class (VLLMRoute, TEIRoute, CohereRoute),
 which names its dialect in a `dialect` class attribute; plain routes speak the OpenAI/pooler
@@ -43,8 +43,8 @@ def error_payload(dialect: Dialect, status: int, message: str, kind: str,
                   openai_code: str | None = None) -> dict:
     """An error body in the dialect's shape. `kind` is the short error kind TEI and vLLM name
     ("Unauthorized"); the OpenAI shape keeps pooler's machine-readable `openai_code`."""
+    from pooler.server.dialects.vllm.errors import vllm_error_body
     from pooler.server.errors import error_body
-    from pooler.server.vllm_errors import vllm_error_body
 
     if dialect == "vllm":
         return vllm_error_body(status, message)

@@ -15,7 +15,7 @@ import sys
 import uuid
 from datetime import datetime, timezone
 
-from pooler.server.metrics import FinishedRequest
+from pooler.server.observability.metrics import FinishedRequest
 
 request_logger = logging.getLogger("pooler.request")
 

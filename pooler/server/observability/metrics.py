@@ -10,7 +10,7 @@ Gauges read at each scrape (`observe_engine`), for operators and for admission c
 - pooler_late_interaction_cached_queries, _pending_docs, _cached_bytes: the ColBERT query
   cache (queries cached for documents still to score, documents registered and not yet
   scored, bytes of cached query vectors). Zero when idle: anything else is a leak.
-Connections (see connection_limits.py): open connections, connections refused at the cap,
+Connections (see edges/connection_limits.py): open connections, connections refused at the cap,
 clients cut for sending headers or body too slowly.
 
 TEI's and vLLM's names live in the same registry (peer_metrics.py). Every finished HTTP request
@@ -28,7 +28,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                Histogram)
 
 from pooler.server.errors import CLIENT_CLOSED_REQUEST
-from pooler.server.peer_metrics import PeerMetrics, is_inference_route, render_text
+from pooler.server.observability.peer_metrics import PeerMetrics, is_inference_route, render_text
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class ServerMetrics:
         self.li_cached_bytes = Gauge(
             "pooler_late_interaction_cached_bytes",
             "bytes of cached ColBERT query vectors", registry=r)
-        # Connections (pooler/server/connection_limits.py).
+        # Connections (pooler/server/edges/connection_limits.py).
         self.connections_open = Gauge("pooler_http_connections_open",
                                       "open client connections", registry=r)
         self.connections_rejected = Counter(

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Request
 
 from pooler.gliner import (LabelsTooLongError, gliner_options_error, labels_required_error,
                            misplaced_options, normalize_labels, token_options_error)
-from pooler.server import tei
+from pooler.server.dialects import tei
 from pooler.server.errors import ERROR_RESPONSES, bad_request
 from pooler.server.protocol import NERRequest, NERResponse
 from pooler.server.state import ServerState

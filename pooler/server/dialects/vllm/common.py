@@ -1,4 +1,4 @@
-"""What the vLLM-compatible handlers (vllm.py, rerank.py) share: task checks worded as vLLM
+"""What the vLLM-compatible handlers (routes.py, rerank.py) share: task checks worded as vLLM
 words them, truncation options, chat `messages` -> token ids, ids and usage blocks."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Request
 
 from pooler.pooling.activation import labels_of
-from pooler.server.chat import ChatTemplateError, model_chat_template, render_chat
+from pooler.server.dialects.vllm.chat import ChatTemplateError, model_chat_template, render_chat
 from pooler.server.errors import APIError, bad_request
 from pooler.server.state import ServerState
 

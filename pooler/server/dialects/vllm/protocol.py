@@ -11,9 +11,9 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
+from pooler.server.dialects.vllm.encoding import EmbedDType, EncodingFormat, Endianness
 from pooler.server.protocol import (Inputs, Precision, StrictInt, TextInputs,  # JSON integers
                                     _TruncationFields)
-from pooler.server.vllm_encoding import EmbedDType, EncodingFormat, Endianness
 
 
 class FieldError(ValueError):
@@ -117,7 +117,7 @@ class EmbeddingRequest(_InputOrChat, _Encoding, _ActivationAlias):
     dimensions: Optional[StrictInt] = None
     normalize: Optional[StrictBool] = None  # pooler's name for use_activation on embeddings
     prompt_name: Optional[StrictStr] = None
-    # pooler's addition (issue 16): quantized vectors, see pooler/server/quantized.py
+    # pooler's addition (issue 16): quantized vectors, see pooler/server/dialects/quantized.py
     precision: Precision = "float32"
     ranges: Optional[list[list[float]]] = None
     # pooler's addition (issue 16): "chunk" embeds an over-long input window by window

@@ -18,8 +18,8 @@ with --api-key every tei.v1 call needs metadata `authorization: Bearer KEY`
 messages in order, running up to `_STREAM_PARALLEL` of them at once so they share engine
 batches; the first failing message ends the stream with its status.
 
-The stubs (tei_pb2.py, tei_pb2_grpc.py, tei_pb2.pyi) are generated from tei.proto and
-committed, not generated at install or first use: serving then needs no protoc (grpcio-tools
+The stubs (generated/: tei_pb2.py, tei_pb2_grpc.py, tei_pb2.pyi) are generated from tei.proto
+and committed, not generated at install or first use: serving then needs no protoc (grpcio-tools
 is a build tool with a bundled compiler, kept to the test extra), a wheel installs offline,
 and the code that serves is the code that was reviewed. `make proto` regenerates them;
 tests/server/test_grpc.py regenerates them in a temporary folder and fails on any drift.
@@ -37,8 +37,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from pooler.server import tei, tei_pb2 as pb, tei_pb2_grpc as pb_grpc
 from pooler.server.asgi_call import call_asgi
+from pooler.server.dialects import tei
+from pooler.server.grpc.generated import tei_pb2 as pb, tei_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from pooler.server import tei_pb2 as pooler_dot_server_dot_tei__pb2
+from pooler.server.grpc.generated import tei_pb2 as pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in pooler/server/tei_pb2_grpc.py depends on'
+        + ' but the generated code in pooler/server/grpc/generated/tei_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -38,8 +38,8 @@ class InfoStub:
         """
         self.Info = channel.unary_unary(
                 '/tei.v1.Info/Info',
-                request_serializer=pooler_dot_server_dot_tei__pb2.InfoRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.InfoResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.InfoRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.InfoResponse.FromString,
                 _registered_method=True)
 
 
@@ -59,8 +59,8 @@ def add_InfoServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.InfoRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.InfoResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.InfoRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.InfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,8 +90,8 @@ class Info:
             request,
             target,
             '/tei.v1.Info/Info',
-            pooler_dot_server_dot_tei__pb2.InfoRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.InfoResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.InfoRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.InfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -114,33 +114,33 @@ class EmbedStub:
         """
         self.Embed = channel.unary_unary(
                 '/tei.v1.Embed/Embed',
-                request_serializer=pooler_dot_server_dot_tei__pb2.EmbedRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.EmbedResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedResponse.FromString,
                 _registered_method=True)
         self.EmbedStream = channel.stream_stream(
                 '/tei.v1.Embed/EmbedStream',
-                request_serializer=pooler_dot_server_dot_tei__pb2.EmbedRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.EmbedResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedResponse.FromString,
                 _registered_method=True)
         self.EmbedSparse = channel.unary_unary(
                 '/tei.v1.Embed/EmbedSparse',
-                request_serializer=pooler_dot_server_dot_tei__pb2.EmbedSparseRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.EmbedSparseResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseResponse.FromString,
                 _registered_method=True)
         self.EmbedSparseStream = channel.stream_stream(
                 '/tei.v1.Embed/EmbedSparseStream',
-                request_serializer=pooler_dot_server_dot_tei__pb2.EmbedSparseRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.EmbedSparseResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseResponse.FromString,
                 _registered_method=True)
         self.EmbedAll = channel.unary_unary(
                 '/tei.v1.Embed/EmbedAll',
-                request_serializer=pooler_dot_server_dot_tei__pb2.EmbedAllRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.EmbedAllResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllResponse.FromString,
                 _registered_method=True)
         self.EmbedAllStream = channel.stream_stream(
                 '/tei.v1.Embed/EmbedAllStream',
-                request_serializer=pooler_dot_server_dot_tei__pb2.EmbedAllRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.EmbedAllResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllResponse.FromString,
                 _registered_method=True)
 
 
@@ -188,33 +188,33 @@ def add_EmbedServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Embed': grpc.unary_unary_rpc_method_handler(
                     servicer.Embed,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.EmbedRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.EmbedResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedResponse.SerializeToString,
             ),
             'EmbedStream': grpc.stream_stream_rpc_method_handler(
                     servicer.EmbedStream,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.EmbedRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.EmbedResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedResponse.SerializeToString,
             ),
             'EmbedSparse': grpc.unary_unary_rpc_method_handler(
                     servicer.EmbedSparse,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.EmbedSparseRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.EmbedSparseResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseResponse.SerializeToString,
             ),
             'EmbedSparseStream': grpc.stream_stream_rpc_method_handler(
                     servicer.EmbedSparseStream,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.EmbedSparseRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.EmbedSparseResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseResponse.SerializeToString,
             ),
             'EmbedAll': grpc.unary_unary_rpc_method_handler(
                     servicer.EmbedAll,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.EmbedAllRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.EmbedAllResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllResponse.SerializeToString,
             ),
             'EmbedAllStream': grpc.stream_stream_rpc_method_handler(
                     servicer.EmbedAllStream,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.EmbedAllRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.EmbedAllResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -242,8 +242,8 @@ class Embed:
             request,
             target,
             '/tei.v1.Embed/Embed',
-            pooler_dot_server_dot_tei__pb2.EmbedRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.EmbedResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -269,8 +269,8 @@ class Embed:
             request_iterator,
             target,
             '/tei.v1.Embed/EmbedStream',
-            pooler_dot_server_dot_tei__pb2.EmbedRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.EmbedResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -296,8 +296,8 @@ class Embed:
             request,
             target,
             '/tei.v1.Embed/EmbedSparse',
-            pooler_dot_server_dot_tei__pb2.EmbedSparseRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.EmbedSparseResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -323,8 +323,8 @@ class Embed:
             request_iterator,
             target,
             '/tei.v1.Embed/EmbedSparseStream',
-            pooler_dot_server_dot_tei__pb2.EmbedSparseRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.EmbedSparseResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedSparseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -350,8 +350,8 @@ class Embed:
             request,
             target,
             '/tei.v1.Embed/EmbedAll',
-            pooler_dot_server_dot_tei__pb2.EmbedAllRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.EmbedAllResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -377,8 +377,8 @@ class Embed:
             request_iterator,
             target,
             '/tei.v1.Embed/EmbedAllStream',
-            pooler_dot_server_dot_tei__pb2.EmbedAllRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.EmbedAllResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EmbedAllResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -401,23 +401,23 @@ class PredictStub:
         """
         self.Predict = channel.unary_unary(
                 '/tei.v1.Predict/Predict',
-                request_serializer=pooler_dot_server_dot_tei__pb2.PredictRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.PredictResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.FromString,
                 _registered_method=True)
         self.PredictPair = channel.unary_unary(
                 '/tei.v1.Predict/PredictPair',
-                request_serializer=pooler_dot_server_dot_tei__pb2.PredictPairRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.PredictResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictPairRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.FromString,
                 _registered_method=True)
         self.PredictStream = channel.stream_stream(
                 '/tei.v1.Predict/PredictStream',
-                request_serializer=pooler_dot_server_dot_tei__pb2.PredictRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.PredictResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.FromString,
                 _registered_method=True)
         self.PredictPairStream = channel.stream_stream(
                 '/tei.v1.Predict/PredictPairStream',
-                request_serializer=pooler_dot_server_dot_tei__pb2.PredictPairRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.PredictResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictPairRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.FromString,
                 _registered_method=True)
 
 
@@ -453,23 +453,23 @@ def add_PredictServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Predict': grpc.unary_unary_rpc_method_handler(
                     servicer.Predict,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.PredictRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.PredictResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.SerializeToString,
             ),
             'PredictPair': grpc.unary_unary_rpc_method_handler(
                     servicer.PredictPair,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.PredictPairRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.PredictResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictPairRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.SerializeToString,
             ),
             'PredictStream': grpc.stream_stream_rpc_method_handler(
                     servicer.PredictStream,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.PredictRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.PredictResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.SerializeToString,
             ),
             'PredictPairStream': grpc.stream_stream_rpc_method_handler(
                     servicer.PredictPairStream,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.PredictPairRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.PredictResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictPairRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -497,8 +497,8 @@ class Predict:
             request,
             target,
             '/tei.v1.Predict/Predict',
-            pooler_dot_server_dot_tei__pb2.PredictRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.PredictResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -524,8 +524,8 @@ class Predict:
             request,
             target,
             '/tei.v1.Predict/PredictPair',
-            pooler_dot_server_dot_tei__pb2.PredictPairRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.PredictResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictPairRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -551,8 +551,8 @@ class Predict:
             request_iterator,
             target,
             '/tei.v1.Predict/PredictStream',
-            pooler_dot_server_dot_tei__pb2.PredictRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.PredictResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -578,8 +578,8 @@ class Predict:
             request_iterator,
             target,
             '/tei.v1.Predict/PredictPairStream',
-            pooler_dot_server_dot_tei__pb2.PredictPairRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.PredictResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictPairRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.PredictResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -602,13 +602,13 @@ class RerankStub:
         """
         self.Rerank = channel.unary_unary(
                 '/tei.v1.Rerank/Rerank',
-                request_serializer=pooler_dot_server_dot_tei__pb2.RerankRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.RerankResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankResponse.FromString,
                 _registered_method=True)
         self.RerankStream = channel.stream_unary(
                 '/tei.v1.Rerank/RerankStream',
-                request_serializer=pooler_dot_server_dot_tei__pb2.RerankStreamRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.RerankResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankStreamRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankResponse.FromString,
                 _registered_method=True)
 
 
@@ -633,13 +633,13 @@ def add_RerankServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Rerank': grpc.unary_unary_rpc_method_handler(
                     servicer.Rerank,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.RerankRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.RerankResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankResponse.SerializeToString,
             ),
             'RerankStream': grpc.stream_unary_rpc_method_handler(
                     servicer.RerankStream,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.RerankStreamRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.RerankResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankStreamRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -667,8 +667,8 @@ class Rerank:
             request,
             target,
             '/tei.v1.Rerank/Rerank',
-            pooler_dot_server_dot_tei__pb2.RerankRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.RerankResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -694,8 +694,8 @@ class Rerank:
             request_iterator,
             target,
             '/tei.v1.Rerank/RerankStream',
-            pooler_dot_server_dot_tei__pb2.RerankStreamRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.RerankResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankStreamRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.RerankResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -718,23 +718,23 @@ class TokenizeStub:
         """
         self.Tokenize = channel.unary_unary(
                 '/tei.v1.Tokenize/Tokenize',
-                request_serializer=pooler_dot_server_dot_tei__pb2.EncodeRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.EncodeResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeResponse.FromString,
                 _registered_method=True)
         self.TokenizeStream = channel.stream_stream(
                 '/tei.v1.Tokenize/TokenizeStream',
-                request_serializer=pooler_dot_server_dot_tei__pb2.EncodeRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.EncodeResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeResponse.FromString,
                 _registered_method=True)
         self.Decode = channel.unary_unary(
                 '/tei.v1.Tokenize/Decode',
-                request_serializer=pooler_dot_server_dot_tei__pb2.DecodeRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.DecodeResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeResponse.FromString,
                 _registered_method=True)
         self.DecodeStream = channel.stream_stream(
                 '/tei.v1.Tokenize/DecodeStream',
-                request_serializer=pooler_dot_server_dot_tei__pb2.DecodeRequest.SerializeToString,
-                response_deserializer=pooler_dot_server_dot_tei__pb2.DecodeResponse.FromString,
+                request_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeResponse.FromString,
                 _registered_method=True)
 
 
@@ -770,23 +770,23 @@ def add_TokenizeServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.EncodeRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.EncodeResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeResponse.SerializeToString,
             ),
             'TokenizeStream': grpc.stream_stream_rpc_method_handler(
                     servicer.TokenizeStream,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.EncodeRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.EncodeResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeResponse.SerializeToString,
             ),
             'Decode': grpc.unary_unary_rpc_method_handler(
                     servicer.Decode,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.DecodeRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.DecodeResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeResponse.SerializeToString,
             ),
             'DecodeStream': grpc.stream_stream_rpc_method_handler(
                     servicer.DecodeStream,
-                    request_deserializer=pooler_dot_server_dot_tei__pb2.DecodeRequest.FromString,
-                    response_serializer=pooler_dot_server_dot_tei__pb2.DecodeResponse.SerializeToString,
+                    request_deserializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeRequest.FromString,
+                    response_serializer=pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -814,8 +814,8 @@ class Tokenize:
             request,
             target,
             '/tei.v1.Tokenize/Tokenize',
-            pooler_dot_server_dot_tei__pb2.EncodeRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.EncodeResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -841,8 +841,8 @@ class Tokenize:
             request_iterator,
             target,
             '/tei.v1.Tokenize/TokenizeStream',
-            pooler_dot_server_dot_tei__pb2.EncodeRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.EncodeResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.EncodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -868,8 +868,8 @@ class Tokenize:
             request,
             target,
             '/tei.v1.Tokenize/Decode',
-            pooler_dot_server_dot_tei__pb2.DecodeRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.DecodeResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -895,8 +895,8 @@ class Tokenize:
             request_iterator,
             target,
             '/tei.v1.Tokenize/DecodeStream',
-            pooler_dot_server_dot_tei__pb2.DecodeRequest.SerializeToString,
-            pooler_dot_server_dot_tei__pb2.DecodeResponse.FromString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeRequest.SerializeToString,
+            pooler_dot_server_dot_grpc_dot_generated_dot_tei__pb2.DecodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,8 +1,8 @@
 """text-embeddings-inference (TEI) routes, as TEI's router serves them:
 POST / (by model type), /embed, /embed_all, /embed_sparse, /predict, /similarity, /decode,
 /embeddings (TEI's OpenAI alias); GET / and /ping (health). TEI's /rerank and /tokenize bodies
-are dispatched here from the shared paths (rerank.py, vllm.py); /info's TEI fields come from
-`info_fields`.
+are dispatched here from the shared paths (vllm/rerank.py, vllm/routes.py); /info's TEI fields
+come from `info_fields`.
 
 TEI >= 1.9 defaults: `truncate` unset means auto-truncate (the server's `auto_truncate`, on),
 `truncate: false` makes an over-long input a 422. Errors are TEI's ErrorResponse
@@ -23,12 +23,11 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from pooler.engine.engine_loop import RequestCancelled
-from pooler.server import cohere, quantized
+from pooler.server.dialects import cohere, quantized
 from pooler.server.errors import APIError, bad_request, validation_message
-from pooler.server.protocol import (TEIDecodeRequest, TEIEmbedAllRequest,
-                                    TEIEmbedRequest, TEIPredictRequest, TEIRerankRequest,
-                                    TEISimilarityRequest, TEISparseRequest, TEISparseValue,
-                                    TEITokenizeRequest)
+from pooler.server.protocol import (TEIDecodeRequest, TEIEmbedAllRequest, TEIEmbedRequest,
+                                    TEIPredictRequest, TEIRerankRequest, TEISimilarityRequest,
+                                    TEISparseRequest, TEISparseValue, TEITokenizeRequest)
 from pooler.server.state import ServerState
 
 # TEI >= 1.9 starts with --auto-truncate on; pooler has no switch to turn it off.
@@ -97,7 +96,7 @@ async def tei_errors(run: Callable[[], Awaitable[Response]]) -> Response:
 
 class TEIRoute(APIRoute):
     """Every error a TEI route raises (body validation included) leaves in TEI's shape."""
-    dialect = "tei"  # pooler/server/dialects.py
+    dialect = "tei"  # pooler/server/dialects/by_path.py
 
     def get_route_handler(self):
         handler = super().get_route_handler()
@@ -320,7 +319,7 @@ def _methods(state: ServerState) -> set[str]:
 
 
 async def rerank_tei(body: dict | TEIRerankRequest, request: Request) -> Response:
-    """TEI's /rerank body on the shared /rerank path (rerank.py), with TEI's errors."""
+    """TEI's /rerank body on the shared /rerank path (vllm/rerank.py), with TEI's errors."""
     return await tei_errors(lambda: _rerank(TEIRerankRequest.model_validate(body), request))
 
 
@@ -461,7 +460,7 @@ async def _tokenize(body: TEITokenizeRequest, request: Request):
 
 
 async def tokenize_tei(body: dict | TEITokenizeRequest, request: Request) -> Response:
-    """TEI's /tokenize body on the shared /tokenize path (vllm.py), with TEI's errors."""
+    """TEI's /tokenize body on the shared /tokenize path (vllm/routes.py), with TEI's errors."""
     return await tei_errors(lambda: _tokenize(TEITokenizeRequest.model_validate(body), request))
 
 

@@ -2,10 +2,10 @@
 also a Cohere body, {texts, ...}, on TEI's /embed path).
 
 `embedding_types` float, int8, uint8, binary, ubinary and base64 (little-endian float32 bytes)
-come back side by side under `embeddings`; the quantized kinds are pooler's
-(pooler/server/quantized.py: fixed ranges, so a vector's codes do not depend on its batch), not
-Cohere's own calibration. `model` may be any name (the server serves one model). `texts` or
-`inputs` (text parts only), not both, as Cohere takes one kind of input per request. `truncate`:
+come back side by side under `embeddings`; the quantized kinds are pooler's (quantized.py:
+fixed ranges, so a vector's codes do not depend on its batch), not Cohere's own calibration.
+`model` may be any name (the server serves one model). `texts` or `inputs` (text parts only),
+not both, as Cohere takes one kind of input per request. `truncate`:
 END (default) / START cut an over-long text on that side, NONE makes it a 400. Errors are
 Cohere's {"message": ...}.
 """
@@ -24,7 +24,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from pooler.engine.engine_loop import RequestCancelled
-from pooler.server import quantized
+from pooler.server.dialects import quantized
 from pooler.server.errors import ERROR_RESPONSES, APIError, bad_request, validation_message
 from pooler.server.protocol import NullMeansUnset
 from pooler.server.state import ServerState
@@ -88,7 +88,7 @@ async def cohere_errors(run) -> Response:
 
 
 class CohereRoute(APIRoute):
-    dialect = "cohere"  # pooler/server/dialects.py
+    dialect = "cohere"  # pooler/server/dialects/by_path.py
 
     def get_route_handler(self):
         handler = super().get_route_handler()

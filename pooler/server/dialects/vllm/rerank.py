@@ -1,5 +1,5 @@
 """Scoring routes in vLLM's shape (also what Cohere's and Jina's rerank clients read):
-POST /rerank, /v1/rerank, /v2/rerank, and the /score handler vllm.py routes to.
+POST /rerank, /v1/rerank, /v2/rerank, and the /score handler routes.py routes to.
 
 {query, documents, top_n} -> {id, model, usage{prompt_tokens, total_tokens}, results[{index,
 document{text}, relevance_score}]}, best first; top_n 0 (the default) keeps every document.
@@ -17,15 +17,15 @@ from typing import Any
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
-from pooler.server import tei
+from pooler.server.dialects import tei
+from pooler.server.dialects.vllm.common import (TRUNCATION_TOO_BIG, check_priority, envelope,
+                                                get_state, response_id, scoring_unavailable_reason)
+from pooler.server.dialects.vllm.errors import VLLMRoute, use_tei_errors, vllm_error
+from pooler.server.dialects.vllm.protocol import (RerankRequest, RerankResponse, ScoreRequest,
+                                                  ScoreResponse)
 from pooler.server.errors import ERROR_RESPONSES, bad_request
 from pooler.server.protocol import TEIRerankRequest
 from pooler.server.state import ServerState
-from pooler.server.vllm_common import (TRUNCATION_TOO_BIG, check_priority, envelope,
-                                       get_state, response_id, scoring_unavailable_reason)
-from pooler.server.vllm_errors import VLLMRoute, use_tei_errors, vllm_error
-from pooler.server.vllm_protocol import (RerankRequest, RerankResponse, ScoreRequest,
-                                         ScoreResponse)
 
 router = APIRouter(tags=["Rerank (vLLM, Cohere, Jina)"], route_class=VLLMRoute)
 
