@@ -75,7 +75,7 @@ def _parse_container(container: dict):
 
 def test_deployment_agrees_with_pooler():
     from pooler.server.settings import ServerSettings
-    from pooler.server.shutdown import BACKSTOP_SECONDS
+    from pooler.server.edges.shutdown import BACKSTOP_SECONDS
 
     deployment = by_kind("Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -99,7 +99,7 @@ def test_deployment_agrees_with_pooler():
 
 
 def test_autoscaler_reads_a_metric_pooler_exports():
-    from pooler.server.metrics import ServerMetrics
+    from pooler.server.observability.metrics import ServerMetrics
 
     hpa = by_kind("HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == by_kind("Deployment")["metadata"]["name"]
