@@ -11,6 +11,7 @@ from pooler.bge_m3_layout import BGEM3Layout, detect_bge_m3
 from pooler.colbert import ColBERTConfig, detect_colbert
 from pooler.gliner import GLiNERLayout, detect_gliner
 from pooler.hub import refuse_remote_code
+from pooler.multimodal.two_tower import TwoTowerLayout, unsupported_image_model_message
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler.precision_gate import ON_SLOWER_CHOICES
@@ -65,6 +66,7 @@ class ModelConfig:
     rerank_prompt: RerankPrompt | None = field(init=False)  # LM rerankers (Qwen3-Reranker)
     bge_m3: BGEM3Layout | None = field(init=False)  # BGE-M3 sparse + ColBERT heads, if any
     gliner: GLiNERLayout | None = field(init=False)  # GLiNER span model (zero-shot NER)
+    two_tower: TwoTowerLayout | None = field(init=False)  # CLIP / SigLIP image-text model
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
@@ -110,6 +112,9 @@ class ModelConfig:
         self.hf_config = hf_config
         self.rerank_prompt = rerank_prompt_of(hf_config)
         self.architecture = architectures.architecture_of(hf_config)
+        unsupported = unsupported_image_model_message(self.architecture, hf_config)
+        if unsupported is not None:
+            raise ValueError(unsupported)
         if self.runner == "auto":
             native = self.architecture in architectures.NATIVE_ARCHITECTURES
             self.runner = "native" if native else "transformers"
@@ -133,6 +138,10 @@ class ModelConfig:
         self.attn_type = architectures.attention_type(family_attn, hf_config)
         self.st = read_sentence_transformer_layout(self.root_path)
         self.tokenizer_config = read_json(self.path / "tokenizer_config.json") or {}
+        self.two_tower = TwoTowerLayout.of(self.architecture, hf_config, self.tokenizer_config)
+        if self.two_tower is not None and self.runner != "native":
+            raise ValueError(f"{self.architecture} runs on the native runner only (images need "
+                             "pooler's vision tower); drop runner='transformers'.")
         self.colbert = detect_colbert(self.path, hf_config, self.st)
         self.bge_m3 = detect_bge_m3(self.path, hf_config) if self.runner == "native" else None
         self.max_model_len = self._derive_max_model_len()
@@ -157,6 +166,8 @@ class ModelConfig:
 
     @property
     def hidden_size(self) -> int:
+        if self.two_tower is not None:  # what the poolers see: the shared embedding space
+            return self.two_tower.embed_dim
         if self.transformers_config is not None:
             return int(self.transformers_config.hidden_size)
         hf = self.hf_config  # DistilBERT says dim, some others d_model
@@ -199,6 +210,8 @@ class ModelConfig:
             segment = getattr(self.transformers_config, "segment_means_seq_len", None)
             if isinstance(segment, int) and segment > 0:
                 limits.append(segment)
+        elif self.two_tower is not None:
+            positions = self.two_tower.text_max_positions
         else:
             positions = self.hf_config.get("max_position_embeddings")
         if positions:
