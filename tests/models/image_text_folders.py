@@ -63,7 +63,10 @@ def save_tiny_siglip(dst: Path, seed: int = 0, version: int = 1) -> Path:
     import transformers
 
     dst.mkdir(parents=True, exist_ok=True)
-    vocab = save_word_tokenizer(dst, bos=None, eos="</s>", pad="<pad>", max_length=12)
+    # SigLIP2's reference tokenizer lowercases on its own: this one does not, so a test can
+    # tell whether pooler lowercases for it.
+    vocab = save_word_tokenizer(dst, bos=None, eos="</s>", pad="<pad>", max_length=12,
+                                lowercase=version == 1)
     torch.manual_seed(seed)
     text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
                 num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=12,
