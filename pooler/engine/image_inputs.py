@@ -67,6 +67,12 @@ class ImageInputs:
             decoded.content_hash, processed, num_tokens)})
 
 
+def num_tokens(p: ProcessedInput) -> int:
+    """What a processed input costs the token budget: its tokens, or its image's patches."""
+    image = p.extra.get("image")
+    return image.num_tokens if image is not None else len(p.prompt_token_ids)
+
+
 def has_images(*inputs: Any) -> bool:
     for value in inputs:
         items = value if isinstance(value, (list, tuple)) else [value]

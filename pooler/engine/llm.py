@@ -246,7 +246,7 @@ class Engine:
         for name in {p.lora for p in params} - {None}:
             self.check_lora(name)
         if call is not None and call.admit is not None and self._loop is not None:
-            call.admit(sum(len(p.prompt_token_ids) for p in processed))
+            call.admit(sum(image_inputs.num_tokens(p) for p in processed))
         batch_id = next(self._ids)
         request_ids = [f"{self._id_prefix}-{batch_id}-{i}" for i in range(len(processed))]
         # Submit shortest first: with FCFS scheduling, each step then packs sequences of

@@ -153,3 +153,19 @@ def test_bad_image_and_unsupported_options_name_the_fix(clip):
         engine.embed(["a cat", b"plain bytes, not a picture"])
     with pytest.raises(ValueError, match="prompt='x: ' is not supported for image-text"):
         engine.embed(["a cat"], prompt="x: ")
+
+
+def test_background_loop_admits_images_by_their_patches(clip):
+    from pooler.engine.engine_loop import CallContext, current_call
+    _, engine, _ = clip
+    admitted = []
+    engine.start_background_loop()
+    try:
+        token = current_call.set(CallContext(admit=admitted.append))
+        try:
+            out = engine.embed([_images(1)[0], "dog"])
+        finally:
+            current_call.reset(token)
+    finally:
+        engine.shutdown()
+    assert admitted == [17 + 3] and [o.num_tokens for o in out] == [17, 3]
