@@ -169,3 +169,12 @@ def test_background_loop_admits_images_by_their_patches(clip):
     finally:
         engine.shutdown()
     assert admitted == [17 + 3] and [o.num_tokens for o in out] == [17, 3]
+
+
+def test_encode_with_embed_params_takes_images_and_pads_like_embed(siglip):
+    from pooler.params import PoolingParams
+    _, _, engine, _ = siglip
+    inputs = ["dog", _images(1)[0]]
+    want = [o.embedding for o in engine.embed(inputs)]
+    got = engine.encode(inputs, PoolingParams(task="embed"))
+    assert all(np.allclose(g.data, w, atol=1e-6) for g, w in zip(got, want))
