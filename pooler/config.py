@@ -11,7 +11,8 @@ from pooler.bge_m3_layout import BGEM3Layout, detect_bge_m3
 from pooler.colbert import ColBERTConfig, detect_colbert
 from pooler.gliner import GLiNERLayout, detect_gliner
 from pooler.hub import refuse_remote_code
-from pooler.multimodal.two_tower import TwoTowerLayout, unsupported_image_model_message
+from pooler.multimodal.two_tower import (TwoTowerLayout, sentence_transformers_clip_path,
+                                         unsupported_image_model_message)
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler.precision_gate import ON_SLOWER_CHOICES
@@ -84,6 +85,8 @@ class ModelConfig:
         self.root_path = resolve_model_path(self.model, self.revision)
         # Inference-free SPLADE keeps its MLM in a sentence-transformers Router subfolder.
         self.path = router_transformer_path(self.root_path)
+        # sentence-transformers' CLIP layout: the model sits in its CLIPModel module's folder.
+        self.path = sentence_transformers_clip_path(self.root_path) or self.path
         # A GLiNER folder keeps its backbone's config inside gliner_config.json.
         self.gliner = detect_gliner(self.root_path)
         if self.gliner is not None and self.runner == "transformers":

@@ -38,7 +38,7 @@ class ImageInputs:
     def __init__(self, model_config, cache_bytes: int = DEFAULT_MM_CACHE_BYTES,
                  limits: MediaLimits = DEFAULT_LIMITS, allowed_dir: str | None = None):
         self.layout = model_config.two_tower
-        self.spec = ImageProcessorSpec.from_folder(model_config.path)
+        self.spec = ImageProcessorSpec.from_folder(model_config.path, self.layout.kind)
         self.cache = ByteLRUCache(cache_bytes)
         self.limits = limits
         self.allowed_dir = allowed_dir  # a server sets it; the offline API reads any path

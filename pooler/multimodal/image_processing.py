@@ -76,11 +76,14 @@ class ImageProcessorSpec:
         return repr(sorted(self.__dict__.items()))
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ImageProcessorSpec":
-        kind_name = str(d.get("image_processor_type") or "")
-        for suffix in ("Fast", "Pil"):
-            kind_name = kind_name.removesuffix(suffix)
-        kind = PROCESSOR_KINDS.get(kind_name)
+    def from_dict(cls, d: dict[str, Any], default_kind: str | None = None
+                  ) -> "ImageProcessorSpec":
+        """default_kind: the model's own ("clip", ...) for configs that name no processor
+        (openai/clip-vit-base-patch32 names only its old CLIPFeatureExtractor)."""
+        kind_name = str(d.get("image_processor_type") or "").removesuffix("Fast")
+        kind_name = kind_name.removesuffix("Pil") or str(
+            d.get("feature_extractor_type") or "").replace("FeatureExtractor", "ImageProcessor")
+        kind = PROCESSOR_KINDS.get(kind_name) or (default_kind if not kind_name else None)
         if kind is None:
             raise ValueError(f"preprocessor_config.json names image_processor_type "
                              f"{d.get('image_processor_type')!r}, which pooler does not "
@@ -106,14 +109,14 @@ class ImageProcessorSpec:
                    max_num_patches=int(merged.get("max_num_patches", 256)))
 
     @classmethod
-    def from_folder(cls, path: Path) -> "ImageProcessorSpec":
+    def from_folder(cls, path: Path, default_kind: str | None = None) -> "ImageProcessorSpec":
         import json
 
         file = Path(path) / "preprocessor_config.json"
         if not file.is_file():
             raise FileNotFoundError(f"{path} has no preprocessor_config.json, which says how "
                                     "images are resized and normalized for this model.")
-        return cls.from_dict(json.loads(file.read_text()))
+        return cls.from_dict(json.loads(file.read_text()), default_kind)
 
     # ---- processing ---------------------------------------------------------------------
     def num_patches(self, image: ProcessedImage, patch_size: int) -> int:

@@ -11,7 +11,9 @@ Text rules follow the reference processors in transformers 5.24:
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 # architecture -> model kind
 TWO_TOWER_ARCHITECTURES = {"CLIPModel": "clip", "SiglipModel": "siglip",
@@ -44,6 +46,18 @@ UNSUPPORTED_IMAGE_ARCHITECTURES = {
     "Siglip2VisionModel": "SigLIP2's vision tower alone",
     "BlipModel": "BLIP", "AlignModel": "ALIGN", "ChineseCLIPModel": "Chinese-CLIP",
 }
+
+
+def sentence_transformers_clip_path(root: Path) -> Path | None:
+    """A sentence-transformers CLIP folder (clip-ViT-B-32) keeps the transformers model, its
+    processor and tokenizer in the CLIPModel module's subfolder: that folder, else None."""
+    modules_file = Path(root) / "modules.json"
+    if (Path(root) / "config.json").is_file() or not modules_file.is_file():
+        return None
+    for module in json.loads(modules_file.read_text()):
+        if str(module.get("type", "")).rsplit(".", 1)[-1] == "CLIPModel":
+            return Path(root) / module.get("path", "")
+    return None
 
 
 def unsupported_image_model_message(architecture: str, hf_config: dict) -> str | None:

@@ -178,3 +178,23 @@ def test_encode_with_embed_params_takes_images_and_pads_like_embed(siglip):
     want = [o.embedding for o in engine.embed(inputs)]
     got = engine.encode(inputs, PoolingParams(task="embed"))
     assert all(np.allclose(g.data, w, atol=1e-6) for g, w in zip(got, want))
+
+
+def test_sentence_transformers_clip_folder_matches_sentence_transformers(tmp_path):
+    """sentence-transformers' CLIP layout (modules.json -> 0_CLIPModel/): the same raw,
+    unnormalized vectors as SentenceTransformer.encode, and its cosine similarity."""
+    import json
+    st = pytest.importorskip("sentence_transformers")
+    root = tmp_path / "st-clip"
+    save_tiny_clip(root / "0_CLIPModel")
+    (root / "modules.json").write_text(json.dumps([{
+        "idx": 0, "name": "0", "path": "0_CLIPModel",
+        "type": "sentence_transformers.models.CLIPModel"}]))
+    reference = st.SentenceTransformer(str(root), device="cpu")
+    images = _images()
+    want = np.concatenate([reference.encode(images), reference.encode(TEXTS)])  # one modality a call
+    engine = Engine(str(root), device="cpu")
+    got = np.stack([o.embedding for o in engine.embed(images + TEXTS)])
+    assert np.abs(got - want).max() <= 1e-5
+    score = engine.score(TEXTS[0], [images[0]])[0].score
+    assert score == pytest.approx(float(reference.similarity(want[3:4], want[:1])), abs=1e-6)

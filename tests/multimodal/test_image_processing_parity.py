@@ -76,3 +76,24 @@ def test_naflex_size_matches_transformers_search():
         for p, n in [(16, 256), (14, 1024), (8, 50)]:
             assert size_for_max_num_patches(h, w, p, n) == \
                 get_image_size_for_max_num_patches(h, w, p, n)
+
+
+def test_legacy_clip_feature_extractor_config():
+    """openai/clip-vit-base-patch32's preprocessor_config.json: int sizes, and only the old
+    CLIPFeatureExtractor named."""
+    legacy = {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
+              "feature_extractor_type": "CLIPFeatureExtractor",
+              "image_mean": [0.48145466, 0.4578275, 0.40821073],
+              "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "size": 224}
+    spec = ImageProcessorSpec.from_dict(legacy)
+    assert spec.kind == "clip" and spec.size == {"shortest_edge": 224}
+    kwargs = {k: v for k, v in legacy.items() if k != "feature_extractor_type"}
+    reference = transformers.CLIPImageProcessorPil(**kwargs)
+    for seed, (width, height, mode) in enumerate(CASES[:4]):
+        image = _image(width, height, mode, seed)
+        want = reference(images=image, return_tensors="np")["pixel_values"][0]
+        assert np.abs(spec(load_image(image).image).pixel_values - want).max() <= 1e-5
+    unnamed = {k: v for k, v in legacy.items() if k != "feature_extractor_type"}
+    assert ImageProcessorSpec.from_dict(unnamed, default_kind="clip").kind == "clip"
+    with pytest.raises(ValueError, match="does not implement"):
+        ImageProcessorSpec.from_dict({"image_processor_type": "Idefics3ImageProcessor"})
