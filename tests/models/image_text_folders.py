@@ -33,7 +33,9 @@ def save_word_tokenizer(dst: Path, *, bos: str | None, eos: str, pad: str,
     return vocab
 
 
-def save_tiny_clip(dst: Path, seed: int = 0) -> Path:
+def save_tiny_clip(dst: Path, seed: int = 0, legacy_eos: bool = False) -> Path:
+    """legacy_eos: text_config.eos_token_id 2, as configs saved before transformers' fix
+    (openai/clip-vit-base-patch32): the model then pools at the highest token id."""
     import torch
     import transformers
 
@@ -45,7 +47,8 @@ def save_tiny_clip(dst: Path, seed: int = 0) -> Path:
         text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=2,
                          max_position_embeddings=16, bos_token_id=vocab["<|startoftext|>"],
-                         eos_token_id=vocab["<|endoftext|>"], pad_token_id=vocab["<|endoftext|>"]),
+                         eos_token_id=2 if legacy_eos else vocab["<|endoftext|>"],
+                         pad_token_id=vocab["<|endoftext|>"]),
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                            num_attention_heads=2, image_size=32, patch_size=8),
         projection_dim=24)

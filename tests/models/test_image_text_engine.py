@@ -198,3 +198,15 @@ def test_sentence_transformers_clip_folder_matches_sentence_transformers(tmp_pat
     assert np.abs(got - want).max() <= 1e-5
     score = engine.score(TEXTS[0], [images[0]])[0].score
     assert score == pytest.approx(float(reference.similarity(want[3:4], want[:1])), abs=1e-6)
+
+
+@torch.inference_mode()
+def test_clip_legacy_eos_config_pools_where_transformers_does(tmp_path):
+    folder = save_tiny_clip(tmp_path / "legacy", legacy_eos=True)
+    ref = transformers.CLIPModel.from_pretrained(folder).eval()
+    tokenizer = transformers.CLIPProcessor.from_pretrained(folder).tokenizer
+    engine = Engine(str(folder), device="cpu")
+    got = np.stack([o.embedding for o in engine.embed(TEXTS, normalize=False)])
+    want = torch.cat([ref.get_text_features(**tokenizer([t], return_tensors="pt")).pooler_output
+                      for t in TEXTS]).numpy()
+    assert np.abs(got - want).max() <= 1e-5
