@@ -210,3 +210,14 @@ def test_clip_legacy_eos_config_pools_where_transformers_does(tmp_path):
     want = torch.cat([ref.get_text_features(**tokenizer([t], return_tensors="pt")).pooler_output
                       for t in TEXTS]).numpy()
     assert np.abs(got - want).max() <= 1e-5
+
+
+def test_dimensions_and_normalize_apply_to_images_as_to_texts(clip):
+    _, engine, _ = clip
+    image = _images(1)[0]
+    full = engine.embed([image], normalize=False)[0].embedding
+    cut = engine.embed([image], dimensions=8)[0].embedding
+    assert cut.shape == (8,)
+    assert np.allclose(cut, full[:8] / np.linalg.norm(full[:8]), atol=1e-6)
+    with pytest.raises(ValueError, match="dimensions=99 is larger"):
+        engine.embed([image], dimensions=99)

@@ -73,3 +73,13 @@ def test_cli_prints_one_line_and_no_traceback(tmp_path):
     assert "Traceback" not in done.stderr
     lines = [x for x in done.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "ColPaliForRetrieval is ColPali" in lines[0], done.stderr
+
+
+def test_image_text_models_refuse_the_transformers_runner(tmp_path):
+    from pooler.config import ModelConfig
+    folder = save_tiny_clip(tmp_path / "clip")
+    with pytest.raises(ValueError, match="CLIPModel runs on the native runner only"):
+        ModelConfig(str(folder), runner="transformers")
+    config = ModelConfig(str(folder))
+    assert config.runner == "native" and config.model_tasks == frozenset({"embed"})
+    assert config.max_model_len == 16 and config.hidden_size == 24  # text positions, projection
