@@ -145,6 +145,10 @@ class ModelConfig:
         if self.two_tower is not None and self.runner != "native":
             raise ValueError(f"{self.architecture} runs on the native runner only (images need "
                              "pooler's vision tower); drop runner='transformers'.")
+        if self.two_tower is not None and self.quantization is not None:
+            raise ValueError(f"quantization={self.quantization!r} is not implemented for "
+                             f"image-text models ({self.architecture}); run them in float32, "
+                             "or dtype='bfloat16'.")
         self.colbert = detect_colbert(self.path, hf_config, self.st)
         self.bge_m3 = detect_bge_m3(self.path, hf_config) if self.runner == "native" else None
         self.max_model_len = self._derive_max_model_len()

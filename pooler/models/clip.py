@@ -192,6 +192,10 @@ class CLIPModel(nn.Module):
     def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, text hidden]
         return self.text_model(inputs)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The text tower's token table (the load-time precision checks time text steps)."""
+        return self.text_model.embeddings.token_embedding
+
     def text_pool_index(self, input_ids: torch.Tensor) -> int:
         """Which token of one text ([seq_len] ids) carries its embedding."""
         if self.eos_token_id == 2:

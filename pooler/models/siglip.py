@@ -124,6 +124,10 @@ class SiglipModel(nn.Module):
     def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, text hidden]
         return self.text_model(inputs)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The text tower's token table (the load-time precision checks time text steps)."""
+        return self.text_model.embeddings.token_embedding
+
     def text_pool_index(self, input_ids: torch.Tensor) -> int:
         return int(input_ids.shape[0]) - 1  # the last (padded) position, as transformers
 

@@ -83,3 +83,17 @@ def test_image_text_models_refuse_the_transformers_runner(tmp_path):
     config = ModelConfig(str(folder))
     assert config.runner == "native" and config.model_tasks == frozenset({"embed"})
     assert config.max_model_len == 16 and config.hidden_size == 24  # text positions, projection
+
+
+def test_precision_options_on_image_text_models(tmp_path):
+    from pooler.config import ModelConfig
+    from pooler.engine.llm import Engine
+    folder = save_tiny_clip(tmp_path / "clip")
+    with pytest.raises(ValueError, match="quantization='int8' is not implemented for "
+                                         "image-text models"):
+        ModelConfig(str(folder), quantization="int8")
+    # bfloat16 goes through the load-time check (timed on the text tower), then runs
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (20, 20, 3), np.uint8))
+    want = Engine(str(folder), device="cpu").embed(["a cat", image])
+    got = Engine(str(folder), device="cpu", dtype="bfloat16").embed(["a cat", image])
+    assert all(np.abs(g.embedding - w.embedding).max() < 0.05 for g, w in zip(got, want))
