@@ -97,3 +97,12 @@ def test_precision_options_on_image_text_models(tmp_path):
     want = Engine(str(folder), device="cpu").embed(["a cat", image])
     got = Engine(str(folder), device="cpu", dtype="bfloat16").embed(["a cat", image])
     assert all(np.abs(g.embedding - w.embedding).max() < 0.05 for g, w in zip(got, want))
+
+
+def test_siglip1_sentencepiece_only_folder_says_why(tmp_path):
+    from pooler.engine.llm import Engine
+    from tests.models.image_text_folders import save_tiny_siglip
+    folder = save_tiny_siglip(tmp_path / "siglip")
+    (folder / "tokenizer.json").rename(folder / "spiece.model")  # the hub layout's file name
+    with pytest.raises(FileNotFoundError, match="only a SentencePiece spiece.model"):
+        Engine(str(folder), device="cpu")
