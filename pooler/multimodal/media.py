@@ -1,7 +1,8 @@
 """One image item in, one RGB PIL image and its content hash out, within limits.
 
 Accepted items: a PIL image, a `pathlib.Path` (or `{"image": "/a/path"}`), raw bytes, a
-`data:image/...;base64,` URL, or `{"image": <any of these>}`. A plain string is never read as a
+`data:image/...;base64,` URL, `{"image": <any of these>}`, or vLLM's offline form
+`{"prompt": "", "multi_modal_data": {"image": <any of these>}}`. A plain string is never read as a
 path: `Engine.embed("cat.png")` embeds the text "cat.png". A server passes `allowed_dir` so that
 a client can only name files under one folder; the offline API reads any path its caller names.
 
@@ -67,7 +68,7 @@ def is_image_item(item: Any) -> bool:
     if isinstance(item, (bytes, bytearray, memoryview, Path)):
         return True
     if isinstance(item, dict):
-        return "image" in item
+        return "image" in item or "image" in (item.get("multi_modal_data") or {})
     if isinstance(item, str):
         return item.startswith("data:image/")
     return type(item).__module__.startswith("PIL.") and hasattr(item, "getbands")
@@ -96,6 +97,11 @@ def load_image(item: Any, index: int = 0, *, limits: MediaLimits = DEFAULT_LIMIT
                field: str = "inputs") -> DecodedImage:
     """Decode one image item (see the module docstring) to RGB and hash it."""
     where = f"{field}[{index}]"
+    if isinstance(item, dict) and "multi_modal_data" in item:  # vLLM's offline prompt form
+        if item.get("prompt"):
+            raise ImageInputError(f"{where} has both a prompt and an image; an image-text "
+                                  "model embeds one or the other: send them as two inputs.")
+        item = item["multi_modal_data"]
     if isinstance(item, dict):
         if "image" not in item:
             raise ImageInputError(f"{where} is a dict without an 'image' key.")

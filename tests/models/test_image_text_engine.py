@@ -113,7 +113,8 @@ def test_forms_of_one_image_share_one_embedding_and_cache_entry(clip, tmp_path):
     path = tmp_path / "x.png"
     path.write_bytes(buffer.getvalue())
     before = engine.image_cache_stats()["encoder"]
-    out = engine.embed([image, buffer.getvalue(), path, {"image": str(path)}])
+    out = engine.embed([image, buffer.getvalue(), path, {"image": str(path)},
+                        {"prompt": "", "multi_modal_data": {"image": image}}])
     assert all(np.array_equal(o.embedding, out[0].embedding) for o in out)
     after = engine.image_cache_stats()["encoder"]
     assert after.misses - before.misses == 1 and after.entries - before.entries == 1

@@ -77,3 +77,13 @@ def test_allowed_dir(tmp_path):
         load_image(inside / ".." / "b.png", allowed_dir=inside)
     with pytest.raises(ImageInputError, match="no image file at"):
         load_image(tmp_path / "missing.png")
+
+
+def test_vllm_multi_modal_data_form():
+    data = _png()
+    item = {"prompt": "", "multi_modal_data": {"image": data}}
+    assert is_image_item(item)
+    assert load_image(item).content_hash == load_image(data).content_hash
+    with pytest.raises(ImageInputError, match=r"inputs\[1\] has both a prompt and an image"):
+        load_image({"prompt": "a cat", "multi_modal_data": {"image": data}}, 1)
+    assert not is_image_item({"prompt": "a cat"})
