@@ -115,7 +115,8 @@ def process(engine, inputs: Any, params: PoolingParams, truncation: TruncationOp
     all_params = [params] * len(items)
     for i in image_at:
         processed[i] = engine.images.process_image(items[i], i, field)
-    text_at = [i for i in range(len(items)) if i not in set(image_at)]
+    images = set(image_at)
+    text_at = [i for i in range(len(items)) if i not in images]
     if text_at:
         texts = [normalize_inputs([items[i]], field)[0] for i in text_at]
         for i, p in zip(text_at, engine.processor.process(texts, truncation=truncation)):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pooler.params import PoolingParams
 from pooler.pooling.heads import finalize_embeddings
 from pooler.pooling.metadata import PoolingMetadata
 
@@ -23,9 +22,6 @@ class TwoTowerEmbedPooler(nn.Module):
         # Not a submodule: the backbone is the model's, registered there once.
         self._backbone = [backbone]
         self.out_features = int(backbone.embed_dim)
-
-    def check_params(self, params: PoolingParams) -> None:
-        return None
 
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         backbone = self._backbone[0]
