@@ -69,6 +69,11 @@ NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     **_encoder_family("eurobert", "EuroBertModel", ("EuroBert",), _NO_MLM),
     # Stanford ColBERT checkpoints: a BERT encoder plus `linear.weight` (read by the pooler).
     "HF_ColBERT": ArchSpec("bert", "BertModel", "base", "encoder_only"),
+    # Image-text models: a text tower (the backbone's forward) and a vision tower whose
+    # embeddings share one space (pooler/pooling/two_tower.py, pooler/worker/image_runner.py).
+    "CLIPModel": ArchSpec("clip", "CLIPModel", "two_tower", "encoder_only"),
+    "SiglipModel": ArchSpec("siglip", "SiglipModel", "two_tower", "encoder_only"),
+    "Siglip2Model": ArchSpec("siglip", "Siglip2Model", "two_tower", "encoder_only"),
 }
 
 # Tasks each head kind can serve before the runner's gating by attention type.
@@ -79,6 +84,8 @@ HEAD_TASKS: dict[str, frozenset[str]] = {
     "mlm": frozenset({"embed", "token_embed"}),
     # GLiNER span models: span x label scores per request (pooler/pooling/gliner.py).
     "gliner": frozenset({"token_classify"}),
+    # Image-text models (CLIP, SigLIP): one vector per text or image.
+    "two_tower": frozenset({"embed"}),
 }
 
 # model_type -> architecture, for configs that carry no `architectures` list.
@@ -92,7 +99,8 @@ _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
                         "deberta": "DebertaModel", "deberta-v2": "DebertaV2Model",
                         "nomic_bert": "NomicBertModel", "gte": "GteModel",
                         "jina_embeddings_v3": "JinaEmbeddingsV3Model",
-                        "eurobert": "EuroBertModel"}
+                        "eurobert": "EuroBertModel", "clip": "CLIPModel",
+                        "siglip": "SiglipModel", "siglip2": "Siglip2Model"}
 
 
 def architecture_of(hf_config: dict) -> str:

@@ -11,6 +11,8 @@ from pooler.bge_m3_layout import BGEM3Layout, detect_bge_m3
 from pooler.colbert import ColBERTConfig, detect_colbert
 from pooler.gliner import GLiNERLayout, detect_gliner
 from pooler.hub import refuse_remote_code
+from pooler.multimodal.two_tower import (TwoTowerLayout, sentence_transformers_clip_path,
+                                         unsupported_image_model_message)
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
                                  read_sentence_transformer_layout, resolve_model_path)
 from pooler.precision_gate import ON_SLOWER_CHOICES
@@ -65,6 +67,7 @@ class ModelConfig:
     rerank_prompt: RerankPrompt | None = field(init=False)  # LM rerankers (Qwen3-Reranker)
     bge_m3: BGEM3Layout | None = field(init=False)  # BGE-M3 sparse + ColBERT heads, if any
     gliner: GLiNERLayout | None = field(init=False)  # GLiNER span model (zero-shot NER)
+    two_tower: TwoTowerLayout | None = field(init=False)  # CLIP / SigLIP image-text model
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
@@ -82,6 +85,8 @@ class ModelConfig:
         self.root_path = resolve_model_path(self.model, self.revision)
         # Inference-free SPLADE keeps its MLM in a sentence-transformers Router subfolder.
         self.path = router_transformer_path(self.root_path)
+        # sentence-transformers' CLIP layout: the model sits in its CLIPModel module's folder.
+        self.path = sentence_transformers_clip_path(self.root_path) or self.path
         # A GLiNER folder keeps its backbone's config inside gliner_config.json.
         self.gliner = detect_gliner(self.root_path)
         if self.gliner is not None and self.runner == "transformers":
@@ -110,6 +115,9 @@ class ModelConfig:
         self.hf_config = hf_config
         self.rerank_prompt = rerank_prompt_of(hf_config)
         self.architecture = architectures.architecture_of(hf_config)
+        unsupported = unsupported_image_model_message(self.architecture, hf_config)
+        if unsupported is not None:
+            raise ValueError(unsupported)
         if self.runner == "auto":
             native = self.architecture in architectures.NATIVE_ARCHITECTURES
             self.runner = "native" if native else "transformers"
@@ -133,6 +141,14 @@ class ModelConfig:
         self.attn_type = architectures.attention_type(family_attn, hf_config)
         self.st = read_sentence_transformer_layout(self.root_path)
         self.tokenizer_config = read_json(self.path / "tokenizer_config.json") or {}
+        self.two_tower = TwoTowerLayout.of(self.architecture, hf_config, self.tokenizer_config)
+        if self.two_tower is not None and self.runner != "native":
+            raise ValueError(f"{self.architecture} runs on the native runner only (images need "
+                             "pooler's vision tower); drop runner='transformers'.")
+        if self.two_tower is not None and self.quantization is not None:
+            raise ValueError(f"quantization={self.quantization!r} is not implemented for "
+                             f"image-text models ({self.architecture}); run them in float32, "
+                             "or dtype='bfloat16'.")
         self.colbert = detect_colbert(self.path, hf_config, self.st)
         self.bge_m3 = detect_bge_m3(self.path, hf_config) if self.runner == "native" else None
         self.max_model_len = self._derive_max_model_len()
@@ -157,6 +173,8 @@ class ModelConfig:
 
     @property
     def hidden_size(self) -> int:
+        if self.two_tower is not None:  # what the poolers see: the shared embedding space
+            return self.two_tower.embed_dim
         if self.transformers_config is not None:
             return int(self.transformers_config.hidden_size)
         hf = self.hf_config  # DistilBERT says dim, some others d_model
@@ -199,6 +217,8 @@ class ModelConfig:
             segment = getattr(self.transformers_config, "segment_means_seq_len", None)
             if isinstance(segment, int) and segment > 0:
                 limits.append(segment)
+        elif self.two_tower is not None:
+            positions = self.two_tower.text_max_positions
         else:
             positions = self.hf_config.get("max_position_embeddings")
         if positions:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pooler.multimodal.inputs import ImageRequestData
 from pooler.params import PoolingParams
 
 
@@ -21,6 +22,8 @@ class NewRequestData:
     special_tokens_mask: list[int] | None
     num_prompt_tokens: int
     pooling_params: PoolingParams
+    # An image for the vision tower (two-tower models); its prompt_token_ids are empty.
+    image: ImageRequestData | None = None
 
 
 @dataclass

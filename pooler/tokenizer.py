@@ -41,6 +41,12 @@ class TextTokenizer:
                 hint = (" It has a SentencePiece model: convert it once with `AutoTokenizer."
                         "from_pretrained(folder).save_pretrained(folder)` (transformers, "
                         "sentencepiece), which writes tokenizer.json.")
+            elif (path / "spiece.model").is_file():
+                # google/siglip-* (SigLIP 1): a slow SentencePiece tokenizer that also strips
+                # punctuation, with no tokenizer.json form in transformers.
+                hint = (" It has only a SentencePiece spiece.model (SigLIP 1's tokenizer), "
+                        "which pooler does not read; SigLIP2 and CLIP folders ship a "
+                        "tokenizer.json.")
             raise FileNotFoundError(f"{path} has neither tokenizer.json nor vocab.txt.{hint}")
         base.no_padding()
         base.no_truncation()

@@ -1,10 +1,12 @@
-"""`pooler embed`: texts in, embeddings out as JSONL (stdout or file), .npy or .csv; float32
-or quantized (--precision int8/uint8/binary/ubinary)."""
+"""`pooler embed`: texts (and, for image-text models, --image files) in, embeddings out as
+JSONL (stdout or file), .npy or .csv; float32 or quantized (--precision int8/uint8/binary/
+ubinary)."""
 from __future__ import annotations
 
 import csv
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -18,6 +20,10 @@ def add_parser(sub) -> None:
                        "per input ({index, text, embedding}) or a .npy matrix.")
     add_engine_args(p)
     add_input_args(p)
+    p.add_argument("--image", action="append", default=None, metavar="PATH",
+                   help="an image file to embed (repeatable), for image-text models (CLIP, "
+                        "SigLIP): its vector shares the texts' space; JSONL lines carry "
+                        "'image' instead of 'text'")
     p.add_argument("--output", "-o", default="-",
                    help="'-' for JSONL on stdout, or a .jsonl, .npy or .csv path (.csv: "
                         "index, text, then one column per dimension)")
@@ -64,15 +70,19 @@ def run(args) -> int:
     if args.output != "-" and not args.output.endswith(_FORMATS):
         raise ValueError(f"--output {args.output!r}: pooler embed writes '-' (stdout), "
                          f"{', '.join(_FORMATS)} files; pick one of those extensions.")
-    texts = read_texts(args)
+    image_paths = list(args.image or [])
+    texts = read_texts(args) if (args.texts or args.input or not image_paths) else []
+    # texts first, then images, in the order given; `labels` name each in the output
+    labels = texts + image_paths
+    kinds = ["text"] * len(texts) + ["image"] * len(image_paths)
     engine = engine_from_args(args)
-    outputs = engine.embed(texts, dimensions=args.dimensions,
+    outputs = engine.embed(texts + [Path(p) for p in image_paths], dimensions=args.dimensions,
                            normalize=False if args.no_normalize else None,
                            truncate=not args.no_truncate, prompt=args.prompt,
                            prompt_name=args.prompt_name, long_input=args.long_input,
                            chunk_overlap=args.chunk_overlap, **_quantization_kwargs(args))
     if args.preview:
-        _print_preview(texts, outputs)
+        _print_preview(labels, outputs)
         return 0
     matrix = np.stack([o.embedding for o in outputs])  # [n, dim] (or [n, dim / 8] bits)
     if args.output.endswith(".npy"):
@@ -88,11 +98,11 @@ def run(args) -> int:
         if args.output.endswith(".csv"):
             writer = csv.writer(out)
             writer.writerow(["index", "text"] + [f"e{j}" for j in range(matrix.shape[1])])
-            for i, (text, row) in enumerate(zip(texts, values)):
-                writer.writerow([i, text, *row])
+            for i, (label, row) in enumerate(zip(labels, values)):
+                writer.writerow([i, label, *row])
             return 0
-        for i, (text, row) in enumerate(zip(texts, values)):
-            out.write(json.dumps({"index": i, "text": text, "embedding": row}) + "\n")
+        for i, (label, kind, row) in enumerate(zip(labels, kinds, values)):
+            out.write(json.dumps({"index": i, kind: label, "embedding": row}) + "\n")
     finally:
         if out is not sys.stdout:
             out.close()

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
+from pooler.engine import image_inputs
 from pooler.engine.core import EngineCore
 from pooler.engine.engine_loop import CancelledBeforeSubmit, EngineLoop, current_call
 from pooler.engine.input_processor import InputProcessor, ProcessedInput
@@ -55,13 +56,16 @@ class Engine:
             self.model_config,
             SchedulerConfig.for_model(self.model_config, max_num_batched_tokens, max_num_seqs),
             num_threads=num_threads)
-        lowercase = bool(self.model_config.st and self.model_config.st.do_lower_case)
+        lowercase = bool(self.model_config.st and self.model_config.st.do_lower_case) or \
+            bool(self.model_config.two_tower and self.model_config.two_tower.lowercase)
         self.tokenizer = TextTokenizer(self.model_config.path, self.model_config.tokenizer_config,
                                        lowercase=lowercase)
         self.processor = InputProcessor(self.model_config, self.tokenizer)
         if lora_modules or enable_lora:
             self.config.scheduler_config.max_loras = max_loras
         self.core = EngineCore(self.config)
+        # Image-text models: media decoding, preprocessing and the mm cache (None otherwise).
+        self.images = image_inputs.ImageInputs.for_engine(self)
         self._lora_manager = start_adapters(self.core, self.model_config, lora_modules,
                                             max_loras, max_lora_rank) \
             if lora_modules or enable_lora else None
@@ -178,14 +182,21 @@ class Engine:
         self.tokenizer.clear_cache()
         self.core.model_runner.reset_caches()
 
+    def image_cache_stats(self):
+        """{"mm": CacheStats, "encoder": CacheStats} of an image-text model (hits, misses,
+        evictions, entries, bytes, capacity_bytes); None for a text model."""
+        return image_inputs.cache_stats(self)
+
     def reset_encoder_cache(self) -> None:
-        """The model runner's reset_encoder_cache, between steps: drops every cached ColBERT
-        query (in-flight scoring calls whose documents have not run yet then fail)."""
+        """The model runner's reset_encoder_cache, between steps: drops the encoder cache
+        (vision-tower outputs of an image-text model) and every cached ColBERT query
+        (in-flight scoring calls whose documents have not run yet then fail)."""
         self._between_steps(self.core.model_runner.reset_encoder_cache)
 
     def reset_mm_cache(self) -> None:
-        """The model runner's reset_mm_cache, between steps: pooler serves text models, so
-        there is nothing to reset, and cached ColBERT queries stay."""
+        """The model runner's reset_mm_cache, between steps: drops the multimodal input cache
+        (preprocessed images of an image-text model); the encoder cache and cached ColBERT
+        queries stay."""
         self._between_steps(self.core.model_runner.reset_mm_cache)
 
     def reload_weights(self) -> None:
@@ -235,7 +246,7 @@ class Engine:
         for name in {p.lora for p in params} - {None}:
             self.check_lora(name)
         if call is not None and call.admit is not None and self._loop is not None:
-            call.admit(sum(len(p.prompt_token_ids) for p in processed))
+            call.admit(sum(image_inputs.num_tokens(p) for p in processed))
         batch_id = next(self._ids)
         request_ids = [f"{self._id_prefix}-{batch_id}-{i}" for i in range(len(processed))]
         # Submit shortest first: with FCFS scheduling, each step then packs sequences of
@@ -246,7 +257,8 @@ class Engine:
                             prompt_token_ids=processed[i].prompt_token_ids,
                             pooling_params=params[i], token_type_ids=processed[i].token_type_ids,
                             special_tokens_mask=processed[i].special_tokens_mask,
-                            num_prompt_tokens=processed[i].num_prompt_tokens, priority=priority)
+                            num_prompt_tokens=processed[i].num_prompt_tokens, priority=priority,
+                            image=processed[i].extra.get("image"))
                     for i in order]
         if call is not None:
             call.submitted.update(p.task for p in params)

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pooler.multimodal.inputs import ImageRequestData
 from pooler.params import PoolingParams
 
 _arrival_counter = itertools.count()
@@ -43,9 +44,14 @@ class Request:
     # so the failing request is isolated without losing its neighbours' results.
     max_batch_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # An image for the vision tower instead of text (two-tower models, pooler/multimodal).
+    image: ImageRequestData | None = None
 
     @property
     def num_tokens(self) -> int:
+        """What the request costs a step's token budget: its tokens, or its image's patches."""
+        if self.image is not None:
+            return self.image.num_tokens
         return len(self.prompt_token_ids)
 
     @property

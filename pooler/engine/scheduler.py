@@ -166,4 +166,4 @@ class Scheduler:
 def _new_request_data(request: Request) -> NewRequestData:
     return NewRequestData(request.request_id, request.prompt_token_ids, request.token_type_ids,
                           request.special_tokens_mask, request.num_prompt_tokens,
-                          request.pooling_params)
+                          request.pooling_params, request.image)

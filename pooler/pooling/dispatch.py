@@ -68,6 +68,10 @@ class DispatchPooler(nn.Module):
 
 
 def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPooler:
+    if model_config.head == "two_tower":
+        from pooler.pooling.two_tower import TwoTowerEmbedPooler
+
+        return DispatchPooler({"embed": TwoTowerEmbedPooler(backbone)})
     if getattr(model_config, "gliner", None) is not None:
         from pooler.pooling.gliner import GLiNERSpanPooler
 

@@ -23,6 +23,7 @@ from pooler.pooling.metadata import PoolingMetadata
 from pooler.precision_gate import PrecisionDecision
 from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pooler.worker.memory import HeapTrimmer, bound_kernel_caches, tune_malloc_for_steps
+from pooler.worker.image_runner import ImageRunner
 from pooler.worker.pooling_runner import PoolingRunner
 from pooler.worker.int8_calibration import calibration_forward
 from pooler.worker.layer_stack_check import LayerStackDecision, choose_large_step_path
@@ -63,6 +64,10 @@ class ModelRunner(ModelRunnerBase):
             self.layer_stack_decision = choose_large_step_path(self.model.backbone,
                                                                model_config.max_model_len)
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
+        # Two-tower image-text models: the vision tower and the encoder cache.
+        self.image_runner = ImageRunner(self.model.backbone, str(model_config.model),
+                                        self.device) \
+            if getattr(model_config, "two_tower", None) is not None else None
         self.requests: dict[str, NewRequestData] = {}
         self.heap_trimmer = HeapTrimmer()
         # LoRA adapters served beside the base (pooler/lora); set up by enable_lora.
@@ -99,20 +104,32 @@ class ModelRunner(ModelRunnerBase):
         if self.lora is not None:  # each adapter's requests together: one row range each
             new_reqs = sorted(new_reqs, key=lambda r: self.lora.order_key(r.pooling_params.lora))
         req_ids = [r.req_id for r in new_reqs]
-        num_tokens = sum(len(r.prompt_token_ids) for r in new_reqs)
+        image_reqs = [r for r in new_reqs if r.image is not None]
+        text_reqs = [r for r in new_reqs if r.image is None] if image_reqs else new_reqs
+        num_tokens = sum(len(r.prompt_token_ids) for r in text_reqs) + \
+            sum(r.image.num_tokens for r in image_reqs)
         if self.step_threads is not None:
             self.step_threads.apply(num_tokens)
         try:
             self.add_requests(new_reqs)
-            step_lora = self._step_lora(new_reqs)
-            inputs, metadata = self._prepare_inputs(new_reqs, step_lora)
-            with torch.inference_mode():
-                with lora_rows(inputs.lora):
-                    hidden_states = self.model.backbone(inputs)  # [num_tokens, hidden]
-                outputs, errors = self.pooling_runner.pool(
-                    hidden_states, metadata, finished_mask=[True] * len(new_reqs),
-                    lora=step_lora)
-            outputs = [None if o is None else _to_host(o) for o in outputs]
+            by_id, errors = {}, {}
+            if text_reqs:
+                step_lora = self._step_lora(text_reqs)
+                inputs, metadata = self._prepare_inputs(text_reqs, step_lora)
+                with torch.inference_mode():
+                    with lora_rows(inputs.lora):
+                        hidden_states = self.model.backbone(inputs)  # [num_tokens, hidden]
+                    outputs, errors = self.pooling_runner.pool(
+                        hidden_states, metadata, finished_mask=[True] * len(text_reqs),
+                        lora=step_lora)
+                by_id.update(zip((r.req_id for r in text_reqs), outputs))
+            if image_reqs:
+                if self.image_runner is None:
+                    raise ValueError(f"{self.model_config.architecture} takes no images.")
+                with torch.inference_mode():
+                    by_id.update(zip((r.req_id for r in image_reqs),
+                                     self.image_runner.embed(image_reqs)))
+            outputs = [None if by_id[i] is None else _to_host(by_id[i]) for i in req_ids]
         except Exception as exc:  # isolate: the scheduler retries the batch in halves
             logger.debug("batch of %d failed: %s", len(new_reqs), traceback.format_exc())
             return ModelRunnerOutput(req_ids=req_ids,
@@ -137,6 +154,12 @@ class ModelRunner(ModelRunnerBase):
         ids = [t for r in reqs for t in r.prompt_token_ids]
         positions = torch.arange(seq_lens[0]) if len(seq_lens) == 1 else \
             torch.cat([torch.arange(n) for n in seq_lens])
+        # A text whose leading pads were dropped starts at a later position (SigLIP, left
+        # padding: pooler/multimodal/two_tower.py).
+        offsets = [int(r.pooling_params.extra.get("position_offset", 0)) for r in reqs]
+        if any(offsets):
+            positions = positions + torch.repeat_interleave(torch.tensor(offsets),
+                                                            torch.tensor(seq_lens))
         token_types = None
         if any(r.token_type_ids is not None and any(r.token_type_ids) for r in reqs):
             token_types = torch.tensor(

@@ -5,8 +5,11 @@ Weights change only through `reload_weights`, which swaps them in (`_swap_weight
 and then calls both resets. `reset_encoder_cache` is the single entry that drops state computed
 from the old weights (the composed late-interaction cache of ColBERT queries, via
 `pooling_runner.clear()`), so no query embedded with old weights is ever scored again.
-`reset_mm_cache` resets the multimodal cache only and deliberately leaves late-interaction
-state alone: that cache has nothing to do with scoring.
+`reset_mm_cache` resets the multimodal input cache only (preprocessed pixels by image hash,
+owned by the input side and registered here as `mm_cache`) and deliberately leaves
+late-interaction state and the encoder cache alone: it has nothing to do with scoring.
+The encoder cache (vision-tower outputs of two-tower models, `image_runner`) is dropped by
+`reset_encoder_cache`, with the late-interaction state.
 """
 from __future__ import annotations
 
@@ -19,6 +22,11 @@ class ModelRunnerBase:
     `_swap_weights`."""
 
     requests: dict[str, NewRequestData]
+    # The input side's multimodal cache (a ByteLRUCache), registered by the engine; None for
+    # text models.
+    mm_cache = None
+    # Two-tower models' image path with its encoder cache (pooler/worker/image_runner.py).
+    image_runner = None
 
     def finish_requests(self, scheduler_output: SchedulerOutput) -> None:
         # Finished ids go to the pooling runner *before* preempted ids join the removal set:
@@ -43,13 +51,18 @@ class ModelRunnerBase:
         self.reset_encoder_cache()
 
     def reset_encoder_cache(self) -> None:
-        """Drop encoder outputs kept across steps: pooler keeps none outside the pooling
-        runner, whose late-interaction cache (ColBERT queries) is cleared here and only here."""
+        """Drop encoder outputs kept across steps: the vision-tower outputs of the encoder
+        cache, and the pooling runner's late-interaction cache (ColBERT queries), which is
+        cleared here and only here."""
+        if self.image_runner is not None:
+            self.image_runner.clear()
         self.pooling_runner.clear()
 
     def reset_mm_cache(self) -> None:
-        """pooler serves text models: there is no multimodal cache to reset. Must not touch
-        late-interaction state (see the module docstring)."""
+        """Drop the multimodal input cache (preprocessed pixels). Must not touch
+        late-interaction state nor the encoder cache (see the module docstring)."""
+        if self.mm_cache is not None:
+            self.mm_cache.clear()
 
     def _swap_weights(self) -> None:
         raise NotImplementedError

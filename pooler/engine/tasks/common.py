@@ -6,6 +6,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Protocol, Sequence
 
+from pooler.engine import image_inputs
 from pooler.engine.engine_loop import current_call
 from pooler.engine.input_processor import (ProcessedInput, TruncationOptions,
                                            normalize_inputs)
@@ -19,6 +20,7 @@ class TaskEngine(Protocol):
     model_config: Any
     tokenizer: Any
     processor: Any
+    images: Any  # image-text models' image side (pooler/engine/image_inputs.py), else None
     # Built once per engine, on first use, by the task modules' builders:
     colbert_inputs: Any  # late_interaction.colbert_input_builder
     gliner_inputs: Any  # zero_shot_ner.gliner_input_builder
@@ -55,6 +57,9 @@ def encode_inputs(engine: TaskEngine, inputs: Any, params: PoolingParams,
                   add_special_tokens: bool = True) -> list[RequestOutput]:
     """User inputs (texts or token ids, see normalize_inputs) with one params for all:
     verified, prompted, tokenized and run; the results in input order."""
+    if pairs is None and image_inputs.handles(engine, inputs):  # Engine.encode, vLLM /pooling
+        return image_inputs.encode(engine, inputs, params, truncation, use_tqdm, priority,
+                                   unsupported={"prompt": prompt, "prompt_name": prompt_name})
     params = engine.verify_params(params)
     items = normalize_inputs(inputs)
     prompt_text = engine.processor.resolve_prompt(prompt, prompt_name)

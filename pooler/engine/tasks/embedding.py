@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pooler.engine import long_inputs
+from pooler.engine import image_inputs, long_inputs
 from pooler.engine.input_processor import TruncationOptions
 from pooler.engine.lora import with_lora
 from pooler.engine.tasks.chunking import embed_chunked
@@ -44,7 +44,13 @@ def embed(engine: TaskEngine, inputs: str | Sequence, *, dimensions: int | None 
     if long_input not in long_inputs.LONG_INPUT_MODES:
         raise ValueError(f"long_input must be one of {list(long_inputs.LONG_INPUT_MODES)}, "
                          f"got {long_input!r}.")
-    if long_input == "chunk":
+    if image_inputs.handles(engine, inputs):  # images, or an image-text model's texts
+        results = image_inputs.encode(engine, inputs, params, truncation, use_tqdm, priority,
+                                      unsupported={"prompt": prompt, "prompt_name": prompt_name,
+                                                   "long_input": long_input != "truncate"})
+        outputs = [EmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
+                   for r in results]
+    elif long_input == "chunk":
         if not add_special_tokens:
             raise ValueError("long_input='chunk' puts the model's special tokens around "
                              "every window: it needs add_special_tokens=True.")

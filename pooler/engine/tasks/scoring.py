@@ -9,6 +9,7 @@ import threading
 from typing import Any, Sequence
 
 from pooler.bge_m3_layout import SCORE_MODES
+from pooler.engine import image_inputs
 from pooler.engine.input_processor import TruncationOptions, normalize_inputs
 from pooler.engine.lora import with_lora
 from pooler.engine.tasks.bge_m3 import bge_m3_scores
@@ -56,6 +57,10 @@ def score(engine: TaskEngine, queries: str | Sequence, documents: str | Sequence
     use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores).
     truncation_direction applies where inputs are truncated (bi- and cross-encoders); ColBERT
     inputs are cut by the model's own query/document lengths."""
+    if image_inputs.handles(engine, queries, documents):  # texts and images: cosine
+        return image_inputs.score(engine, queries, documents, truncation=TruncationOptions(
+            truncate, truncate_prompt_tokens, truncation_direction), use_tqdm=use_tqdm,
+            priority=priority, cancel=cancel)
     request = pair_inputs(queries, documents)
     kind = scoring_kind(engine)
     if use_activation is False and kind != "cross_encoder":
