@@ -6,10 +6,11 @@ Where the C kernel does not run (GQA, causal, other head sizes, no compiler,
 layer (128-token window) does ~60x the work it needs, and the masks and scores grow as L^2.
 
 - Local attention (`banded_attention`): the sequence is cut into blocks of `block` queries; a
-  block sees only the keys of its queries' bands (block + left + right keys: left = the half
-  window, right = the half window, or 0 when causal), gathered as overlapping windows
-  (`unfold`) so that all blocks run as one batched SDPA call per chunk of blocks, under one
-  [blocks, block, span] mask that the windows share. Work O(L (block + 2w)), memory O(chunk).
+  block sees only the keys of its queries' bands (span = block + left + right keys: left = the
+  half window, right = the half window, or 0 when causal), gathered as overlapping windows so
+  that a chunk of blocks runs as one batched SDPA call under a [blocks, block, span] additive
+  mask (cached per length: the model's local layers share it). Work O(L (block + 2w)), memory
+  O(L span) for the mask and O(chunk) for the rest.
 - Global attention (`query_chunked_attention`): SDPA over chunks of queries against all keys
   (a causal chunk only against the keys up to its last query), masks built per chunk:
   memory O(chunk x L).
@@ -19,6 +20,8 @@ if causal, j <= i), j is before the sequence's unattended suffix, and a query th
 gets zeros (as SDPA gives for a fully masked row).
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -45,11 +48,50 @@ def takes_banded(length: int, half_window: int) -> bool:
     return length > BANDED_MIN_LEN and length >= 2 * span
 
 
+@lru_cache(maxsize=8)
+def _band_layout(length: int, half_window: int, causal: bool, unattended: int,
+                 dtype: torch.dtype, device: torch.device
+                 ) -> tuple[list[int], list[int], torch.Tensor, int, int]:
+    """Where each block's queries and keys are, and the mask they share.
+
+    Block b's queries start at b * block (the last block at L - block: it overlaps the one
+    before, whose rows it computes again) and its keys at its first query minus the left half
+    window, clamped into [0, L - span]: every window lies inside the sequence, no padding.
+    Returns each block's first query row and first key row, the additive mask
+    [blocks, 1, block, span] (0 where the key is in the query's band and attended, -inf
+    elsewhere), and the range [lo, hi) of regular blocks, whose windows start every `block`
+    rows (b * block, and b * block - left for the keys) and can be strided views."""
+    block = band_block(half_window)
+    left, right = half_window, 0 if causal else half_window
+    span = min(length, block + left + right)
+    blocks = -(-length // block)
+    regular_start = torch.arange(blocks) * block
+    q_start = regular_start.clamp(max=length - block)  # [blocks]
+    k_start = (q_start - left).clamp(min=0, max=length - span)
+    regular = ((q_start == regular_start) & (k_start == q_start - left)).nonzero().flatten()
+    lo, hi = (int(regular[0]), int(regular[-1]) + 1) if len(regular) else (0, 0)
+    q_rows = q_start[:, None] + torch.arange(block)  # [blocks, block]
+    k_rows = k_start[:, None] + torch.arange(span)  # [blocks, span]
+    rel = q_rows[:, :, None] - k_rows[:, None, :]  # query - key: [blocks, block, span]
+    keep = (rel >= -right) & (rel <= left) & (k_rows < length - unattended)[:, None, :]
+    mask = torch.zeros(keep.shape, dtype=dtype).masked_fill_(~keep, float("-inf"))
+    return q_start.tolist(), k_start.tolist(), mask[:, None].to(device), lo, hi
+
+
+def _windows(x: torch.Tensor,  # [L, heads, head_dim], head_dim contiguous
+             first_row: int, rows: int, count: int, step: int
+             ) -> torch.Tensor:  # [count, heads, rows, head_dim], a view (windows may overlap)
+    row_stride, head_stride, _ = x.stride()
+    return x.as_strided((count, x.shape[1], rows, x.shape[2]),
+                        (step * row_stride, head_stride, row_stride, 1),
+                        x.storage_offset() + first_row * row_stride)
+
+
 def banded_attention(
     q: torch.Tensor,  # [count, L, heads, head_dim]
     k: torch.Tensor,  # [count, L, kv_heads, head_dim]
     v: torch.Tensor,  # [count, L, kv_heads, head_dim]
-    out: torch.Tensor,  # [count, L, heads, head_dim] written in place
+    out: torch.Tensor,  # [count, L, heads, head_dim] contiguous, written in place
     half_window: int,
     causal: bool,
     unattended: int,  # trailing keys nobody attends to (the same for the whole group)
@@ -57,49 +99,30 @@ def banded_attention(
 ) -> None:
     count, length, heads, head_dim = q.shape
     kv_heads = k.shape[2]
-    block = band_block(half_window)
-    left, right = half_window, 0 if causal else half_window
-    span = block + left + right  # keys one block sees
-    blocks = -(-length // block)
-    attended = length - unattended
-    device = q.device
-    # Key t of block b's window is token b * block - left + t; query r of it is b * block + r.
-    r = torch.arange(block, device=device)[:, None]
-    t = torch.arange(span, device=device)[None, :]
-    rel = r - t + left  # query - key
-    in_band = (rel >= -right) & (rel <= left)  # [block, span], the same for every block
-    starts = torch.arange(blocks, device=device)[:, None] * block - left  # [blocks, 1]
-    key_pos = starts + torch.arange(span, device=device)[None, :]  # [blocks, span]
-    mask = in_band[None] & ((key_pos >= 0) & (key_pos < attended))[:, None, :]
-    # [blocks, block, span] bool
-
-    # zero rows around the sequence: `left` before, and after it up to the last window's end
-    pad_after = blocks * block + right - length
-    kp = F.pad(k, (0, 0, 0, 0, left, pad_after))  # [count, left + blocks*block + right, kvh, d]
-    vp = F.pad(v, (0, 0, 0, 0, left, pad_after))
-    qp = F.pad(q, (0, 0, 0, 0, 0, blocks * block - length))  # [count, blocks*block, heads, d]
-    per_block = count * heads * block * span
-    chunk = max(1, _CALL_SCORES // per_block)
-    for b0 in range(0, blocks, chunk):
-        b1 = min(blocks, b0 + chunk)
-        n = b1 - b0
-        # [count * n, heads, block, head_dim]
-        qb = (qp[:, b0 * block:b1 * block].view(count, n, block, heads, head_dim)
-              .permute(0, 1, 3, 2, 4).reshape(count * n, heads, block, head_dim))
-        rows = slice(b0 * block, b1 * block + left + right)
-        # windows of `span` rows every `block` rows: [count, n, kv_heads, head_dim, span]
-        kb, vb = ((x[:, rows].unfold(1, span, block).permute(0, 1, 2, 4, 3)
-                   .reshape(count * n, kv_heads, span, head_dim)) for x in (kp, vp))
-        mb = mask[b0:b1, None].expand(n, 1, block, span)
-        if count > 1:
-            mb = mb[None].expand(count, n, 1, block, span).reshape(count * n, 1, block, span)
-        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mb, scale=scale,
-                                           enable_gqa=kv_heads != heads)
-        # o: [count * n, heads, block, head_dim] -> tokens b0*block .. of each sequence
-        o = o.view(count, n, heads, block, head_dim).permute(0, 1, 3, 2, 4)
-        o = o.reshape(count, n * block, heads, head_dim)
-        end = min(length, b1 * block)
-        out[:, b0 * block:end].copy_(o[:, :end - b0 * block])
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q_start, k_start, mask, lo, hi = _band_layout(length, half_window, causal, unattended,
+                                                  q.dtype, q.device)
+    blocks, _, block, span = mask.shape
+    chunk = max(1, _CALL_SCORES // (heads * block * span))  # blocks per SDPA call
+    gqa = kv_heads != heads
+    for s in range(count):  # long documents rarely share a length: one at a time
+        # regular blocks: strided views of the rows, no copies in
+        for b0 in range(lo, hi, chunk):
+            n = min(hi, b0 + chunk) - b0
+            qb = _windows(q[s], b0 * block, block, n, block)  # [n, heads, block, head_dim]
+            kb, vb = (_windows(x[s], b0 * block - half_window, span, n, block)
+                      for x in (k, v))  # [n, kv_heads, span, head_dim]
+            o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask[b0:b0 + n],
+                                               scale=scale, enable_gqa=gqa)
+            out[s, b0 * block:(b0 + n) * block].view(n, block, heads, head_dim).copy_(
+                o.transpose(1, 2))
+        # the few blocks at the sequence's edges, one call each
+        for b in (*range(lo), *range(hi, blocks)):
+            qb = _windows(q[s], q_start[b], block, 1, block)  # [1, heads, block, head_dim]
+            kb, vb = (_windows(x[s], k_start[b], span, 1, block) for x in (k, v))
+            o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask[b:b + 1],
+                                               scale=scale, enable_gqa=gqa)
+            out[s, q_start[b]:q_start[b] + block].copy_(o[0].transpose(0, 1))
 
 
 def query_chunked_attention(
