@@ -57,8 +57,9 @@ def _call(path: str, q, k, v, cu, half_window: int):
         attention_cpu.ENABLED = True
 
 
-def _peak_rss(args, path: str, length: int) -> float:
-    """MB of peak RSS one call of `path` adds in a fresh process (inputs made first)."""
+def _peak_rss(args, path: str, length: int) -> tuple[float, float]:
+    """(MB of peak RSS before, and after one call of `path`) in a fresh process that made its
+    inputs and warmed the path up on 64 tokens first."""
     code = (f"import resource, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
             f"import local_attention_lengths as b, torch; "
             f"torch.set_num_threads({args.threads}); "
@@ -67,10 +68,11 @@ def _peak_rss(args, path: str, length: int) -> float:
             f"dtype=torch.int32), {args.window // 2}); "
             f"before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
             f"b._call({path!r}, q, k, v, cu, {args.window // 2}); "
-            f"print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")
+            f"print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=os.environ)
-    return int(out.stdout.strip().splitlines()[-1]) / 1024
+    before, after = out.stdout.strip().splitlines()[-1].split()
+    return int(before) / 1024, int(after) / 1024
 
 
 def main() -> None:
@@ -124,11 +126,12 @@ def main() -> None:
               flush=True)
     if args.no_memory:
         return
-    print("\npeak RSS one call adds (MB), fresh process per cell")
+    print("\npeak RSS (MB) of a fresh process per cell: before the call (inputs made, path "
+          "warmed up on 64 tokens) -> after it")
     print("| tokens | " + " | ".join(PATHS) + " |")
     print("| --- |" + " --- |" * len(PATHS))
     for length in (int(x) for x in args.lengths.split(",")):
-        cells = [f"{_peak_rss(args, p, length):.0f}" for p in PATHS]
+        cells = ["{:.0f} -> {:.0f}".format(*_peak_rss(args, p, length)) for p in PATHS]
         print(f"| {length} | " + " | ".join(cells) + " |", flush=True)
 
 
