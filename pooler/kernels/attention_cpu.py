@@ -18,9 +18,10 @@ Taken by packed_attention when all of these hold, else its torch paths run:
 - bidirectional (no causal mask); an unattended suffix (ColBERT), an additive fp32 score bias
   per length (MPNet) and local attention (`half_window`: ModernBERT's local layers, query i
   seeing keys |i - j| <= half_window) are handled. Local attention scores only each query
-  block's band of keys (attention.h): O(L w) work and O(block (block + 2w)) scratch, where the
-  torch path computed the full L x L product under a mask. It runs in fp32 (bf16 q/k/v are
-  widened: the bf16 kernel has no band).
+  block's band of keys (attention.h): O(L w) work and O(block (block + 2w)) scratch in the fp32
+  kernel, where the torch path computed the full L x L product under a mask; the bf16 kernel
+  scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
+  global attention).
 
 Which kernel: bf16 q/k/v (the bf16 engine's QKV projection) take attention_bf16.c where it runs
 (AVX512_BF16, head size a multiple of 16, `BF16_ENABLED`): QK^T in VDPBF16PS (exact products of
@@ -98,6 +99,9 @@ def _bf16_build() -> ctypes.CDLL | None:
     lib.packed_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P, P, P,
                                           ctypes.c_float, I, P, I]
     lib.packed_attention_bf16.restype = None
+    lib.packed_local_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P, P, P,
+                                                ctypes.c_float, I, I, P, I]
+    lib.packed_local_attention_bf16.restype = None
     return lib
 
 
@@ -141,7 +145,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     kernel too (an int8 engine, whose error is far above bf16's; its q/k/v may also come in
     bf16 from the int8 QKV layer), and the result is fp32 (what int8 layers quantize from);
     without it bf16 q/k/v (the bf16 engine) give a bf16 result. `half_window`: local attention
-    (keys |i - j| <= half_window), on the fp32 kernel."""
+    (keys |i - j| <= half_window), only the band scored."""
     if not (ENABLED and q.device.type == "cpu" and q.dtype in _DTYPES
             and k.dtype == v.dtype == q.dtype and q.dim() == 3 and k.shape == q.shape == v.shape):
         return None
@@ -157,9 +161,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     dtype = q.dtype
     if half_window is not None and half_window < 0:
         raise ValueError(f"half_window must be >= 0, got {half_window}.")
-    lib16 = None
-    if half_window is None and (dtype == torch.bfloat16 or bf16_products):
-        lib16 = _bf16_kernel_for(head_dim)
+    lib16 = _bf16_kernel_for(head_dim) if dtype == torch.bfloat16 or bf16_products else None
     if lib16 is None and dtype != torch.float32:  # bf16 without the bf16 kernel: fp32 inside
         q, k, v, strides = _widened(q, k, v, strides)
     count = len(seq_lens)
@@ -178,21 +180,21 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         bias = (ctypes.c_void_p * count)(*(t.data_ptr() for t in tables))
     max_len = max(seq_lens)
     threads = torch.get_num_threads()
+    window = -1 if half_window is None else half_window
     if lib16 is not None:
         work = torch.empty(lib16.attention_bf16_scratch_bytes(max_len, head_dim, threads),
                            dtype=torch.uint8)
         out_dtype = torch.float32 if bf16_products else dtype
         out = torch.empty(num_tokens, heads, head_dim, dtype=out_dtype)
-        lib16.packed_attention_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
-                                    int(dtype == torch.bfloat16), out.data_ptr(),
-                                    int(out_dtype == torch.bfloat16),
-                                    int(bf16_products),  # P rounded to bf16 too
-                                    heads, head_dim, count,
-                                    cu_seqlens.data_ptr(), keys, bias, scale, max_len,
-                                    work.data_ptr(), threads)
+        lib16.packed_local_attention_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
+                                          int(dtype == torch.bfloat16), out.data_ptr(),
+                                          int(out_dtype == torch.bfloat16),
+                                          int(bf16_products),  # P rounded to bf16 too
+                                          heads, head_dim, count,
+                                          cu_seqlens.data_ptr(), keys, bias, scale, window,
+                                          max_len, work.data_ptr(), threads)
         return out
     local = _local_entry_points(lib)
-    window = -1 if half_window is None else half_window
     work = torch.empty(local.local_attention_scratch_floats(max_len, head_dim, window, threads))
     out = torch.empty(num_tokens, heads, head_dim)
     local.packed_local_attention_f32(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,

@@ -1,5 +1,6 @@
 """Local (banded) attention without an [L, L] product: the C kernel's band (attention.h, both
-builds: AVX-512 and AVX2 forced) and the torch paths for long sequences
+builds: AVX-512 and AVX2 forced; attention_bf16.c where the CPU has AVX512_BF16) and the torch
+paths for long sequences
 (pooler/layers/attention_long.py), each against the masked reference (`_band_mask` and SDPA in
 float64 on each sequence alone): lengths around and across the kernel's 32-query blocks,
 windows 0..128, unattended suffixes (some queries then see no key at all: zeros), several
@@ -133,6 +134,36 @@ def test_kernel_declines_a_negative_window():
         pytest.skip("no kernel here")
     with pytest.raises(ValueError, match="half_window"):
         attention_cpu.attention_on_cpu(q, k, v, [5], _cu([5]), 1.0, half_window=-1)
+
+
+@pytest.fixture
+def bf16_kernel():
+    """attention_bf16.c, built where the CPU has AVX512_BF16 (else the test skips)."""
+    lib = attention_cpu.bf16_attention_kernels()
+    if lib is None:
+        pytest.skip("the bf16 attention kernel needs AVX512_BF16 (and a C compiler)")
+    return lib
+
+
+@pytest.mark.parametrize("half_window", [8, 31, 64, 128])
+@pytest.mark.parametrize("products", [False, True])
+def test_bf16_kernel_band(bf16_kernel, half_window, products):
+    """bf16 q/k/v (the bf16 engine; with `products` an int8 engine's rounded P too) under a
+    band: the reference on the same bf16 values, within bf16's rounding. Odd band starts test
+    the kernel's even key pairs; the unattended suffix leaves some queries no key (zeros)."""
+    q, k, v = (t.to(torch.bfloat16) for t in _qkv(LENGTHS, 2, 32, seed=half_window + 1))
+    for unattended in (None, [0, 3, 0, 10, 1, 299]):
+        got = attention_cpu.attention_on_cpu(q, k, v, LENGTHS, _cu(LENGTHS), 32 ** -0.5,
+                                             unattended, bf16_products=products,
+                                             half_window=half_window)
+        assert got is not None and torch.isfinite(got.float()).all()
+        assert got.dtype == (torch.float32 if products else torch.bfloat16)
+        expected = _reference(q.float(), k.float(), v.float(), LENGTHS, half_window,
+                              unattended=unattended)
+        tol = 2e-2 if products else 8e-3
+        torch.testing.assert_close(got.float(), expected, atol=tol, rtol=tol)
+        if unattended:  # the last queries of the 700-token sequence see no key
+            assert (got[-(299 - half_window - 1):].float() == 0).all()
 
 
 @pytest.fixture
