@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -57,22 +56,29 @@ def _call(path: str, q, k, v, cu, half_window: int):
         attention_cpu.ENABLED = True
 
 
+def _high_water_mb() -> float:
+    """The process's peak RSS (VmHWM: its own address space; ru_maxrss would carry the forking
+    parent's peak across exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+
+
 def _peak_rss(args, path: str, length: int) -> tuple[float, float]:
     """(MB of peak RSS before, and after one call of `path`) in a fresh process that made its
     inputs and warmed the path up on 64 tokens first."""
-    code = (f"import resource, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
             f"import local_attention_lengths as b, torch; "
             f"torch.set_num_threads({args.threads}); "
             f"q, k, v, cu = b._inputs({length}, {args.heads}, {args.dim}); "
             f"b._call({path!r}, q[:64], k[:64], v[:64], torch.tensor([0, 64], "
             f"dtype=torch.int32), {args.window // 2}); "
-            f"before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+            f"before = b._high_water_mb(); "
             f"b._call({path!r}, q, k, v, cu, {args.window // 2}); "
-            f"print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            f"print(before, b._high_water_mb())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=os.environ)
     before, after = out.stdout.strip().splitlines()[-1].split()
-    return int(before) / 1024, int(after) / 1024
+    return float(before), float(after)
 
 
 def main() -> None:

@@ -11,8 +11,8 @@ depend on the weights): 22 layers, hidden 768, GeGLU 1,152, 12 heads x 64, a glo
 3rd, local window 128, max_position_embeddings 8,192; a 300-token byte-level vocabulary (the
 embedding lookup is a negligible part). Each run embeds one document of L random token ids
 ({"prompt_token_ids": ...}) after a 64-token warm-up; tokens/s is L over that call's wall
-time, peak RSS the process's maximum (ru_maxrss) after it, and "RSS before" the maximum before
-the timed call (the loaded engine).
+time, peak RSS the process's maximum (VmHWM) after it, and "RSS before" the maximum before the
+timed call (the loaded engine).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = r'''
-import json, resource, sys, time
+import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
 if int(sys.argv[4]):
@@ -39,12 +39,15 @@ engine = Engine(sys.argv[2], device="cpu", max_model_len=8192)
 g = torch.Generator().manual_seed(0)
 ids = [1] + torch.randint(5, 300, (length - 2,), generator=g).tolist() + [2]
 engine.embed({"prompt_token_ids": ids[:64]}, use_tqdm=False)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def high_water():  # VmHWM: this address space's peak (ru_maxrss keeps the parent's over exec)
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) / 1024
+before = high_water()
 start = time.perf_counter()
 engine.embed({"prompt_token_ids": ids}, use_tqdm=False)
 seconds = time.perf_counter() - start
 print(json.dumps({"tps": length / seconds, "seconds": seconds, "rss_before": before,
-                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "peak_rss": high_water(),
                   "code": pooler.__file__, "threads": torch.get_num_threads()}))
 '''
 

@@ -342,7 +342,8 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
                     vf cm = h ? cm1 : cm0;
                     vf e0 = exp2_fast(*(const vf *)(s0 + 16 * h) * c - cm);
                     vf e1 = has1 ? exp2_fast(*(const vf *)(s1 + 16 * h) * c - cm) : vsplat(0.f);
-                    if (EDGE(2 * j2)) e0 = vselect(band_lanes(q0, 16 * h, lo + 2 * j2, hw), e0, zero);
+                    if (EDGE(2 * j2))
+                        e0 = vselect(band_lanes(q0, 16 * h, lo + 2 * j2, hw), e0, zero);
                     if (has1 && EDGE(2 * j2 + 1))
                         e1 = vselect(band_lanes(q0, 16 * h, lo + 2 * j2 + 1, hw), e1, zero);
                     if (h) sum1 += e0 + e1; else sum0 += e0 + e1;

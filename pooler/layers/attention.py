@@ -3,15 +3,16 @@
 CPU, bidirectional without GQA, fp32 or bf16 q/k/v, head size a multiple of 16 (8 on AVX2):
 one C call over all the step's sequences (pooler/kernels/attention_cpu.py: fp32, or bf16 dot
 products for bf16 q/k/v and, with `bf16_products`, for an int8 engine's), bias, unattended
-keys and local attention (`half_window`, only the band's keys scored) included. On the long mix's steps
-it takes 1.5-1.9x less CPU time than the torch paths below (5-8x less wall time at 2 threads on
-a loaded machine, where their many small parallel ops wait on each other); whole MiniLM jobs
-6-15% faster in fp32 and bf16 (docs/benchmarks.md, "Attention in one C call"). Where it does not apply (causal masks, GQA, other head
-sizes, no compiler, `POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length share
-one call. Long sequences there (pooler/layers/attention_long.py) never build an [L, L] mask or
-score matrix: local attention runs in blocks of queries over their band's keys, global
-attention in chunks of queries. In fp32, sequences up to _MATH_MAX_LEN tokens run as two batched matmuls and a
-softmax, in chunks whose [chunk, heads, L, L] scores fit in L2 (_SCORE_BYTES); measured 8-57%
+keys and local attention (`half_window`: only each query block's band of keys is scored)
+included. On the long mix's steps it takes 1.5-1.9x less CPU time than the torch paths below
+(5-8x less wall time at 2 threads on a loaded machine, where their many small parallel ops wait
+on each other); whole MiniLM jobs 6-15% faster in fp32 and bf16 (docs/benchmarks.md,
+"Attention in one C call"). Where it does not apply (causal masks, GQA, other head sizes, no
+compiler, `POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length share one call.
+Long sequences there (pooler/layers/attention_long.py) never build an [L, L] mask or score
+matrix: local attention runs in blocks of queries over their band's keys, global attention in
+chunks of queries. In fp32, sequences up to _MATH_MAX_LEN tokens run as two batched matmuls and
+a softmax, in chunks whose [chunk, heads, L, L] scores fit in L2 (_SCORE_BYTES); measured 8-57%
 faster per token than torch's CPU flash kernel for L <= 200 and slower from L = 256, which runs
 the longer ones.
 CUDA: torch's varlen flash kernel for fp16/bf16 when this torch's signature can express the
@@ -32,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from pooler.kernels.attention_cpu import attention_on_cpu
-from pooler.layers.attention_long import (CHUNKED_MIN_LEN, banded_attention,
-                                          query_chunked_attention, takes_banded)
+from pooler.layers.attention_long import (banded_attention, query_chunked_attention,
+                                          takes_banded, takes_chunked)
 
 try:  # torch >= 2.9 ships a varlen flash-attention entry point (CUDA only).
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
@@ -182,7 +183,7 @@ def packed_attention(
         end = start + count * length
         bias = None if position_bias is None else position_bias[length]  # [heads, L, L]
         long_path = (takes_banded(length, half_window) if half_window is not None
-                     else length > CHUNKED_MIN_LEN)
+                     else takes_chunked(length))
         if long_path and (bias is None or half_window is None):
             if out is None:
                 out = torch.empty_like(q)

@@ -87,6 +87,11 @@ def _windows(x: torch.Tensor,  # [L, heads, head_dim], head_dim contiguous
                         x.storage_offset() + first_row * row_stride)
 
 
+def takes_chunked(length: int) -> bool:
+    """Whether global attention over `length` tokens takes query_chunked_attention."""
+    return length > CHUNKED_MIN_LEN
+
+
 def banded_attention(
     q: torch.Tensor,  # [count, L, heads, head_dim]
     k: torch.Tensor,  # [count, L, kv_heads, head_dim]
@@ -146,7 +151,8 @@ def query_chunked_attention(
         if causal or unattended:
             mask = (keys[:end] < attended)[None, :]  # [1 or chunk, end]
             if causal:
-                mask = mask & (keys[:end][None, :] <= torch.arange(a, b, device=qs.device)[:, None])
+                queries = torch.arange(a, b, device=qs.device)[:, None]
+                mask = mask & (keys[:end][None, :] <= queries)
             mask = mask.expand(b - a, end)
         if bias is not None:
             rows = bias[:, a:b, :end]  # [heads, chunk, end]

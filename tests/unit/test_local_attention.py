@@ -209,3 +209,6 @@ def test_torch_long_paths_never_build_an_L_by_L_mask(torch_paths, monkeypatch):
                      num_unattended=[4, 0])
     block = attention_long.band_block(16)
     assert shapes and all(s == (block, block + 16) for s in shapes)
+    shapes.clear()  # global attention: chunks of queries (64 rows at this _CALL_SCORES)
+    packed_attention(q, k, v, seq_lens, _cu(seq_lens), 700, num_unattended=[4, 0])
+    assert len(shapes) == 11 + 5 and all(rows <= 64 for rows, _ in shapes)
