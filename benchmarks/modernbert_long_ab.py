@@ -11,7 +11,7 @@ depend on the weights): 22 layers, hidden 768, GeGLU 1,152, 12 heads x 64, a glo
 3rd, local window 128, max_position_embeddings 8,192; a 300-token byte-level vocabulary (the
 embedding lookup is a negligible part). Each run embeds one document of L random token ids
 ({"prompt_token_ids": ...}) after a 64-token warm-up; tokens/s is L over that call's wall
-time, peak RSS the process's maximum (VmHWM) after it, and "RSS before" the maximum before the
+time (the fastest of 4096 / L calls for shorter documents), peak RSS the process's maximum (VmHWM) after it, and "RSS before" the maximum before the
 timed call (the loaded engine).
 """
 from __future__ import annotations
@@ -43,9 +43,11 @@ def high_water():  # VmHWM: this address space's peak (ru_maxrss keeps the paren
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) / 1024
 before = high_water()
-start = time.perf_counter()
-engine.embed({"prompt_token_ids": ids}, use_tqdm=False)
-seconds = time.perf_counter() - start
+seconds = float("inf")
+for _ in range(max(1, 4096 // length)):  # short documents: the best of several calls
+    start = time.perf_counter()
+    engine.embed({"prompt_token_ids": ids}, use_tqdm=False)
+    seconds = min(seconds, time.perf_counter() - start)
 print(json.dumps({"tps": length / seconds, "seconds": seconds, "rss_before": before,
                   "peak_rss": high_water(),
                   "code": pooler.__file__, "threads": torch.get_num_threads()}))
