@@ -10,9 +10,9 @@ The model: seeded random weights saved by transformers in the real format (speed
 depend on the weights): 22 layers, hidden 768, GeGLU 1,152, 12 heads x 64, a global layer every
 3rd, local window 128, max_position_embeddings 8,192; a 300-token byte-level vocabulary (the
 embedding lookup is a negligible part). Each run embeds one document of L random token ids
-({"prompt_token_ids": ...}) after a 64-token warm-up; tokens/s is L over that call's wall
-time (the fastest of 4096 / L calls for shorter documents), peak RSS the process's maximum (VmHWM) after it, and "RSS before" the maximum before the
-timed call (the loaded engine).
+({"prompt_token_ids": ...}) after a 64-token warm-up; tokens/s is L over that call's wall time
+(the fastest of 4096 / L calls for shorter documents), peak RSS the process's maximum (VmHWM)
+after it, and "RSS before" the maximum before the timed call (the loaded engine).
 """
 from __future__ import annotations
 
