@@ -27,7 +27,10 @@ import torch
 import torch.nn.functional as F
 
 # Sequences longer than these take the paths here (shorter ones keep the tuned short paths).
-BANDED_MIN_LEN = 512
+# The blocked band's SDPA calls on [64 x 192] blocks run at a third to half of the FLOP rate of
+# one large call: at 1,024 tokens (5x less work) it only ties the masked product, from 2,048
+# it is 7-8x faster (docs/benchmarks.md, "Long documents: banded local attention").
+BANDED_MIN_LEN = 1024
 CHUNKED_MIN_LEN = 1024
 # Score elements one SDPA call may hold (its math backend materialises them: float64, or
 # where no fused kernel takes the call): 16M, 64 MB in fp32.
