@@ -186,21 +186,28 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
                            dtype=torch.uint8)
         out_dtype = torch.float32 if bf16_products else dtype
         out = torch.empty(num_tokens, heads, head_dim, dtype=out_dtype)
-        lib16.packed_local_attention_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
-                                          int(dtype == torch.bfloat16), out.data_ptr(),
-                                          int(out_dtype == torch.bfloat16),
-                                          int(bf16_products),  # P rounded to bf16 too
-                                          heads, head_dim, count,
-                                          cu_seqlens.data_ptr(), keys, bias, scale, window,
-                                          max_len, work.data_ptr(), threads)
+        args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
+                int(dtype == torch.bfloat16), out.data_ptr(), int(out_dtype == torch.bfloat16),
+                int(bf16_products),  # P rounded to bf16 too
+                heads, head_dim, count, cu_seqlens.data_ptr(), keys, bias, scale]
+        # global attention through the entry point older builds have too (benchmarks/
+        # interleaved.py calls a git revision's build through this function)
+        if half_window is None:
+            lib16.packed_attention_bf16(*args, max_len, work.data_ptr(), threads)
+        else:
+            lib16.packed_local_attention_bf16(*args, window, max_len, work.data_ptr(), threads)
         return out
-    local = _local_entry_points(lib)
-    work = torch.empty(local.local_attention_scratch_floats(max_len, head_dim, window, threads))
     out = torch.empty(num_tokens, heads, head_dim)
-    local.packed_local_attention_f32(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
-                                     out.data_ptr(), heads, head_dim, count,
-                                     cu_seqlens.data_ptr(), keys, bias, scale, window, max_len,
-                                     work.data_ptr(), threads)
+    args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides, out.data_ptr(), heads, head_dim,
+            count, cu_seqlens.data_ptr(), keys, bias, scale]
+    if half_window is None:  # the entry point older builds have too (as above)
+        work = torch.empty(lib.attention_scratch_floats(max_len, head_dim, threads))
+        lib.packed_attention_f32(*args, max_len, work.data_ptr(), threads)
+    else:
+        local = _local_entry_points(lib)
+        work = torch.empty(local.local_attention_scratch_floats(max_len, head_dim, window,
+                                                                threads))
+        local.packed_local_attention_f32(*args, window, max_len, work.data_ptr(), threads)
     return out if dtype == torch.float32 else out.to(dtype)
 
 
