@@ -11,6 +11,13 @@
  * transposed (d x QB floats, pre-scaled). A block's scores take QB x keys floats (64 KB for 512
  * keys on AVX-512), so they stay in L2 while P@V reads them back.
  *
+ * Local attention (half_window >= 0: query i sees keys j with |i - j| <= half_window, as
+ * ModernBERT's local layers and pooler/layers/attention.py's _band_mask): a block's queries
+ * q0 .. q0 + QB - 1 score only the keys q0 - w .. q0 + QB - 1 + w, the union of their bands,
+ * and the lanes outside each query's band are masked before the softmax. Work per block is
+ * QB x (QB + 2w) scores instead of QB x len, the scratch QB x (QB + 2w) floats whatever the
+ * length: a local layer at 8k tokens does O(len w) work in O(block) memory.
+ *
  * Every output element is computed by one thread in a fixed order: results do not depend on
  * the thread count or the schedule. */
 #ifndef POOLER_ATTENTION_H
@@ -34,6 +41,7 @@ struct attention_args {
     const float *const *bias; /* NULL, or per sequence [heads][len][len] added to the scores */
     float scale;
     const int *task_starts;   /* seqs + 1: first work unit of each sequence (attention_tasks) */
+    int half_window;          /* local attention: keys with |i - j| <= half_window; < 0: all */
 };
 
 #if VW == 16
@@ -115,6 +123,21 @@ static long attention_work_floats(int max_len, int d) {
     return (long)QB * (d + max_len + 1);
 }
 
+/* the most keys one block of queries scores: every key, or with a band the union of the
+ * block's bands (QB queries, half_window keys on each side) */
+static int attention_key_span(int max_len, int half_window) {
+    if (half_window < 0 || (long)QB + 2L * half_window >= max_len) return max_len;
+    return QB + 2 * half_window;
+}
+
+/* lanes (queries q0 + lane, lane from `first`) whose band |i - key| <= w holds `key`: -1 */
+static inline vi band_lanes(int q0, int first, int key, int w) {
+    vi lane;
+    for (int l = 0; l < VW; l++) lane[l] = l;
+    vi off = lane + (q0 + first - key); /* query - key */
+    return (off <= w) & (off >= -w);
+}
+
 static int attention_blocks(int len) { return (len + QB - 1) / QB; }
 
 /* task_starts[s]: the first work unit of sequence s; returns the number of units. */
@@ -173,6 +196,20 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
     const float *q = a->q + (size_t)(first + q0) * a->ldq + hd * d;
     const float *k = a->k + (size_t)first * a->ldk + hd * d;
     const float *v = a->v + (size_t)first * a->ldv + hd * d;
+    int w = a->half_window, lo = 0; /* keys lo .. lo + nk - 1 are scored */
+    if (w >= 0) {
+        lo = q0 - w > 0 ? q0 - w : 0;
+        int hi = q0 + nq + w < nk ? q0 + nq + w : nk; /* one past the last query's last key */
+        nk = hi - lo;
+        k += (size_t)lo * a->ldk;
+        v += (size_t)lo * a->ldv;
+    }
+    int ldo = a->heads * d;
+    float *o = a->out + (size_t)(first + q0) * ldo + hd * d;
+    if (nk <= 0) { /* every key of the band is unattended: zeros, as SDPA gives a masked row */
+        for (int i = 0; i < nq; i++) memset(o + (size_t)i * ldo, 0, sizeof(float) * d);
+        return;
+    }
     queries_to_qt_f32(q, a->ldq, nq, d, a->scale, qt);
     for (int j0 = 0; j0 < nk; j0 += KR) {
         int mr = nk - j0 < KR ? nk - j0 : KR;
@@ -186,29 +223,41 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
         }
     }
     if (a->bias) {
-        const float *b = a->bias[s] + ((size_t)hd * len + q0) * len;
+        const float *b = a->bias[s] + ((size_t)hd * len + q0) * len + lo;
         for (int i = 0; i < nq; i++)
             for (int j = 0; j < nk; j++) st[(size_t)j * QB + i] += b[(size_t)i * len + j];
     }
+    /* With a band, keys lo + j outside some query's band (those before q0 + QB - 1 - w or
+     * after q0 + w) are -inf for those queries, and their exponentials exactly 0. */
+    int edge_lo = w < 0 ? -1 : q0 + QB - 1 - w - lo, edge_hi = w < 0 ? nk : q0 + w - lo;
+    const vf ninf = vsplat(-INFINITY), zero = vsplat(0.f);
     /* softmax over the keys, QB queries at a time; the 1/sum is applied after P@V */
-    vf mx0 = vsplat(-INFINITY), mx1 = mx0, sum0 = vsplat(0.f), sum1 = sum0;
+    vf mx0 = ninf, mx1 = mx0, sum0 = zero, sum1 = sum0;
     for (int j = 0; j < nk; j++) {
-        vf s0 = *(const vf *)(st + (size_t)j * QB), s1 = *(const vf *)(st + (size_t)j * QB + VW);
-        mx0 = vmax(s0, mx0);
-        mx1 = vmax(s1, mx1);
+        float *sj = st + (size_t)j * QB;
+        if (j < edge_lo || j > edge_hi) {
+            *(vf *)sj = vselect(band_lanes(q0, 0, lo + j, w), *(const vf *)sj, ninf);
+            *(vf *)(sj + VW) = vselect(band_lanes(q0, VW, lo + j, w), *(const vf *)(sj + VW),
+                                       ninf);
+        }
+        mx0 = vmax(*(const vf *)sj, mx0);
+        mx1 = vmax(*(const vf *)(sj + VW), mx1);
     }
     for (int j = 0; j < nk; j++) {
         float *sj = st + (size_t)j * QB;
         vf e0 = vexp(*(const vf *)sj - mx0), e1 = vexp(*(const vf *)(sj + VW) - mx1);
+        if (j < edge_lo || j > edge_hi) {
+            e0 = vselect(band_lanes(q0, 0, lo + j, w), e0, zero);
+            e1 = vselect(band_lanes(q0, VW, lo + j, w), e1, zero);
+        }
         *(vf *)sj = e0;
         *(vf *)(sj + VW) = e1;
         sum0 += e0;
         sum1 += e1;
     }
-    *(vf *)inv = 1.f / sum0;
-    *(vf *)(inv + VW) = 1.f / sum1;
-    int ldo = a->heads * d;
-    float *o = a->out + (size_t)(first + q0) * ldo + hd * d;
+    /* a query whose band holds no attended key (sum 0) gets zeros, as SDPA's masked rows */
+    *(vf *)inv = vselect(sum0 > 0.f, 1.f / sum0, zero);
+    *(vf *)(inv + VW) = vselect(sum1 > 0.f, 1.f / sum1, zero);
     for (int i0 = 0; i0 < nq; i0 += KR) {
         int mr = nq - i0 < KR ? nq - i0 : KR;
         for (int c = 0; c < d; c += 2 * VW) {

@@ -63,6 +63,7 @@ struct bf16_args {
     const int *keys;   /* attended keys per sequence (a trailing unattended suffix), or NULL */
     const float *const *bias; /* NULL, or per sequence [heads][len][len] added to the scores */
     float scale;
+    int half_window; /* local attention: keys with |i - j| <= half_window; < 0: all */
 };
 
 static inline int pairs_of(int n) { return (n + 1) / 2; }
@@ -275,12 +276,27 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
     float scale = a->scale;
     const float *bias = a->bias ? a->bias[s] + (size_t)hd * len * len : NULL;
     int ldo = a->heads * d;
+    int hw = a->half_window;
+    size_t out_size = a->out_bf16 ? 2 : 4;
     for (int q0 = 0; q0 < len; q0 += QB) {
         int nq = len - q0 < QB ? len - q0 : QB;
+        /* the block's keys lo .. lo + nb - 1: all, or with a band the union of its queries'
+         * bands, lo even so that key pairs (vp, pp) stay aligned (attention.h's scheme) */
+        int lo = 0, nb = nk;
+        if (hw >= 0) {
+            lo = (q0 - hw > 0 ? q0 - hw : 0) & ~1;
+            nb = (q0 + nq + hw < nk ? q0 + nq + hw : nk) - lo;
+        }
+        int npb = pairs_of(nb);
+        char *o = (char *)a->out + ((size_t)(first + q0) * ldo + (size_t)hd * d) * out_size;
+        if (nb <= 0) { /* every key of the band is unattended: zeros, as SDPA's masked rows */
+            for (int i = 0; i < nq; i++) memset(o + (size_t)i * ldo * out_size, 0, d * out_size);
+            continue;
+        }
         queries_to_qt(q + (size_t)q0 * a->ldq * in, a->ldq, a->in_bf16, nq, d, (uint32_t *)w.qt);
-        for (int j0 = 0; j0 < nk; j0 += KR) {
-            int mr = nk - j0 < KR ? nk - j0 : KR;
-            const uint16_t *kj = kr + (size_t)j0 * ldkb;
+        for (int j0 = 0; j0 < nb; j0 += KR) {
+            int mr = nb - j0 < KR ? nb - j0 : KR;
+            const uint16_t *kj = kr + (size_t)(lo + j0) * ldkb;
             float *sr = w.st + (size_t)j0 * QB;
             switch (mr) {
 #define TILE(R) case R: bf16_score_tile(R, kj, ldkb, w.qt, d, sr); break;
@@ -292,29 +308,44 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
         /* scores * scale (+ bias), then the softmax over the keys, lane-wise */
         float *st = w.st, exp_scale = scale;
         if (bias) {
-            const float *b = bias + (size_t)q0 * len;
-            for (int j = 0; j < nk; j++)
+            const float *b = bias + (size_t)q0 * len + lo;
+            for (int j = 0; j < nb; j++)
                 for (int i = 0; i < nq; i++)
                     st[(size_t)j * QB + i] = st[(size_t)j * QB + i] * scale + b[(size_t)i * len + j];
             exp_scale = 1.f;
         }
-        vf mx0 = vsplat(-INFINITY), mx1 = mx0, sum0 = vsplat(0.f), sum1 = sum0;
-        for (int j = 0; j < nk; j++) {
-            mx0 = vmax(*(const vf *)(st + (size_t)j * QB), mx0);
-            mx1 = vmax(*(const vf *)(st + (size_t)j * QB + 16), mx1);
+        /* keys outside some query's band (before q0 + QB - 1 - hw or after q0 + hw) are -inf
+         * for those queries before the max, and their probabilities exactly 0 after it */
+        int edge_lo = hw < 0 ? -1 : q0 + QB - 1 - hw - lo, edge_hi = hw < 0 ? nb : q0 + hw - lo;
+#define EDGE(j) ((j) < edge_lo || (j) > edge_hi)
+        const vf ninf = vsplat(-INFINITY), zero = vsplat(0.f);
+        vf mx0 = ninf, mx1 = mx0, sum0 = zero, sum1 = sum0;
+        for (int j = 0; j < nb; j++) {
+            float *sj = st + (size_t)j * QB;
+            if (EDGE(j)) {
+                *(vf *)sj = vselect(band_lanes(q0, 0, lo + j, hw), *(const vf *)sj, ninf);
+                *(vf *)(sj + 16) = vselect(band_lanes(q0, 16, lo + j, hw),
+                                           *(const vf *)(sj + 16), ninf);
+            }
+            mx0 = vmax(*(const vf *)sj, mx0);
+            mx1 = vmax(*(const vf *)(sj + 16), mx1);
         }
         /* e^(scale (s - max)) = 2^(c s - c max), c = scale / ln 2 */
         float c = exp_scale * 1.44269504f;
         vf cm0 = mx0 * c, cm1 = mx1 * c;
         if (a->p_bf16) {
             /* P for keys 2 j2 and 2 j2 + 1, rounded to bf16 and interleaved per query */
-            for (int j2 = 0; j2 < np; j2++) {
+            for (int j2 = 0; j2 < npb; j2++) {
                 const float *s0 = st + (size_t)(2 * j2) * QB, *s1 = s0 + QB;
-                int has1 = 2 * j2 + 1 < nk;
+                int has1 = 2 * j2 + 1 < nb;
                 for (int h = 0; h < 2; h++) {
                     vf cm = h ? cm1 : cm0;
                     vf e0 = exp2_fast(*(const vf *)(s0 + 16 * h) * c - cm);
                     vf e1 = has1 ? exp2_fast(*(const vf *)(s1 + 16 * h) * c - cm) : vsplat(0.f);
+                    if (EDGE(2 * j2))
+                        e0 = vselect(band_lanes(q0, 16 * h, lo + 2 * j2, hw), e0, zero);
+                    if (has1 && EDGE(2 * j2 + 1))
+                        e1 = vselect(band_lanes(q0, 16 * h, lo + 2 * j2 + 1, hw), e1, zero);
                     if (h) sum1 += e0 + e1; else sum0 += e0 + e1;
                     __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0);
                     _mm512_storeu_si512(w.pp + (size_t)j2 * QB + 16 * h,
@@ -322,20 +353,24 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
                 }
             }
         } else {
-            for (int j = 0; j < nk; j++) { /* P in place, fp32 */
+            for (int j = 0; j < nb; j++) { /* P in place, fp32 */
                 float *sj = st + (size_t)j * QB;
                 vf e0 = exp2_fast(*(const vf *)sj * c - cm0);
                 vf e1 = exp2_fast(*(const vf *)(sj + 16) * c - cm1);
+                if (EDGE(j)) {
+                    e0 = vselect(band_lanes(q0, 0, lo + j, hw), e0, zero);
+                    e1 = vselect(band_lanes(q0, 16, lo + j, hw), e1, zero);
+                }
                 *(vf *)sj = e0;
                 *(vf *)(sj + 16) = e1;
                 sum0 += e0;
                 sum1 += e1;
             }
         }
-        *(vf *)w.inv = 1.f / sum0;
-        *(vf *)(w.inv + 16) = 1.f / sum1;
-        size_t out_size = a->out_bf16 ? 2 : 4;
-        char *o = (char *)a->out + ((size_t)(first + q0) * ldo + (size_t)hd * d) * out_size;
+#undef EDGE
+        /* a query whose band holds no attended key (sum 0) gets zeros, as SDPA's masked rows */
+        *(vf *)w.inv = vselect(sum0 > 0.f, 1.f / sum0, zero);
+        *(vf *)(w.inv + 16) = vselect(sum1 > 0.f, 1.f / sum1, zero);
         /* fp32 P@V into a bf16 output goes through the block's fp32 tile */
         float *of = a->out_bf16 ? w.otile : (float *)o;
         int ldf = a->out_bf16 ? d : ldo;
@@ -345,22 +380,22 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
                 int nv = d - c0 >= 32 ? 2 : 1;
                 if (a->p_bf16) {
                     void *oc = o + ((size_t)i0 * ldo + c0) * out_size;
-                    const uint32_t *pt = w.pp + i0, *vc = w.vp + c0;
+                    const uint32_t *pt = w.pp + i0, *vc = w.vp + (size_t)(lo / 2) * d + c0;
                     switch (mr * 2 + nv - 1) {
 #define TILE(R) \
-    case 2 * R: bf16_pv_tile(R, 1, pt, vc, d, np, w.inv + i0, oc, ldo, a->out_bf16); break; \
-    case 2 * R + 1: bf16_pv_tile(R, 2, pt, vc, d, np, w.inv + i0, oc, ldo, a->out_bf16); break;
+    case 2 * R: bf16_pv_tile(R, 1, pt, vc, d, npb, w.inv + i0, oc, ldo, a->out_bf16); break; \
+    case 2 * R + 1: bf16_pv_tile(R, 2, pt, vc, d, npb, w.inv + i0, oc, ldo, a->out_bf16); break;
                         TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
                         TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
 #undef TILE
                     }
                 } else {
-                    const float *pt = st + i0, *vc = w.vf32 + c0;
+                    const float *pt = st + i0, *vc = w.vf32 + (size_t)lo * d + c0;
                     float *oc = of + (size_t)i0 * ldf + c0;
                     switch (mr * 2 + nv - 1) {
 #define TILE(R) \
-    case 2 * R: pv_tile(R, 1, pt, vc, d, nk, w.inv + i0, oc, ldf); break; \
-    case 2 * R + 1: pv_tile(R, 2, pt, vc, d, nk, w.inv + i0, oc, ldf); break;
+    case 2 * R: pv_tile(R, 1, pt, vc, d, nb, w.inv + i0, oc, ldf); break; \
+    case 2 * R + 1: pv_tile(R, 2, pt, vc, d, nb, w.inv + i0, oc, ldf); break;
                         TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
                         TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
 #undef TILE
@@ -376,15 +411,17 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
 
 /* softmax(q k^T * scale + bias) v within each of `seqs` packed sequences, every head.
  * q/k/v: fp32 (in_bf16 0) or bf16 rows, head hd's d values at + hd * d; out: [tokens][heads][d]
- * fp32 or bf16 (out_bf16). d % 16 == 0. work: attention_bf16_scratch_bytes(max_len, d,
- * threads) bytes, max_len >= every sequence's length. Runs its own region of `threads`. */
-void packed_attention_bf16(const void *q, const void *k, const void *v, int ldq, int ldk,
-                           int ldv, int in_bf16, void *out, int out_bf16, int p_bf16,
-                           int heads, int d, int seqs, const int *starts, const int *keys,
-                           const float *const *bias, float scale, int max_len, void *work,
-                           int threads) {
+ * fp32 or bf16 (out_bf16). half_window >= 0: local attention, query i sees keys
+ * |i - j| <= half_window, only the band's keys scored per block (< 0: every key). d % 16 == 0.
+ * work: attention_bf16_scratch_bytes(max_len, d, threads) bytes, max_len >= every sequence's
+ * length. Runs its own region of `threads`. */
+void packed_local_attention_bf16(const void *q, const void *k, const void *v, int ldq, int ldk,
+                                 int ldv, int in_bf16, void *out, int out_bf16, int p_bf16,
+                                 int heads, int d, int seqs, const int *starts, const int *keys,
+                                 const float *const *bias, float scale, int half_window,
+                                 int max_len, void *work, int threads) {
     struct bf16_args a = {q, k, v, ldq, ldk, ldv, in_bf16, out, out_bf16, p_bf16, heads, d,
-                          seqs, starts, keys, bias, scale};
+                          seqs, starts, keys, bias, scale, half_window < 0 ? -1 : half_window};
     size_t bytes = unit_bytes(max_len, d);
     int units = seqs * heads;
 #pragma omp parallel num_threads(threads)
@@ -395,4 +432,15 @@ void packed_attention_bf16(const void *q, const void *k, const void *v, int ldq,
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < units; t++) bf16_attention_unit(&a, t / heads, t % heads, mine);
     }
+}
+
+/* The entry point before local attention (every key), kept for benchmarks that call older
+ * builds alike (benchmarks/interleaved.py). */
+void packed_attention_bf16(const void *q, const void *k, const void *v, int ldq, int ldk,
+                           int ldv, int in_bf16, void *out, int out_bf16, int p_bf16,
+                           int heads, int d, int seqs, const int *starts, const int *keys,
+                           const float *const *bias, float scale, int max_len, void *work,
+                           int threads) {
+    packed_local_attention_bf16(q, k, v, ldq, ldk, ldv, in_bf16, out, out_bf16, p_bf16, heads,
+                                d, seqs, starts, keys, bias, scale, -1, max_len, work, threads);
 }

@@ -15,8 +15,13 @@ Taken by packed_attention when all of these hold, else its torch paths run:
   compiler, `POOLER_CPU_KERNELS` not 0) and `ENABLED` is true;
 - fp32 or bf16 q/k/v on the CPU, as many k/v heads as q heads, head size a multiple of the
   build's vector (16 floats on AVX-512, 8 on AVX2), each head's dims contiguous, no autograd;
-- bidirectional (no causal or local mask); an unattended suffix (ColBERT) and an additive fp32
-  score bias per length (MPNet) are handled.
+- bidirectional (no causal mask); an unattended suffix (ColBERT), an additive fp32 score bias
+  per length (MPNet) and local attention (`half_window`: ModernBERT's local layers, query i
+  seeing keys |i - j| <= half_window) are handled. Local attention scores only each query
+  block's band of keys (attention.h): O(L w) work and O(block (block + 2w)) scratch in the fp32
+  kernel, where the torch path computed the full L x L product under a mask; the bf16 kernel
+  scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
+  global attention).
 
 Which kernel: bf16 q/k/v (the bf16 engine's QKV projection) take attention_bf16.c where it runs
 (AVX512_BF16, head size a multiple of 16, `BF16_ENABLED`): QK^T in VDPBF16PS (exact products of
@@ -94,6 +99,9 @@ def _bf16_build() -> ctypes.CDLL | None:
     lib.packed_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P, P, P,
                                           ctypes.c_float, I, P, I]
     lib.packed_attention_bf16.restype = None
+    lib.packed_local_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P, P, P,
+                                                ctypes.c_float, I, I, P, I]
+    lib.packed_local_attention_bf16.restype = None
     return lib
 
 
@@ -129,13 +137,15 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
                      num_unattended: list[int] | None = None,
                      position_bias: dict[int, torch.Tensor] | None = None,  # L -> [heads, L, L]
                      bf16_products: bool = False,
+                     half_window: int | None = None,
                      ) -> torch.Tensor | None:  # [num_tokens, heads, head_dim]
     """softmax(q k^T * scale + bias) v within each packed sequence, or None when this call
     does not qualify (see the module docstring). num_unattended must already be checked to
     leave each sequence at least one key. `bf16_products`: fp32 q/k/v may take the bf16
     kernel too (an int8 engine, whose error is far above bf16's; its q/k/v may also come in
     bf16 from the int8 QKV layer), and the result is fp32 (what int8 layers quantize from);
-    without it bf16 q/k/v (the bf16 engine) give a bf16 result."""
+    without it bf16 q/k/v (the bf16 engine) give a bf16 result. `half_window`: local attention
+    (keys |i - j| <= half_window), only the band scored."""
     if not (ENABLED and q.device.type == "cpu" and q.dtype in _DTYPES
             and k.dtype == v.dtype == q.dtype and q.dim() == 3 and k.shape == q.shape == v.shape):
         return None
@@ -149,6 +159,8 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return None
     dtype = q.dtype
+    if half_window is not None and half_window < 0:
+        raise ValueError(f"half_window must be >= 0, got {half_window}.")
     lib16 = _bf16_kernel_for(head_dim) if dtype == torch.bfloat16 or bf16_products else None
     if lib16 is None and dtype != torch.float32:  # bf16 without the bf16 kernel: fp32 inside
         q, k, v, strides = _widened(q, k, v, strides)
@@ -168,22 +180,45 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         bias = (ctypes.c_void_p * count)(*(t.data_ptr() for t in tables))
     max_len = max(seq_lens)
     threads = torch.get_num_threads()
+    window = -1 if half_window is None else half_window
     if lib16 is not None:
         work = torch.empty(lib16.attention_bf16_scratch_bytes(max_len, head_dim, threads),
                            dtype=torch.uint8)
         out_dtype = torch.float32 if bf16_products else dtype
         out = torch.empty(num_tokens, heads, head_dim, dtype=out_dtype)
-        lib16.packed_attention_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
-                                    int(dtype == torch.bfloat16), out.data_ptr(),
-                                    int(out_dtype == torch.bfloat16),
-                                    int(bf16_products),  # P rounded to bf16 too
-                                    heads, head_dim, count,
-                                    cu_seqlens.data_ptr(), keys, bias, scale, max_len,
-                                    work.data_ptr(), threads)
+        args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
+                int(dtype == torch.bfloat16), out.data_ptr(), int(out_dtype == torch.bfloat16),
+                int(bf16_products),  # P rounded to bf16 too
+                heads, head_dim, count, cu_seqlens.data_ptr(), keys, bias, scale]
+        # global attention through the entry point older builds have too (benchmarks/
+        # interleaved.py calls a git revision's build through this function)
+        if half_window is None:
+            lib16.packed_attention_bf16(*args, max_len, work.data_ptr(), threads)
+        else:
+            lib16.packed_local_attention_bf16(*args, window, max_len, work.data_ptr(), threads)
         return out
-    work = torch.empty(lib.attention_scratch_floats(max_len, head_dim, threads))
     out = torch.empty(num_tokens, heads, head_dim)
-    lib.packed_attention_f32(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
-                             out.data_ptr(), heads, head_dim, count, cu_seqlens.data_ptr(),
-                             keys, bias, scale, max_len, work.data_ptr(), threads)
+    args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides, out.data_ptr(), heads, head_dim,
+            count, cu_seqlens.data_ptr(), keys, bias, scale]
+    if half_window is None:  # the entry point older builds have too (as above)
+        work = torch.empty(lib.attention_scratch_floats(max_len, head_dim, threads))
+        lib.packed_attention_f32(*args, max_len, work.data_ptr(), threads)
+    else:
+        local = _local_entry_points(lib)
+        work = torch.empty(local.local_attention_scratch_floats(max_len, head_dim, window,
+                                                                threads))
+        local.packed_local_attention_f32(*args, window, max_len, work.data_ptr(), threads)
     return out if dtype == torch.float32 else out.to(dtype)
+
+
+def _local_entry_points(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """lib with the argument types of its local-attention entry points set (once)."""
+    if not getattr(lib, "local_typed", False):
+        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
+        lib.local_attention_scratch_floats.argtypes = [I, I, I, I]
+        lib.local_attention_scratch_floats.restype = ctypes.c_long
+        lib.packed_local_attention_f32.argtypes = [P, P, P, I, I, I, P, I, I, I, P, P, P,
+                                                   ctypes.c_float, I, I, P, I]
+        lib.packed_local_attention_f32.restype = None
+        lib.local_typed = True
+    return lib

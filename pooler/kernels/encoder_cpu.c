@@ -168,25 +168,41 @@ static void layer_norm(const float *in, float *out, int m, int h, const float *w
 /* Bidirectional attention for callers outside the layer stack (pooler/kernels/attention_cpu.py):
  * q, k, v rows as in struct attention_args (any row strides: straight from a fused q/k/v
  * projection, or three tensors), out [tokens][heads][d]; keys and bias as there (NULL: none).
- * d % VW == 0. work: attention_scratch_floats(max_len, d, threads) floats, max_len >= every
- * sequence's length. Runs its own parallel region of `threads` threads. */
+ * half_window >= 0: local attention, query i sees keys |i - j| <= half_window (< 0: all keys).
+ * d % VW == 0. work: local_attention_scratch_floats(max_len, d, half_window, threads) floats,
+ * max_len >= every sequence's length. Runs its own parallel region of `threads` threads. */
+long local_attention_scratch_floats(int max_len, int d, int half_window, int threads) {
+    return threads * attention_work_floats(attention_key_span(max_len, half_window), d);
+}
+
+void packed_local_attention_f32(const float *q, const float *k, const float *v, int ldq, int ldk,
+                                int ldv, float *out, int heads, int d, int seqs,
+                                const int *starts, const int *keys, const float *const *bias,
+                                float scale, int half_window, int max_len, float *work,
+                                int threads) {
+    int *task_starts = malloc(sizeof(int) * (seqs + 1));
+    if (!task_starts) return;
+    attention_tasks(seqs, starts, heads, task_starts);
+    struct attention_args a = {q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, bias,
+                               scale, task_starts, half_window < 0 ? -1 : half_window};
+    long per_thread = attention_work_floats(attention_key_span(max_len, a.half_window), d);
+#pragma omp parallel num_threads(threads)
+    attention(&a, work, per_thread);
+    free(task_starts);
+}
+
+/* The entry points before local attention (every key), kept for benchmarks that call older
+ * builds alike (benchmarks/interleaved.py). */
 long attention_scratch_floats(int max_len, int d, int threads) {
-    return threads * attention_work_floats(max_len, d);
+    return local_attention_scratch_floats(max_len, d, -1, threads);
 }
 
 void packed_attention_f32(const float *q, const float *k, const float *v, int ldq, int ldk,
                           int ldv, float *out, int heads, int d, int seqs, const int *starts,
                           const int *keys, const float *const *bias, float scale, int max_len,
                           float *work, int threads) {
-    int *task_starts = malloc(sizeof(int) * (seqs + 1));
-    if (!task_starts) return;
-    attention_tasks(seqs, starts, heads, task_starts);
-    struct attention_args a = {q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, bias,
-                               scale, task_starts};
-    long per_thread = attention_work_floats(max_len, d);
-#pragma omp parallel num_threads(threads)
-    attention(&a, work, per_thread);
-    free(task_starts);
+    packed_local_attention_f32(q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, bias,
+                               scale, -1, max_len, work, threads);
 }
 
 /* Runs `layers` post-norm BERT layers over x [m, h] in place: `seqs` sequences packed back to
@@ -209,7 +225,8 @@ void bert_layers(float *x, int m, int seqs, const int *starts, const int *keys,
     attention_tasks(seqs, starts, heads, task_starts);
     int d = h / heads;
     struct attention_args a = {qkv, qkv + h, qkv + 2 * h, 3 * h, 3 * h, 3 * h, ctx, heads, d,
-                               seqs, starts, keys, bias, 1.f / sqrtf((float)d), task_starts};
+                               seqs, starts, keys, bias, 1.f / sqrtf((float)d), task_starts,
+                               -1};
     long per_thread = attention_work_floats(m, d);
 #pragma omp parallel num_threads(threads)
     for (int l = 0; l < layers; l++) {

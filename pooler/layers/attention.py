@@ -2,14 +2,17 @@
 
 CPU, bidirectional without GQA, fp32 or bf16 q/k/v, head size a multiple of 16 (8 on AVX2):
 one C call over all the step's sequences (pooler/kernels/attention_cpu.py: fp32, or bf16 dot
-products for bf16 q/k/v and, with `bf16_products`, for an int8 engine's), bias and unattended
-keys included. On the long mix's steps
-it takes 1.5-1.9x less CPU time than the torch paths below (5-8x less wall time at 2 threads on
-a loaded machine, where their many small parallel ops wait on each other); whole MiniLM jobs
-6-15% faster in fp32 and bf16 (docs/dev/journal.md, "Attention in one C call"). Where it does not apply (causal or local masks, GQA, other head
-sizes, no compiler, `POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length share
-one call. In fp32, sequences up to _MATH_MAX_LEN tokens run as two batched matmuls and a
-softmax, in chunks whose [chunk, heads, L, L] scores fit in L2 (_SCORE_BYTES); measured 8-57%
+products for bf16 q/k/v and, with `bf16_products`, for an int8 engine's), bias, unattended
+keys and local attention (`half_window`: only each query block's band of keys is scored)
+included. On the long mix's steps it takes 1.5-1.9x less CPU time than the torch paths below
+(5-8x less wall time at 2 threads on a loaded machine, where their many small parallel ops wait
+on each other); whole MiniLM jobs 6-15% faster in fp32 and bf16 (docs/dev/journal.md,
+"Attention in one C call"). Where it does not apply (causal masks, GQA, other head sizes, no
+compiler, `POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length share one call.
+Long sequences there (pooler/layers/attention_long.py) never build an [L, L] mask or score
+matrix: local attention runs in blocks of queries over their band's keys, global attention in
+chunks of queries. In fp32, sequences up to _MATH_MAX_LEN tokens run as two batched matmuls and
+a softmax, in chunks whose [chunk, heads, L, L] scores fit in L2 (_SCORE_BYTES); measured 8-57%
 faster per token than torch's CPU flash kernel for L <= 200 and slower from L = 256, which runs
 the longer ones.
 CUDA: torch's varlen flash kernel for fp16/bf16 when this torch's signature can express the
@@ -30,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from pooler.kernels.attention_cpu import attention_on_cpu
+from pooler.layers.attention_long import (banded_attention, query_chunked_attention,
+                                          takes_banded, takes_chunked)
 
 try:  # torch >= 2.9 ships a varlen flash-attention entry point (CUDA only).
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
@@ -148,10 +153,10 @@ def packed_attention(
             if unattended >= length:
                 raise ValueError(f"num_unattended must leave at least one attended token: got "
                                  f"{unattended} for a sequence of {length}.")
-    if q.device.type == "cpu" and not causal and half_window is None and not enable_gqa:
+    if q.device.type == "cpu" and not causal and not enable_gqa:
         out = attention_on_cpu(q, k, v, seq_lens, cu_seqlens,
                                scale if scale is not None else q.shape[-1] ** -0.5,
-                               num_unattended, position_bias, bf16_products)
+                               num_unattended, position_bias, bf16_products, half_window)
         if out is not None:
             return out
     if (_varlen_attn is not None and q.is_cuda
@@ -176,6 +181,23 @@ def packed_attention(
             j += 1
         count = j - i
         end = start + count * length
+        bias = None if position_bias is None else position_bias[length]  # [heads, L, L]
+        long_path = (takes_banded(length, half_window) if half_window is not None
+                     else takes_chunked(length))
+        if long_path and (bias is None or half_window is None):
+            if out is None:
+                out = torch.empty_like(q)
+            # [count, L, heads, head_dim] views of the packed rows
+            qs, ks, vs, os = (t[start:end].view(count, length, t.shape[1], -1)
+                              for t in (q, k, v, out))
+            if half_window is not None:
+                banded_attention(qs, ks, vs, os, half_window, causal, unattended, scale)
+            else:
+                query_chunked_attention(*(t.transpose(1, 2) for t in (qs, ks, vs)), os, causal,
+                                        unattended, scale, bias)
+            start = end
+            i = j
+            continue
         # [count, heads, length, head_dim]
         qs = q[start:end].view(count, length, num_heads, -1).transpose(1, 2)
         ks = k[start:end].view(count, length, num_kv_heads, -1).transpose(1, 2)
@@ -185,7 +207,6 @@ def packed_attention(
         if unattended:
             key_mask = _key_mask(length, unattended, causal, q.device.type)
             mask = key_mask if mask is None else mask & key_mask
-        bias = None if position_bias is None else position_bias[length]  # [heads, L, L]
         math_ok = (not enable_gqa and length <= _MATH_MAX_LEN and q.device.type == "cpu"
                    and q.dtype == torch.float32
                    and not (bias is None and count <= _SDPA_MAX_COUNT
