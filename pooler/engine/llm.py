@@ -12,7 +12,8 @@ from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
 from pooler.engine.core import EngineCore
 from pooler.engine.engine_loop import CancelledBeforeSubmit, EngineLoop, current_call
 from pooler.engine.input_processor import InputProcessor, ProcessedInput
-from pooler.engine.lora import UnknownLoraError, on_adapter, start_adapters
+from pooler.engine.lora import (UnknownLoraError, on_adapter, start_adapters,
+                                start_task_adapters)
 from pooler.engine.progress import progress_bar
 from pooler.engine.request import Request, RequestOutput
 from pooler.engine.tasks import (bge_m3, chunking, classification, embedding,
@@ -65,6 +66,11 @@ class Engine:
         self._lora_manager = start_adapters(self.core, self.model_config, lora_modules,
                                             max_loras, max_lora_rank) \
             if lora_modules or enable_lora else None
+        # Adapters loaded by name (lora_modules, add_lora); the model's own task adapters
+        # (Jina v3's) are served beside them by the same manager.
+        self._user_lora = self._lora_manager is not None
+        self._lora_manager = start_task_adapters(self.core, self.model_config) \
+            or self._lora_manager
         self._ids = itertools.count()
         # Request ids are unique per engine instance and never taken from a client.
         self._id_prefix = uuid.uuid4().hex[:8]
@@ -122,7 +128,33 @@ class Engine:
     # ---- LoRA adapters (pooler/engine/lora.py, pooler/lora) -----------------------------
     @property
     def lora_enabled(self) -> bool:
-        return self._lora_manager is not None
+        """Whether adapters can be loaded by name (lora_modules / enable_lora)."""
+        return self._user_lora
+
+    @property
+    def task_adapters(self) -> list[str]:
+        """The task adapters the model folder carries (Jina v3: retrieval.query,
+        retrieval.passage, separation, classification, text-matching), each served per
+        request: `embed(..., task=name)`, or by name like a LoRA adapter."""
+        manager = self._lora_manager
+        return [] if manager is None else list(manager.builtin)
+
+    @functools.cached_property
+    def task_instructions(self) -> dict[str, str]:
+        """The text config.json puts before an input for each task adapter (`task=`)."""
+        from pooler.lora.task_adapters import task_instructions
+        return task_instructions(self.model_config.hf_config)
+
+    def check_task_adapter(self, task: str) -> None:
+        """ValueError unless `task` names one of the model's task adapters."""
+        if task in self.task_adapters:
+            return
+        if not self.task_adapters:
+            raise ValueError(f"task={task!r}: this model carries no task adapters (`task` "
+                             "picks one of jina-embeddings-v3's LoRA task adapters); leave "
+                             "it out.")
+        raise ValueError(f"task={task!r} is not one of this model's task adapters "
+                         f"{self.task_adapters}.")
 
     @property
     def lora_names(self) -> list[str]:
@@ -138,7 +170,7 @@ class Engine:
         """Serve the PEFT LoRA folder at `path` as `name`, from the next step on (replace: in
         place of an adapter of that name). A ValueError naming the mismatch refuses an
         adapter made for another base, or whose ranks do not fit; nothing served changes."""
-        if self._lora_manager is None:
+        if not self._user_lora:
             raise ValueError("this engine serves no LoRA adapters; create it with "
                              "lora_modules={...} or enable_lora=True (--enable-lora).")
         self._between_steps(lambda: self._lora_manager.add(name, path, replace))
