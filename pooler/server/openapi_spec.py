@@ -76,6 +76,10 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
     "/rerank": _scores, "/v1/rerank": _scores, "/v2/rerank": _scores,
 }
 
+# Operations served whatever the model, on a path whose other operations depend on it:
+# GET / is TEI's health check beside its catch-all POST /.
+_ALWAYS_SERVED = {("/", "get")}
+
 # GLiNER labels the spec promises: this many characters each, one per this many tokens of the
 # model's limit (a character is at most one token of a DeBERTa Unigram vocabulary, plus the
 # <<ENT>> marker and the word-start piece; the rest is margin for normalizer expansions).
@@ -102,13 +106,24 @@ _HAS_A_TOKEN = "[!-~]"
 _NOT_BLANK = "[^\\s\\x1c-\\x1f\\x85]"
 
 
-def narrow_openapi(spec: dict, engine, long_input: str = "truncate") -> dict:
-    """Narrow a generated spec (FastAPI's app.openapi()) to what `engine` serves; in place.
-    long_input: the server's --long-input (what an unset `long_input` means)."""
+def drop_unserved_paths(spec: dict, engine) -> None:
+    """Remove the routes `engine`'s model is not served on (ROUTE_NEEDS), keeping the
+    operations served whatever the model (_ALWAYS_SERVED); in place."""
     for path in list(spec.get("paths", {})):
         check = ROUTE_NEEDS.get(path)
         if check is not None and not _safe(check, engine):
-            del spec["paths"][path]
+            kept = {method: operation for method, operation in spec["paths"][path].items()
+                    if (path, method) in _ALWAYS_SERVED}
+            if kept:
+                spec["paths"][path] = kept
+            else:
+                del spec["paths"][path]
+
+
+def narrow_openapi(spec: dict, engine, long_input: str = "truncate") -> dict:
+    """Narrow a generated spec (FastAPI's app.openapi()) to what `engine` serves; in place.
+    long_input: the server's --long-input (what an unset `long_input` means)."""
+    drop_unserved_paths(spec, engine)
     facts = _model_facts(engine)
     facts["long_input"] = long_input
     for schema in spec.get("components", {}).get("schemas", {}).values():
