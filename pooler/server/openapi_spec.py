@@ -313,6 +313,7 @@ def _model_facts(engine) -> dict:
             "cross_encoder": engine.model_config.colbert is None
             and "classify" in engine.supported_tasks,
             "prompts": sorted(st.prompts) if st is not None and st.prompts else [],
+            "task_adapters": list(getattr(engine, "task_adapters", None) or []),
             "dimensions": _safe_size(engine),
             "gliner": getattr(engine.model_config, "gliner", None) is not None,
             "vocab": int(vocab) if vocab else None}
@@ -343,7 +344,9 @@ def _narrow_properties(schema: dict, facts: dict) -> None:
 def _narrow_node(schema: dict, facts: dict) -> None:
     properties = schema.get("properties", {})
     for name, prop in properties.items():
-        if name == "task":
+        if name == "task" and schema.get("title") == "EmbeddingRequest":
+            _set_enum(prop, facts["task_adapters"])  # Jina's task: the model's adapters
+        elif name == "task":
             _set_enum(prop, facts["tasks"])
         elif name == "prompt_name":
             _set_enum(prop, facts["prompts"])

@@ -271,3 +271,11 @@ def test_root_health_stays_declared_where_post_root_is_not_served(monkeypatch):
                         {"/": lambda e: False, "/v1/embeddings": lambda e: False})
     openapi_spec.drop_unserved_paths(spec, engine=None)
     assert spec["paths"] == {"/": {"get": {"responses": {"200": {}}}}, "/health": {"get": {}}}
+
+
+def test_jina_task_takes_only_null_on_a_model_without_task_adapters(client, spec):
+    task = _body_schema(spec, "/v1/embeddings")["properties"]["task"]
+    assert task["anyOf"] == [{"type": "null"}]
+    r = client.post("/v1/embeddings", json={"input": "a", "task": "retrieval.query"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "task"
+    assert "carries no task adapters" in r.json()["error"]["message"]

@@ -109,3 +109,13 @@ def test_concurrent_requests_for_different_adapters(served):
     with ThreadPoolExecutor(8) as pool:
         for task, got in pool.map(one, tasks):
             np.testing.assert_allclose(got, expected[task], atol=ATOL, err_msg=task)
+
+
+def test_spec_names_the_adapters_as_task_values(served):
+    url, _ = served
+    spec = httpx.get(f"{url}/openapi.json").json()
+    task = spec["components"]["schemas"]["EmbeddingRequest"]["properties"]["task"]
+    assert {"type": "string", "enum": JINA_TASKS} in task["anyOf"]
+    # /pooling's `task` stays the pooling tasks.
+    pooling = spec["components"]["schemas"]["PoolingRequest"]["properties"]["task"]
+    assert "retrieval.query" not in str(pooling) and "embed" in str(pooling)
