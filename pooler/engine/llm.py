@@ -47,7 +47,10 @@ class Engine:
         max_loras: adapters held in memory at once (others are read from disk when asked for,
         least recently used dropped first) and at most in one batch; max_lora_rank: the
         largest rank accepted. precision_check: what a requested int8 or bfloat16 does where it
-        is not faster than float32 here ("fallback", "refuse" or "off"; docs/models/precision.md)."""
+        is not faster than float32 here ("fallback", "refuse" or "off"; docs/models/precision.md).
+        A model folder that carries task adapters (jina-embeddings-v3) serves all of them
+        without lora_modules: `embed(..., task="retrieval.query")` picks one per call
+        (Engine.task_adapters lists them)."""
         self.model_config = ModelConfig(
             model=model, task=task, runner=runner, dtype=dtype, device=device,
             max_model_len=max_model_len, hf_overrides=hf_overrides, quantization=quantization,
