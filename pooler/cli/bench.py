@@ -44,7 +44,8 @@ def add_parser(sub) -> None:
                    "sides run one after another cannot skew")
     p.add_argument("--json", default=None, help="also write the raw results to this file")
     p.add_argument("--markdown", default=None, help="also write the tables to this file")
-    p.add_argument("--chart", default=None, help="also draw a PNG chart (needs matplotlib: pip install 'pooler[bench]')")
+    p.add_argument("--chart", default=None,
+                   help="also draw a PNG chart (needs matplotlib: pip install 'pooler[bench]')")
     p.set_defaults(func=run)
 
 
