@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -29,17 +29,22 @@ def checkpoint_files(path: Path) -> list[Path]:
                             "safetensors index, or pytorch_model.bin.")
 
 
-def iterate_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) with legacy names (`LayerNorm.gamma/beta`) mapped to weight/bias."""
+def iterate_weights(path: Path, select: Callable[[str], bool] | None = None
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) with legacy names (`LayerNorm.gamma/beta`) mapped to weight/bias;
+    `select` (a test on the name as stored): only those tensors, the others never read from a
+    safetensors file."""
     for file in checkpoint_files(path):
         if file.suffix == ".safetensors":
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    yield _modern_name(name), f.get_tensor(name)
+                    if select is None or select(name):
+                        yield _modern_name(name), f.get_tensor(name)
         else:
             state = torch.load(file, map_location="cpu", weights_only=True)
             for name, tensor in state.items():
-                yield _modern_name(name), tensor
+                if select is None or select(name):
+                    yield _modern_name(name), tensor
 
 
 def _modern_name(name: str) -> str:

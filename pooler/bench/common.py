@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from pooler.bench.peers import installed
 from pooler.bench.registry import BenchOptions, Side
 from pooler.precision_gate import median_seconds
 
@@ -117,8 +118,10 @@ def token_lens(model: str | Path, texts: list[str], pairs: list[str] | None = No
     from pooler.tokenizer import TextTokenizer
 
     # runner="transformers": only the folder's tokenizer is read, so an architecture pooler
-    # does not run natively still counts its tokens.
-    cfg = ModelConfig(model=str(model), device="cpu", runner="transformers")
+    # does not run natively still counts its tokens. Without transformers (pooler's base
+    # install) the native runner's config reads the same tokenizer.
+    runner = "transformers" if installed("transformers") else "auto"
+    cfg = ModelConfig(model=str(model), device="cpu", runner=runner)
     lower = bool(cfg.st and cfg.st.do_lower_case)
     tok = TextTokenizer(cfg.path, cfg.tokenizer_config, lowercase=lower)
     encoded = tok.encode_batch(texts, pairs, max_length=max_length or cfg.max_model_len)

@@ -13,6 +13,8 @@ import numpy as np
 
 from pooler.bench.background_load import background_load
 from pooler.bench.machine import machine_info, measure_gemm_gflops
+from pooler.bench.peers import (MissingPeer, bench_install_command, missing_module,
+                                missing_peers)
 from pooler.bench.registry import BenchOptions, SideResult, Workload, get_workload
 
 
@@ -75,6 +77,9 @@ def run_side(workload: Workload, side: str, opts: BenchOptions) -> SideResult:
              json.dumps(opts.to_dict()), result_path],
             env=env, capture_output=True, text=True)
         if proc.returncode != 0:
+            module = missing_module(proc.stderr or proc.stdout)
+            if module is not None:
+                raise MissingPeer(module)
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise RuntimeError(" | ".join(tail) or f"exit code {proc.returncode}")
         with open(result_path) as f:
@@ -141,6 +146,10 @@ def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
     """Each repeat runs every workload once per entry of `loads` (busy background processes,
     0 = none), so quiet and loaded figures come from one invocation, interleaved."""
     workloads = [get_workload(n) for n in names]
+    missing = missing_peers()
+    if missing:
+        log(f"not installed: {', '.join(missing)}; the sides that need them are skipped. "
+            f"Install every peer with: {bench_install_command()}")
     machine = machine_info()
     gemm = [measure_gemm_gflops(opts.threads)]
     log(f"fp32 GEMM 2048^3 at {opts.threads} threads (the faster of torch matmul and oneDNN): "
@@ -187,6 +196,9 @@ def _run_workloads(workloads: list[Workload], opts: BenchOptions, flops: dict[st
                     log(f"  {result.texts / result.seconds:.1f} texts/s, "
                         f"{result.tokens / result.seconds:.0f} tokens/s{p50}, "
                         f"peak RSS {result.peak_rss_mb:.0f} MB")
+                except MissingPeer as exc:
+                    skipped[side.name] = str(exc)
+                    log(f"  skipped: {exc}")
                 except RuntimeError as exc:
                     errors[side.name] = str(exc)
                     log(f"  failed: {exc}")

@@ -44,11 +44,13 @@ def add_parser(sub) -> None:
                    "sides run one after another cannot skew")
     p.add_argument("--json", default=None, help="also write the raw results to this file")
     p.add_argument("--markdown", default=None, help="also write the tables to this file")
-    p.add_argument("--chart", default=None, help="also draw a PNG chart (needs matplotlib)")
+    p.add_argument("--chart", default=None,
+                   help="also draw a PNG chart (needs matplotlib: pip install 'pooler[bench]')")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from pooler.bench.peers import bench_install_command, check_chart_support, missing_peers
     from pooler.bench.registry import BenchOptions, load_workloads
     from pooler.bench.runner import (contention_lines, format_table, pooler_ratio_lines,
                                      report_to_dict, run_benchmarks, summary_lines,
@@ -66,6 +68,8 @@ def run(args) -> int:
     if unknown:
         raise ValueError(f"--workload: unknown {unknown}; choose from {sorted(workloads)} "
                          "or 'all'.")
+    if args.chart:  # before any work: the chart is drawn after the whole run
+        check_chart_support()
     if args.repeat < 1:
         raise ValueError("--repeat must be at least 1.")
     if args.interleaved_rounds is not None and args.interleaved_rounds < 0:
@@ -95,6 +99,10 @@ def run(args) -> int:
         out.append(f"run {i} of {len(report.runs)} ({bench_run.label}):")
         out.append(format_table(bench_run.rows))
         out.extend(pooler_ratio_lines(bench_run.rows))
+    missing = missing_peers()
+    if missing and any(row.skipped for r in report.runs for row in r.rows):
+        out.extend(["", f"skipped: the sides that need {', '.join(missing)} (not installed); "
+                        f"install every peer with: {bench_install_command()}"])
     print("\n".join(out))
     if args.markdown:
         with open(args.markdown, "w") as f:

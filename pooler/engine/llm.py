@@ -13,7 +13,8 @@ from pooler.engine import image_inputs
 from pooler.engine.core import EngineCore
 from pooler.engine.engine_loop import CancelledBeforeSubmit, EngineLoop, current_call
 from pooler.engine.input_processor import InputProcessor, ProcessedInput
-from pooler.engine.lora import UnknownLoraError, on_adapter, start_adapters
+from pooler.engine.lora import (UnknownLoraError, on_adapter, start_adapters,
+                                start_task_adapters)
 from pooler.engine.progress import progress_bar
 from pooler.engine.request import Request, RequestOutput
 from pooler.engine.tasks import (bge_m3, chunking, classification, embedding,
@@ -47,7 +48,10 @@ class Engine:
         max_loras: adapters held in memory at once (others are read from disk when asked for,
         least recently used dropped first) and at most in one batch; max_lora_rank: the
         largest rank accepted. precision_check: what a requested int8 or bfloat16 does where it
-        is not faster than float32 here ("fallback", "refuse" or "off"; docs/models/precision.md)."""
+        is not faster than float32 here ("fallback", "refuse" or "off"; docs/models/precision.md).
+        A model folder that carries task adapters (jina-embeddings-v3) serves all of them
+        without lora_modules: `embed(..., task="retrieval.query")` picks one per call
+        (Engine.task_adapters lists them)."""
         self.model_config = ModelConfig(
             model=model, task=task, runner=runner, dtype=dtype, device=device,
             max_model_len=max_model_len, hf_overrides=hf_overrides, quantization=quantization,
@@ -69,6 +73,11 @@ class Engine:
         self._lora_manager = start_adapters(self.core, self.model_config, lora_modules,
                                             max_loras, max_lora_rank) \
             if lora_modules or enable_lora else None
+        # Adapters loaded by name (lora_modules, add_lora); the model's own task adapters
+        # (Jina v3's) are served beside them by the same manager.
+        self._user_lora = self._lora_manager is not None
+        self._lora_manager = start_task_adapters(self.core, self.model_config) \
+            or self._lora_manager
         self._ids = itertools.count()
         # Request ids are unique per engine instance and never taken from a client.
         self._id_prefix = uuid.uuid4().hex[:8]
@@ -126,7 +135,33 @@ class Engine:
     # ---- LoRA adapters (pooler/engine/lora.py, pooler/lora) -----------------------------
     @property
     def lora_enabled(self) -> bool:
-        return self._lora_manager is not None
+        """Whether adapters can be loaded by name (lora_modules / enable_lora)."""
+        return self._user_lora
+
+    @property
+    def task_adapters(self) -> list[str]:
+        """The task adapters the model folder carries (Jina v3: retrieval.query,
+        retrieval.passage, separation, classification, text-matching), each served per
+        request: `embed(..., task=name)`, or by name like a LoRA adapter."""
+        manager = self._lora_manager
+        return [] if manager is None else list(manager.builtin)
+
+    @functools.cached_property
+    def task_instructions(self) -> dict[str, str]:
+        """The text config.json puts before an input for each task adapter (`task=`)."""
+        from pooler.lora.task_adapters import task_instructions
+        return task_instructions(self.model_config.hf_config)
+
+    def check_task_adapter(self, task: str) -> None:
+        """ValueError unless `task` names one of the model's task adapters."""
+        if task in self.task_adapters:
+            return
+        if not self.task_adapters:
+            raise ValueError(f"task={task!r}: this model carries no task adapters (`task` "
+                             "picks one of jina-embeddings-v3's LoRA task adapters); leave "
+                             "it out.")
+        raise ValueError(f"task={task!r} is not one of this model's task adapters "
+                         f"{self.task_adapters}.")
 
     @property
     def lora_names(self) -> list[str]:
@@ -142,7 +177,7 @@ class Engine:
         """Serve the PEFT LoRA folder at `path` as `name`, from the next step on (replace: in
         place of an adapter of that name). A ValueError naming the mismatch refuses an
         adapter made for another base, or whose ranks do not fit; nothing served changes."""
-        if self._lora_manager is None:
+        if not self._user_lora:
             raise ValueError("this engine serves no LoRA adapters; create it with "
                              "lora_modules={...} or enable_lora=True (--enable-lora).")
         self._between_steps(lambda: self._lora_manager.add(name, path, replace))

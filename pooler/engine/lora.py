@@ -48,6 +48,24 @@ def start_adapters(core, model_config, lora_modules: dict[str, str] | None, max_
     return manager
 
 
+def start_task_adapters(core, model_config):
+    """The model runner's adapter manager serving the task adapters the model folder carries
+    (Jina v3's, pooler/lora/task_adapters.py), or None when it carries none."""
+    from pooler.lora.manager import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
+    from pooler.lora.task_adapters import read_task_adapters
+
+    model = getattr(core.model_runner, "model", None)
+    if model_config.runner == "transformers" or model is None:
+        return None
+    adapters = read_task_adapters(model, model_config.hf_config, model_config.path)
+    if not adapters:
+        return None
+    manager = core.model_runner.enable_lora(DEFAULT_MAX_LORAS, DEFAULT_MAX_LORA_RANK)
+    for adapter in adapters:
+        manager.add_builtin(adapter)
+    return manager
+
+
 def on_adapter(params: PoolingParams, lora: str) -> PoolingParams:
     """`params` for the adapter `lora` (a copy unless they already name it)."""
     if params.lora == lora:
@@ -78,6 +96,42 @@ def with_lora(method):
     at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD),
               len(params))
     params.insert(at, inspect.Parameter("lora", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation="str | None"))
+    wrapper.__signature__ = signature.replace(parameters=params)
+    return wrapper
+
+
+def with_task_adapter(method):
+    """Give an Engine task method a `task` keyword, as jina-embeddings-v3's own
+    `encode(task=...)` and sentence-transformers' `encode(..., task=...)` take it: the model's
+    task adapter of that name (Engine.task_adapters), and, unless the call passes `prompt` or
+    `prompt_name`, the instruction the model's config.json gives that task
+    (`task_instructions`). Calls with different tasks share the same batches."""
+    takes_prompt = "prompt" in inspect.signature(method).parameters
+
+    @functools.wraps(method)
+    def wrapper(self, *args, task: str | None = None, **kwargs):
+        if task is None:
+            return method(self, *args, **kwargs)
+        self.check_task_adapter(task)
+        call = current_call.get()
+        chosen = kwargs.get("lora") or (call.lora if call is not None else None)
+        if chosen is not None and chosen != task:
+            raise ValueError(f"task={task!r} asks for the task adapter {task!r}, but the "
+                             f"request already names the adapter {chosen!r} (lora / model); "
+                             "name one of them.")
+        if takes_prompt and kwargs.get("prompt") is None and kwargs.get("prompt_name") is None:
+            instruction = self.task_instructions.get(task)
+            if instruction:
+                kwargs["prompt"] = instruction
+        kwargs["lora"] = task
+        return method(self, *args, **kwargs)
+
+    signature = inspect.signature(method)
+    params = list(signature.parameters.values())
+    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD),
+              len(params))
+    params.insert(at, inspect.Parameter("task", inspect.Parameter.KEYWORD_ONLY, default=None,
                                         annotation="str | None"))
     wrapper.__signature__ = signature.replace(parameters=params)
     return wrapper

@@ -36,9 +36,12 @@ _TARGET_KEY = "_lora_target_key"
 class LowRank:
     """One adapter's update of one layer: t = x @ a_t, then each part adds
     t[:, r0:r1] @ b_t to output columns [col, col + b_t.shape[1]). One part for a plain layer;
-    one per targeted projection of a fused q/k/v layer, so no block of zeros is multiplied."""
-    a_t: torch.Tensor  # [in_features, total rank]
+    one per targeted projection of a fused q/k/v layer, so no block of zeros is multiplied.
+    An embedding layer (`gather`) takes token ids, not vectors: t = a_t[ids], a_t holding a
+    row per vocabulary entry."""
+    a_t: torch.Tensor  # [in_features, total rank] ([vocab, total rank] when gather)
     parts: list[tuple[int, int, int, torch.Tensor]]  # (r0, r1, col, b_t [r1 - r0, cols])
+    gather: bool = False
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.a_t] + [b for *_, b in self.parts]
@@ -110,7 +113,8 @@ def add_lora(layer: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
     key = layer.__dict__.get(_TARGET_KEY)
     if rows is None or key is None:
         return y
-    x2 = x.reshape(-1, x.shape[-1])  # [rows, in]
+    # [rows, in]; an embedding's input is its token ids: [rows]
+    x2 = x.reshape(-1, x.shape[-1]) if x.is_floating_point() else x.reshape(-1)
     y2 = y.view(-1, y.shape[-1])     # [rows, out]
     if rows.num_rows is not None and x2.shape[0] != rows.num_rows:
         raise RuntimeError(f"LoRA: layer {key} saw {x2.shape[0]} rows, the step has "
@@ -121,7 +125,8 @@ def add_lora(layer: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
         if low_rank is not None:
             # y[rows] += (x[rows] @ A^T) @ B^T: addmm_ accumulates into the slice in place
             # (a column range of it for one projection of a fused q/k/v layer).
-            t = torch.mm(x2[start:end], low_rank.a_t)  # [rows, total rank]
+            t = low_rank.a_t[x2[start:end]] if low_rank.gather \
+                else torch.mm(x2[start:end], low_rank.a_t)  # [rows, total rank]
             out = y2[start:end]
             for r0, r1, col, b_t in low_rank.parts:
                 out[:, col:col + b_t.shape[1]].addmm_(t[:, r0:r1], b_t)

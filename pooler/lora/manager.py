@@ -56,12 +56,21 @@ class LoraManager:
         # Unloaded adapters' folders: requests submitted before the unload still run with them.
         self._retired: dict[str, Path] = {}
         self.resident: OrderedDict[str, AdapterWeights] = OrderedDict()
+        # Adapters the model folder itself carries (task_adapters.py): always in memory,
+        # never unloaded, outside max_loras.
+        self.builtin: dict[str, AdapterWeights] = {}
         self.loads_from_disk = 0  # adapters read again after LRU eviction (observability)
 
     # ---- registry -----------------------------------------------------------------------
     @property
     def names(self) -> list[str]:
-        return list(self.paths)
+        return [*self.builtin, *self.paths]
+
+    def add_builtin(self, weights: AdapterWeights) -> None:
+        """Serve an adapter the model folder carries (already read) under its name."""
+        for key in (*weights.low_rank, *weights.replaced):
+            mark_target(self.model.get_submodule(key), key)
+        self.builtin[weights.name] = weights
 
     def add(self, name: str, path: str | Path, replace: bool = False) -> None:
         """Register and load `name` (replace: swap out an adapter of that name); AdapterError
@@ -70,6 +79,9 @@ class LoraManager:
             raise AdapterError("lora_name must be a non-empty string.")
         if name == self.base_name:
             raise AdapterError(f"lora_name {name!r} is the base model's name; pick another.")
+        if name in self.builtin:
+            raise AdapterError(f"{name!r} is one of the model's own task adapters; pick "
+                               "another name.")
         if name in self.paths and not replace:
             raise AdapterError(f"a LoRA adapter named {name!r} is already loaded; unload it "
                                "first or pick another name.")
@@ -79,6 +91,9 @@ class LoraManager:
         self._make_resident(weights, keep=())
 
     def remove(self, name: str) -> None:
+        if name in self.builtin:
+            raise AdapterError(f"{name!r} is one of the model's own task adapters; it stays "
+                               "served.")
         if name not in self.paths:
             raise KeyError(name)
         self._retired[name] = self.paths.pop(name)
@@ -88,6 +103,8 @@ class LoraManager:
     def weights(self, name: str, keep: tuple[str, ...] = ()) -> AdapterWeights:
         """The resident adapter (most recently used now), read from disk when it was dropped;
         adapters named in `keep` (the rest of the step) are never the ones dropped for it."""
+        if name in self.builtin:
+            return self.builtin[name]
         path = self.paths.get(name) or self._retired.get(name)
         if path is None:
             raise ValueError(f"LoRA adapter {name!r} is not loaded; loaded: {self.names}.")

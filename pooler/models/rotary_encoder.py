@@ -21,6 +21,7 @@ from torch import nn
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.layers.linear import linear_act, linear_add, linear_add_norm, onednn_postop
+from pooler.layers.lora import has_lora
 from pooler.layers.rotary import apply_rotary, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
 from pooler.models.llama import RMSNorm
@@ -114,8 +115,11 @@ class RotaryEmbeddings(nn.Module):
         x = self.word_embeddings(inputs.input_ids)
         if self.token_type_embeddings is not None:
             types = inputs.token_type_ids
-            if types is None or self.token_type_embeddings.num_embeddings == 1:
+            one_type = types is None or self.token_type_embeddings.num_embeddings == 1
+            if one_type and not has_lora(self.token_type_embeddings):
                 x = x + self.token_type_embeddings.weight[0]  # every token is type 0
+            elif one_type:  # through the layer, so a task adapter's update reaches it
+                x = x + self.token_type_embeddings(torch.zeros_like(inputs.input_ids))
             else:
                 x = x + self.token_type_embeddings(types)
         return x if self.norm is None else self.norm(x)

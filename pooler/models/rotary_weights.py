@@ -127,6 +127,19 @@ def merge_lora(weights: list[tuple[str, torch.Tensor]], index: int | None,
     return out
 
 
+def rotary_target(model: nn.Module, name: str) -> str | None:
+    """The parameter of `model` (a RotaryEncoder) that checkpoint tensor `name` fills whole,
+    None when no rule of its layout reads that name (the task heads' tensors) or when it
+    fills slices of a fused parameter."""
+    for pattern, targets in _COMPILED[model.layout]:
+        match = pattern.fullmatch(name)
+        if match is not None:
+            template, part = targets[0]
+            return template.format(*match.groups()) if len(targets) == 1 and not part \
+                else None
+    return None
+
+
 def load_rotary_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
     """Copy the checkpoint into `model` (a RotaryEncoder) by its layout's rules; returns the
     checkpoint names consumed (the rest go to the task heads)."""

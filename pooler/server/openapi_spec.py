@@ -76,6 +76,10 @@ ROUTE_NEEDS: dict[str, RouteCheck] = {
     "/rerank": _scores, "/v1/rerank": _scores, "/v2/rerank": _scores,
 }
 
+# Operations served whatever the model, on a path whose other operations depend on it:
+# GET / is TEI's health check beside its catch-all POST /.
+_ALWAYS_SERVED = {("/", "get")}
+
 # GLiNER labels the spec promises: this many characters each, one per this many tokens of the
 # model's limit (a character is at most one token of a DeBERTa Unigram vocabulary, plus the
 # <<ENT>> marker and the word-start piece; the rest is margin for normalizer expansions).
@@ -102,13 +106,24 @@ _HAS_A_TOKEN = "[!-~]"
 _NOT_BLANK = "[^\\s\\x1c-\\x1f\\x85]"
 
 
-def narrow_openapi(spec: dict, engine, long_input: str = "truncate") -> dict:
-    """Narrow a generated spec (FastAPI's app.openapi()) to what `engine` serves; in place.
-    long_input: the server's --long-input (what an unset `long_input` means)."""
+def drop_unserved_paths(spec: dict, engine) -> None:
+    """Remove the routes `engine`'s model is not served on (ROUTE_NEEDS), keeping the
+    operations served whatever the model (_ALWAYS_SERVED); in place."""
     for path in list(spec.get("paths", {})):
         check = ROUTE_NEEDS.get(path)
         if check is not None and not _safe(check, engine):
-            del spec["paths"][path]
+            kept = {method: operation for method, operation in spec["paths"][path].items()
+                    if (path, method) in _ALWAYS_SERVED}
+            if kept:
+                spec["paths"][path] = kept
+            else:
+                del spec["paths"][path]
+
+
+def narrow_openapi(spec: dict, engine, long_input: str = "truncate") -> dict:
+    """Narrow a generated spec (FastAPI's app.openapi()) to what `engine` serves; in place.
+    long_input: the server's --long-input (what an unset `long_input` means)."""
+    drop_unserved_paths(spec, engine)
     facts = _model_facts(engine)
     facts["long_input"] = long_input
     for schema in spec.get("components", {}).get("schemas", {}).values():
@@ -298,6 +313,7 @@ def _model_facts(engine) -> dict:
             "cross_encoder": engine.model_config.colbert is None
             and "classify" in engine.supported_tasks,
             "prompts": sorted(st.prompts) if st is not None and st.prompts else [],
+            "task_adapters": list(getattr(engine, "task_adapters", None) or []),
             "dimensions": _safe_size(engine),
             "gliner": getattr(engine.model_config, "gliner", None) is not None,
             "vocab": int(vocab) if vocab else None}
@@ -328,7 +344,9 @@ def _narrow_properties(schema: dict, facts: dict) -> None:
 def _narrow_node(schema: dict, facts: dict) -> None:
     properties = schema.get("properties", {})
     for name, prop in properties.items():
-        if name == "task":
+        if name == "task" and schema.get("title") == "EmbeddingRequest":
+            _set_enum(prop, facts["task_adapters"])  # Jina's task: the model's adapters
+        elif name == "task":
             _set_enum(prop, facts["tasks"])
         elif name == "prompt_name":
             _set_enum(prop, facts["prompts"])

@@ -91,6 +91,21 @@ class ServerState:
         weights, so a misspelt adapter must be a 404, never the base model's answer."""
         if getattr(self.engine, "lora_enabled", False):
             self.check_model(model)
+        elif model is not None and model in self.lora_names:  # the model's task adapters
+            _request_lora.set(model)
+
+    def task_adapter(self, task: str | None, field: str = "task") -> dict[str, str]:
+        """Engine.embed's keywords for a request's task adapter (Jina's `task`): {} for none,
+        a 400 naming `field` for a name the model does not carry."""
+        if task is None:
+            return {}
+        try:
+            self.engine.check_task_adapter(task)
+        except (AttributeError, ValueError) as exc:
+            message = str(exc) if isinstance(exc, ValueError) else \
+                f"task={task!r}: this model carries no task adapters."
+            raise bad_request(message, field) from None
+        return {"task": task}
 
     @property
     def lora_names(self) -> list[str]:

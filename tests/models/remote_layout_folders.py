@@ -83,10 +83,13 @@ def build_gte_remote(folder: Path, seed: int = 0, head: str = "Model",
     return model
 
 
-def build_jina_remote(folder: Path, seed: int = 0, rank: int = 2, alpha: float = 3.0):
+def build_jina_remote(folder: Path, seed: int = 0, rank: int = 2, alpha: float = 3.0,
+                      adapt_token_types: bool = False):
     """jina-embeddings-v3's XLMRobertaLoRA layout: `roberta.` prefix, and every linear and
-    embedding weight as `X.parametrizations.weight.original` plus five stacked LoRA adapters.
-    Returns (the transformers reference with no adapter, the base weights, the LoRA factors)."""
+    embedding weight as `X.parametrizations.weight.original` plus five stacked LoRA adapters
+    (adapt_token_types: the one-row token type embedding too, as jina's code adapts every
+    nn.Embedding). Returns (the transformers reference with no adapter, the base weights, the
+    LoRA factors)."""
     model = build_family(folder, "jina_embeddings_v3", seed=seed)
     c = model.config
     _rewrite_config(folder, {
@@ -110,8 +113,9 @@ def build_jina_remote(folder: Path, seed: int = 0, rank: int = 2, alpha: float =
     torch.manual_seed(seed + 100)
     out, factors = {}, {}
     for name, tensor in base.items():
-        lora = name.endswith(".weight") and (".mixer." in name or ".mlp." in name
-                                             or "word_embeddings" in name)
+        lora = name.endswith(".weight") and (
+            ".mixer." in name or ".mlp." in name or "word_embeddings" in name
+            or (adapt_token_types and "token_type_embeddings" in name))
         if not lora:
             out["roberta." + name] = tensor
             continue

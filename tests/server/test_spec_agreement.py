@@ -247,3 +247,35 @@ def test_cohere_truncate_none_refuses_a_text_past_max_tokens(client, spec):
     assert not schemathesis_hooks.filter_body(None, body)
     assert schemathesis_hooks.filter_body(None, {**body, "texts": ["a"]})
     assert schemathesis_hooks.filter_body(None, {**body, "truncate": "END"})
+
+
+def test_root_get_is_declared_as_served(client, spec):
+    """Issue 43 item 6: GET / (TEI's Inference API health check) answered 200 while the spec
+    declared only POST /; now the spec declares what the server answers, and a method it
+    declares nowhere is a 405."""
+    r = client.get("/")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    root = spec["paths"]["/"]
+    assert set(root) == {"get", "post"}
+    assert "200" in root["get"]["responses"] and "503" in root["get"]["responses"]
+    assert client.put("/", json={}).status_code == 405
+
+
+def test_root_health_stays_declared_where_post_root_is_not_served(monkeypatch):
+    """A model that POST / does not serve (GLiNER: labels only on /ner) keeps GET /."""
+    from pooler.server import openapi_spec
+
+    spec = {"paths": {"/": {"get": {"responses": {"200": {}}}, "post": {}},
+                      "/v1/embeddings": {"post": {}}, "/health": {"get": {}}}}
+    monkeypatch.setattr(openapi_spec, "ROUTE_NEEDS",
+                        {"/": lambda e: False, "/v1/embeddings": lambda e: False})
+    openapi_spec.drop_unserved_paths(spec, engine=None)
+    assert spec["paths"] == {"/": {"get": {"responses": {"200": {}}}}, "/health": {"get": {}}}
+
+
+def test_jina_task_takes_only_null_on_a_model_without_task_adapters(client, spec):
+    task = _body_schema(spec, "/v1/embeddings")["properties"]["task"]
+    assert task["anyOf"] == [{"type": "null"}]
+    r = client.post("/v1/embeddings", json={"input": "a", "task": "retrieval.query"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "task"
+    assert "carries no task adapters" in r.json()["error"]["message"]

@@ -315,3 +315,80 @@ def test_the_gemm_ceiling_is_the_faster_of_matmul_and_onednn(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "__matmul__", slow_matmul)
     slowed = machine.measure_gemm_gflops(1, size=256, repeats=3)
     assert slowed > 0.2 * both  # oneDNN's rate, not the slowed matmul's (< 2% of it)
+
+
+# ---- optional libraries (issue 43 item 6) ---------------------------------------------------
+def test_chart_without_matplotlib_stops_before_any_work(tmp_path, monkeypatch, capsys):
+    """--chart is drawn after the whole run: a missing matplotlib is refused first, with the
+    install command, and nothing is run."""
+    from pooler.bench import peers, runner
+    from pooler.cli.main import main
+
+    monkeypatch.setattr(peers, "installed", lambda module: module != "matplotlib")
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the bench ran before the chart's library was checked")
+
+    monkeypatch.setattr(runner, "run_benchmarks", no_run)
+    rc = main(["bench", "--quick", "--chart", str(tmp_path / "chart.png")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "--chart draws the chart with matplotlib, which is not installed" in err
+    assert "pip install" in err and "bench" in err
+
+
+def _base_install_site(tmp_path) -> str:
+    """A folder with sitecustomize.py that hides the bench's peer libraries from Python (the
+    interpreter sees this venv's site-packages without them, as after `make demo`)."""
+    import site
+
+    packages = next(p for p in site.getsitepackages() if p.endswith("site-packages"))
+    visible = tmp_path / "site"
+    visible.mkdir()
+    hidden = {"transformers", "sentence_transformers", "onnxruntime", "onnx", "onnxscript",
+              "fastembed", "peft", "matplotlib"}
+    for entry in __import__("pathlib").Path(packages).iterdir():
+        if entry.name not in hidden:
+            (visible / entry.name).symlink_to(entry)
+    custom = tmp_path / "custom"
+    custom.mkdir()
+    (custom / "sitecustomize.py").write_text(
+        "import site, sys\n"
+        f"sys.path[:] = [p for p in sys.path if p != {packages!r}]\n"
+        f"site.addsitedir({str(visible)!r})\n")
+    return str(custom)
+
+
+def test_quick_bench_on_the_base_install_runs_pooler_and_skips_the_peers(tiny_st_model,
+                                                                        tmp_path):
+    """After `make demo` (pooler's own dependencies only), `pooler bench --quick` runs the
+    pooler sides, lists each peer side as skipped with its reason, and names the one install
+    command; it does not stop on the fallback runner's missing transformers."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pooler
+
+    custom = _base_install_site(tmp_path)
+    root = str(Path(pooler.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([custom, root]),
+           "POOLER_BENCH_CACHE": str(tmp_path / "cache")}
+    probe = subprocess.run([sys.executable, "-c", "import transformers"], env=env,
+                           capture_output=True, text=True)
+    assert probe.returncode != 0  # the emulated base install hides the peers
+    proc = subprocess.run(
+        [sys.executable, "-m", "pooler", "bench", "--quick", "--model", str(tiny_st_model),
+         "--threads", "1", "--workload", "single_query"],
+        env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fallback" not in proc.stderr
+    rows = [line for line in out.splitlines() if line.startswith("single_query")]
+    pooler_row = next(line for line in rows if line.split()[1] == "pooler")
+    assert "SKIPPED" not in pooler_row and "FAILED" not in pooler_row
+    st_row = next(line for line in rows if "sentence-transformers" in line.split()[1])
+    assert "SKIPPED" in st_row and "needs sentence-transformers" in st_row
+    assert "FAILED" not in out
+    assert "install every peer with:" in out and "bench" in out.splitlines()[-1]

@@ -9,7 +9,7 @@ import numpy as np
 
 from pooler.engine import long_inputs
 from pooler.engine.input_processor import TruncationOptions, normalize_inputs
-from pooler.engine.lora import with_lora
+from pooler.engine.lora import with_lora, with_task_adapter
 from pooler.engine.tasks.common import TaskEngine
 from pooler.outputs import ChunkEmbeddingOutput, EmbeddingOutput, as_numpy
 from pooler.params import PoolingParams
@@ -50,6 +50,7 @@ def embed_chunked(engine: TaskEngine, inputs, params: PoolingParams,
     return out
 
 
+@with_task_adapter
 @with_lora
 def embed_chunks(engine: TaskEngine, document: str,
                  chunks: Sequence[tuple[int, int]] | None = None, *,

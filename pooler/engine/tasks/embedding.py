@@ -9,7 +9,7 @@ import numpy as np
 
 from pooler.engine import image_inputs, long_inputs
 from pooler.engine.input_processor import TruncationOptions
-from pooler.engine.lora import with_lora
+from pooler.engine.lora import with_lora, with_task_adapter
 from pooler.engine.tasks.chunking import embed_chunked
 from pooler.engine.tasks.common import TaskEngine, encode_inputs
 from pooler.engine.tasks.pairs import ScoreRequest, pair_tokens
@@ -18,6 +18,7 @@ from pooler.params import PoolingParams
 from pooler.quantize_output import check_precision, quantize_embeddings
 
 
+@with_task_adapter
 @with_lora
 def embed(engine: TaskEngine, inputs: str | Sequence, *, dimensions: int | None = None,
           normalize: bool | None = None, use_activation: bool | None = None,
@@ -69,6 +70,7 @@ def embed(engine: TaskEngine, inputs: str | Sequence, *, dimensions: int | None 
     return outputs
 
 
+@with_task_adapter
 @with_lora
 def token_embed(engine: TaskEngine, inputs: str | Sequence, *, normalize: bool | None = None,
                 skip_special_tokens: bool = False, truncate: bool = True,

@@ -4,7 +4,10 @@ also a Cohere body, {texts, ...}, on TEI's /embed path).
 `embedding_types` float, int8, uint8, binary, ubinary and base64 (little-endian float32 bytes)
 come back side by side under `embeddings`; the quantized kinds are pooler's (quantized.py:
 fixed ranges, so a vector's codes do not depend on its batch), not Cohere's own calibration.
-`model` may be any name (the server serves one model). `texts` or `inputs` (text parts only),
+`model` may be any name (the server serves one model); a task adapter's name picks it, and
+on a model that carries task adapters (jina-embeddings-v3) `input_type` picks the one made
+for it (search_query -> retrieval.query, search_document -> retrieval.passage,
+classification -> classification, clustering -> separation). `texts` or `inputs` (text parts only),
 not both, as Cohere takes one kind of input per request. `truncate`:
 END (default) / START cut an over-long text on that side, NONE makes it a 400. Errors are
 Cohere's {"message": ...}.
@@ -34,6 +37,9 @@ EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 _PROMPT_NAMES = {"search_query": ("query", "search_query"),
                  "search_document": ("document", "passage", "search_document"),
                  "classification": ("classification",), "clustering": ("clustering",)}
+# Cohere's input types -> the task adapters of jina-embeddings-v3 made for them.
+_TASK_ADAPTERS = {"search_query": "retrieval.query", "search_document": "retrieval.passage",
+                  "classification": "classification", "clustering": "separation"}
 
 
 class _Request(NullMeansUnset):
@@ -167,10 +173,13 @@ async def _embed(body: CohereEmbedRequest, request: Request, version: str):
                               f"{body.max_tokens}.", "max_tokens")
         truncation["truncate_prompt_tokens"] = body.max_tokens
     prompt_name = _prompt_name(state, body.input_type)
+    task = _TASK_ADAPTERS.get(body.input_type or "")
+    adapter = {"task": task} if task in getattr(state.engine, "task_adapters", ()) else {}
 
     def compute():
         outputs = state.engine.embed(texts, dimensions=body.output_dimension,
-                                     prompt_name=prompt_name, use_tqdm=False, **truncation)
+                                     prompt_name=prompt_name, use_tqdm=False, **truncation,
+                                     **adapter)
         matrix = np.stack([o.embedding for o in outputs])  # [n, dim] float32
         tokens = sum(o.num_tokens for o in outputs)
         meta = {"api_version": {"version": version},

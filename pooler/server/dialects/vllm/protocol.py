@@ -124,6 +124,12 @@ class EmbeddingRequest(_InputOrChat, _Encoding, _ActivationAlias):
     # (Engine.embed long_input); unset follows the server's --long-input.
     long_input: Optional[Literal["truncate", "chunk"]] = None
     chunk_overlap: StrictInt = 0
+    # Jina's embeddings API: one of the task adapters the model carries (jina-embeddings-v3:
+    # retrieval.query, retrieval.passage, separation, classification, text-matching).
+    task: Optional[StrictStr] = Field(None, description=(
+        "A task adapter of the model (GET /v1/models lists them), as Jina's API takes it: "
+        "the adapter, and the task's instruction from the model's config unless "
+        "prompt_name is given."))
 
     @model_validator(mode="after")
     def _one_normalize_switch(self):

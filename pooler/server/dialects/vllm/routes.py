@@ -72,6 +72,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     require_task(state, "embed", "embeddings")
     items, add_special = prompt_inputs(state, body)
     state.check_dimensions(body.dimensions)
+    adapter = state.task_adapter(body.task)  # Jina's `task`: {} or {"task": name}
     truncation = truncation_options(state, body)
     quantized.check_request(body.precision, body.encoding_format, body.ranges,
                             body.dimensions or state.engine.embedding_size)
@@ -89,7 +90,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
                                      use_activation=body.use_activation,
                                      prompt_name=body.prompt_name,
                                      add_special_tokens=add_special, use_tqdm=False,
-                                     **truncation, **chunking)
+                                     **truncation, **chunking, **adapter)
         tokens = sum(o.num_tokens for o in outputs)
         if body.precision != "float32":  # pooler's quantized vectors (issue 16)
             codes = quantized.quantize(np.stack([o.embedding for o in outputs]),
