@@ -309,13 +309,16 @@ def pooler_ratio_lines(rows: list[Row]) -> list[str]:
     interleaved side (embed's "pooler int8 interleaved") reports its own per-round ratios,
     measured against fp32 in alternating rounds in one process, where the other sides' ratio
     divides two runs made one after another (drift on a shared machine lands on one of them)."""
+    def is_pooler(side: str) -> bool:  # a skipped row's side is "-"
+        return side.replace("-", " ").split()[:1] == ["pooler"]
+
     def split(side: str) -> tuple[str, str]:  # -> (variant, shape suffix)
         words = side.replace("-", " ").split()[1:]  # results are named "pooler-int8"
         shape = " ".join(w for w in words if w[0].isdigit())
         return " ".join(w for w in words if not w[0].isdigit()), shape
 
     plain = {(r.workload, split(r.side)[1]): r for r in rows
-             if r.side.replace("-", " ").split()[0] == "pooler" and not split(r.side)[0]}
+             if is_pooler(r.side) and not split(r.side)[0]}
     lines = []
     for r in rows:
         variant, shape = split(r.side)
@@ -330,7 +333,7 @@ def pooler_ratio_lines(rows: list[Row]) -> list[str]:
                          f"(median; rounds {rounds})")
             continue
         base = plain.get((r.workload, shape))
-        if r.side.replace("-", " ").split()[0] != "pooler" or not variant or base is None or not r.ratio \
+        if not is_pooler(r.side) or not variant or base is None or not r.ratio \
                 or not base.ratio:
             continue
         lines.append(f"{r.workload}: {r.side} vs {fp32} {r.ratio / base.ratio:.2f}x")
