@@ -20,6 +20,8 @@ LAYERS = {
     "worker": 3, "loader": 3, "lora": 3,
     "pooling": 2, "models": 2,
     "layers": 1, "kernels": 1,
+    # Media input (decode, hash, preprocess, byte-bounded caches): base, below the worker.
+    "multimodal": 0,
 }
 BASE = 0  # any other top-level module: config, model_folder, params, outputs, tokenizer, ...
 
