@@ -1,0 +1,1 @@
+"""Image inputs: preprocessing that turns decoded images into vision-encoder tensors and prompt tokens."""
