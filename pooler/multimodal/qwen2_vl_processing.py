@@ -71,7 +71,8 @@ class Qwen2VLImageConfig:
             if getattr(made, field) <= 0:
                 raise ValueError(f"preprocessor config {field} must be positive, got {getattr(made, field)}")
         if made.min_pixels > made.max_pixels:
-            raise ValueError(f"preprocessor config min_pixels ({made.min_pixels}) exceeds max_pixels ({made.max_pixels})")
+            raise ValueError(f"preprocessor config min_pixels ({made.min_pixels}) exceeds "
+                             f"max_pixels ({made.max_pixels})")
         return made
 
 
