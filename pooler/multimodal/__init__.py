@@ -1,1 +1,5 @@
-"""Image inputs: preprocessing that turns decoded images into vision-encoder tensors and prompt tokens."""
+"""Media input for image-text models: decode with limits, hash, preprocess, cache.
+
+Base layer (docs/architecture.md): it imports nothing above config-level modules, so the
+engine's input side and the worker's encoder cache can both use it.
+"""
