@@ -126,16 +126,24 @@ def _resize(image: Image.Image, height: int, width: int, resample: int) -> Image
     return image.resize((width, height), resample=resample)
 
 
+def _config(preprocessor_config: Mapping[str, Any] | Idefics3ImageConfig) -> Idefics3ImageConfig:
+    """A parsed config as is (parse once per model), a preprocessor_config.json dict parsed."""
+    if isinstance(preprocessor_config, Idefics3ImageConfig):
+        return preprocessor_config
+    return Idefics3ImageConfig.from_preprocessor_config(preprocessor_config)
+
+
 def _check_rgb(image: Image.Image) -> None:
     if not isinstance(image, Image.Image) or image.mode != "RGB":
         kind = f"a PIL image in mode {image.mode!r}" if isinstance(image, Image.Image) else type(image).__name__
         raise ValueError(f"image must be an RGB PIL image, got {kind}: convert it first (image.convert('RGB'))")
 
 
-def process_image(image: Image.Image, preprocessor_config: Mapping[str, Any]) -> Idefics3Image:
+def process_image(image: Image.Image,
+                  preprocessor_config: Mapping[str, Any] | Idefics3ImageConfig) -> Idefics3Image:
     """One RGB image -> its tiles (and global image), rescaled and normalized."""
     _check_rgb(image)
-    config = Idefics3ImageConfig.from_preprocessor_config(preprocessor_config)
+    config = _config(preprocessor_config)
     tile, resample = config.tile_side, config.resample
     if config.do_resize:
         if config.longest_edge:

@@ -107,16 +107,24 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
+def _config(preprocessor_config: Mapping[str, Any] | Qwen2VLImageConfig) -> Qwen2VLImageConfig:
+    """A parsed config as is (parse once per model), a preprocessor_config.json dict parsed."""
+    if isinstance(preprocessor_config, Qwen2VLImageConfig):
+        return preprocessor_config
+    return Qwen2VLImageConfig.from_preprocessor_config(preprocessor_config)
+
+
 def _check_rgb(image: Image.Image) -> None:
     if not isinstance(image, Image.Image) or image.mode != "RGB":
         kind = f"a PIL image in mode {image.mode!r}" if isinstance(image, Image.Image) else type(image).__name__
         raise ValueError(f"image must be an RGB PIL image, got {kind}: convert it first (image.convert('RGB'))")
 
 
-def process_image(image: Image.Image, preprocessor_config: Mapping[str, Any]) -> Qwen2VLImage:
+def process_image(image: Image.Image,
+                  preprocessor_config: Mapping[str, Any] | Qwen2VLImageConfig) -> Qwen2VLImage:
     """One RGB image -> flattened patches and grid, as Qwen2-VL's vision tower takes them."""
     _check_rgb(image)
-    config = Qwen2VLImageConfig.from_preprocessor_config(preprocessor_config)
+    config = _config(preprocessor_config)
     patch, merge, temporal = config.patch_size, config.merge_size, config.temporal_patch_size
     if config.do_resize:
         height, width = smart_resize(image.height, image.width, patch * merge, config.min_pixels, config.max_pixels)
@@ -147,9 +155,10 @@ def process_image(image: Image.Image, preprocessor_config: Mapping[str, Any]) ->
     )
 
 
-def num_image_tokens(height: int, width: int, preprocessor_config: Mapping[str, Any]) -> int:
+def num_image_tokens(height: int, width: int,
+                     preprocessor_config: Mapping[str, Any] | Qwen2VLImageConfig) -> int:
     """Placeholder tokens an image of ``height`` x ``width`` pixels takes, without decoding it."""
-    config = Qwen2VLImageConfig.from_preprocessor_config(preprocessor_config)
+    config = _config(preprocessor_config)
     factor = config.patch_size * config.merge_size
     if config.do_resize:
         height, width = smart_resize(height, width, factor, config.min_pixels, config.max_pixels)

@@ -128,3 +128,11 @@ def test_config_errors_and_non_rgb():
         process_image(Image.new("L", (10, 10)), SMALL)
     with pytest.raises(ValueError, match="exactly one"):
         expand_image_prompt(1, 1, 4, prompt="<image><image>")
+
+
+def test_a_parsed_config_gives_the_same_result():
+    image = _image(90, 140, seed=2)
+    parsed = process_image(image, Idefics3ImageConfig.from_preprocessor_config(SMALL))
+    direct = process_image(image, SMALL)
+    np.testing.assert_array_equal(parsed.pixel_values, direct.pixel_values)
+    assert (parsed.rows, parsed.cols) == (direct.rows, direct.cols) == (2, 3)

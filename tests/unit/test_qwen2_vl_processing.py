@@ -94,3 +94,10 @@ def test_rejects_non_rgb_and_bad_prompts():
         process_image(Image.new("RGBA", (30, 30)), CONFIG)
     with pytest.raises(ValueError, match="exactly one"):
         expand_image_prompt(4, prompt="no placeholder here")
+
+
+def test_a_parsed_config_gives_the_same_result():
+    image = _image(90, 140, seed=2)
+    parsed = Qwen2VLImageConfig.from_preprocessor_config(CONFIG)
+    np.testing.assert_array_equal(process_image(image, parsed).pixel_values, process_image(image, CONFIG).pixel_values)
+    assert num_image_tokens(90, 140, parsed) == num_image_tokens(90, 140, CONFIG)
