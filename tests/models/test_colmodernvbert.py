@@ -1,0 +1,205 @@
+"""pooler's ColModernVBert (pooler/models/colmodernvbert.py + pooler/pooling/colvision.py, fed by
+pooler/multimodal/colmodernvbert_inputs.py) equals transformers' ColModernVBertForRetrieval fed
+by ColModernVBertProcessor: multi-vectors (masked to valid tokens) and MaxSim scores, queries
+and page images, alone and in mixed batches (tiny seeded folders)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pooler.checkpoint import iterate_weights, strip_prefix
+from pooler.models.colmodernvbert import ColModernVBertModel, pixel_shuffle
+from pooler.models.inputs import ModelInputs
+from pooler.multimodal.colmodernvbert_inputs import (
+    ColModernVBertPrompts, build_document_inputs)
+from pooler.params import PoolingParams
+from pooler.pooling.colvision import ColVisionPooler
+from pooler.pooling.metadata import PoolingMetadata
+from pooler.tokenizer import TextTokenizer
+from tests.models.colmodernvbert_folders import IMAGE_SEQ_LEN, TILE, page_image, \
+    save_tiny_colmodernvbert
+
+transformers = pytest.importorskip("transformers")
+
+QUERIES = ["which page shows the revenue chart", "fox", "the lazy dog and a quarterly report"]
+# (height, width): wide (2 x 3 tiles), tiny square (3 x 3), tall (3 x 1), near-square (3 x 3)
+PAGES = [(60, 90), (20, 20), (100, 30), (97, 95)]
+TOL = 1e-4
+
+
+class Ours:
+    """Backbone + head + input builder, composed as the engine will (no engine needed)."""
+
+    def __init__(self, folder):
+        hf = json.loads((folder / "config.json").read_text())
+        self.model = ColModernVBertModel(hf).eval()
+        weights = [(strip_prefix(n, self.model.weight_prefixes), t)
+                   for n, t in iterate_weights(folder)]
+        consumed = self.model.load_weights(weights)
+        self.head = ColVisionPooler(self.model.hidden_size, self.model.config.embedding_dim)
+        consumed |= self.head.load_weights([w for w in weights if w[0] not in consumed])
+        # only SigLIP's pooling head (unused by the model) is left
+        assert {n for n, _ in weights} - consumed == {
+            n for n, _ in weights if n.startswith("vision_model.head.")}
+        self.prompts = ColModernVBertPrompts.from_folder(folder)
+        self.tokenizer = TextTokenizer(folder, {})
+        self.prompts.check_tokenizer(self.tokenizer, self.model.image_token_id)
+        self.prompts.check_model(self.model.tile_side, self.model.image_seq_len)
+
+    def query_ids(self, query: str) -> list[int]:
+        return self.tokenizer.encode_batch([self.prompts.query_text(query)])[0].input_ids
+
+    @torch.inference_mode()
+    def run(self, queries: list[str], pages: list, one_vision_call: bool = True):
+        """Queries and pages in ONE packed step -> one [tokens, dim] tensor per item."""
+        docs = [build_document_inputs(p, self.prompts, self.tokenizer) for p in pages]
+        ids = [self.query_ids(q) for q in queries] + [d.input_ids for d in docs]
+        image_embeds = None
+        if docs:
+            if one_vision_call:  # every page's tiles in one vision batch, split back after
+                pixels = torch.from_numpy(np.concatenate([d.pixel_values for d in docs]))
+                image_embeds = self.model.image_features(pixels)
+            else:  # one call per page, as an encoder cache keyed per image would hold them
+                image_embeds = torch.cat([self.model.image_features(
+                    torch.from_numpy(d.pixel_values)) for d in docs])
+        lens = [len(x) for x in ids]
+        flat = torch.tensor([t for x in ids for t in x])
+        inputs = ModelInputs(input_ids=flat, positions=torch.cat([torch.arange(n) for n in lens]),
+                             token_type_ids=None,
+                             cu_seqlens=torch.tensor(np.cumsum([0] + lens), dtype=torch.int32),
+                             seq_lens=lens, max_seqlen=max(lens))
+        hidden = self.model(inputs, image_embeds=image_embeds)  # [num_tokens, hidden]
+        starts = np.cumsum([0] + lens[:-1]).tolist()
+        n = len(ids)
+        meta = PoolingMetadata(req_ids=[str(i) for i in range(n)], seq_lens=lens,
+                               seq_starts=starts, num_prompt_tokens=[0] * n,
+                               pooling_params=[PoolingParams(task="token_embed", normalize=True)
+                                               for _ in range(n)],
+                               special_tokens_masks=[None] * n, input_ids=flat)
+        return self.head(hidden, meta), ids
+
+
+def _masked(embeddings: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    return [e[m.bool()] for e, m in zip(embeddings, mask)]
+
+
+def _maxsim64(queries: list[torch.Tensor], docs: list[torch.Tensor]) -> torch.Tensor:
+    return torch.tensor([[float((q.double() @ d.double().T).max(dim=1).values.sum())
+                          for d in docs] for q in queries], dtype=torch.float64)
+
+
+def _close(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    assert [g.shape for g in got] == [w.shape for w in want]
+    return max(float((g - w).abs().max()) for g, w in zip(got, want))
+
+
+@pytest.fixture(scope="module")
+def split_folder(tmp_path_factory):
+    return save_tiny_colmodernvbert(tmp_path_factory.mktemp("colmodernvbert"))
+
+
+@pytest.fixture(scope="module")
+def reference(split_folder):
+    model = transformers.ColModernVBertForRetrieval.from_pretrained(split_folder).eval()
+    processor = transformers.ColModernVBertProcessor.from_pretrained(split_folder)
+    return model, processor
+
+
+@pytest.fixture(scope="module")
+def ours(split_folder):
+    return Ours(split_folder)
+
+
+@torch.inference_mode()
+def _reference_queries(reference, queries):
+    model, processor = reference
+    batch = processor.process_queries(queries)
+    return _masked(model(**batch).embeddings, batch["attention_mask"]), batch
+
+
+@torch.inference_mode()
+def _reference_pages(reference, images):
+    model, processor = reference
+    batch = processor.process_images(images)
+    return _masked(model(**batch).embeddings, batch["attention_mask"]), batch
+
+
+def test_pixel_shuffle_groups_neighbouring_patches():
+    # 4 x 4 patches of 1 channel numbered row-major; f=2 -> 4 vectors of the 2 x 2 blocks
+    x = torch.arange(16.0).view(1, 16, 1)
+    out = pixel_shuffle(x, 2)
+    assert out.shape == (1, 4, 4)
+    assert out[0].tolist() == [[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]]
+
+
+def test_queries_match_reference(reference, ours):
+    want, batch = _reference_queries(reference, QUERIES)
+    for q, ids, mask in zip(QUERIES, batch["input_ids"], batch["attention_mask"]):
+        assert ours.query_ids(q) == ids[mask.bool()].tolist()
+    got, _ = ours.run(QUERIES, [])
+    assert _close(got, want) <= TOL
+    got_one, _ = ours.run(QUERIES[1:2], [])  # alone equals in a batch
+    assert _close(got_one, want[1:2]) <= TOL
+
+
+@pytest.mark.parametrize("size", PAGES)
+def test_single_page_matches_reference(reference, ours, size):
+    image = page_image(*size, seed=sum(size))
+    want, batch = _reference_pages(reference, [image])
+    got, ids = ours.run([], [image])
+    assert ids[0] == batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()
+    assert sum(i == ours.model.image_token_id for i in ids[0]) % IMAGE_SEQ_LEN == 0
+    assert _close(got, want) <= TOL
+
+
+def test_mixed_batch_and_maxsim_match_reference(reference, ours):
+    _, processor = reference
+    images = [page_image(*size, seed=i) for i, size in enumerate(PAGES[:3])]
+    want_docs, batch = _reference_pages(reference, images)
+    # pages of different tile counts: the reference pads tiles and tokens, we pack
+    assert batch["pixel_values"].shape[1] == 10 and batch["attention_mask"].sum(1).unique().numel() == 3
+    want_queries, _ = _reference_queries(reference, QUERIES)
+    for one_vision_call in (True, False):
+        got, _ = ours.run(QUERIES, images, one_vision_call)  # queries and pages in one step
+        got_queries, got_docs = got[:len(QUERIES)], got[len(QUERIES):]
+        assert _close(got_docs, want_docs) <= TOL
+        assert _close(got_queries, want_queries) <= TOL
+    scores_ref = processor.score_retrieval(want_queries, want_docs).double()
+    scores_ours = _maxsim64(got_queries, got_docs)
+    assert (scores_ours - scores_ref).abs().max() <= TOL
+    assert (scores_ours - _maxsim64(want_queries, want_docs)).abs().max() <= TOL
+
+
+def test_unsplit_pages_match_reference(tmp_path):
+    """longest_edge = one tile: every page is one global image (no row/col tiles)."""
+    folder = save_tiny_colmodernvbert(tmp_path / "unsplit", longest_edge=TILE, seed=1)
+    model = transformers.ColModernVBertForRetrieval.from_pretrained(folder).eval()
+    processor = transformers.ColModernVBertProcessor.from_pretrained(folder)
+    ours = Ours(folder)
+    images = [page_image(50, 20, 1), page_image(31, 64, 2)]
+    want, _ = _reference_pages((model, processor), images)
+    got, ids = ours.run(["fox"], images)
+    assert all(sum(i == ours.model.image_token_id for i in x) == IMAGE_SEQ_LEN for x in ids[1:])
+    assert _close(got[1:], want) <= TOL
+
+
+def test_placeholder_count_mismatch_is_a_clear_error(ours):
+    ids = ours.query_ids("fox")
+    inputs = ModelInputs(input_ids=torch.tensor(ids), positions=torch.arange(len(ids)),
+                         token_type_ids=None, cu_seqlens=torch.tensor([0, len(ids)],
+                                                                      dtype=torch.int32),
+                         seq_lens=[len(ids)], max_seqlen=len(ids))
+    with pytest.raises(ValueError, match="image placeholder tokens"):
+        ours.model(inputs, image_embeds=torch.zeros(IMAGE_SEQ_LEN, ours.model.hidden_size))
+    with pytest.raises(ValueError, match="tiles"):
+        ours.model.image_features(torch.zeros(1, 3, TILE + 4, TILE))
+
+
+def test_mismatched_processor_is_refused(ours):
+    with pytest.raises(ValueError, match="image_seq_len"):
+        ours.prompts.check_model(ours.model.tile_side, ours.model.image_seq_len * 4)
+    with pytest.raises(ValueError, match="image_token_id"):
+        ours.prompts.check_tokenizer(ours.tokenizer, ours.model.image_token_id + 1)
