@@ -160,7 +160,8 @@ def test_mixed_batch_and_maxsim_match_reference(reference, ours):
     images = [page_image(*size, seed=i) for i, size in enumerate(PAGES[:3])]
     want_docs, batch = _reference_pages(reference, images)
     # pages of different tile counts: the reference pads tiles and tokens, we pack
-    assert batch["pixel_values"].shape[1] == 10 and batch["attention_mask"].sum(1).unique().numel() == 3
+    assert batch["pixel_values"].shape[1] == 10
+    assert batch["attention_mask"].sum(1).unique().numel() == 3
     want_queries, _ = _reference_queries(reference, QUERIES)
     for one_vision_call in (True, False):
         got, _ = ours.run(QUERIES, images, one_vision_call)  # queries and pages in one step
