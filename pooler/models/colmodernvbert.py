@@ -25,7 +25,12 @@ Contract with the runner (tensor in, hidden states out):
 
 Checkpoint names: transformers saves `vlm.vision_model.*`, `vlm.connector.*`, `vlm.text_model.*`
 (this module's names once `vlm.` is stripped) and `embedding_proj_layer.*` (the pooler's);
-`vlm.vision_model.head.*` (SigLIP's pooling head, unused by the model) is left unread.
+`vlm.vision_model.head.*` (SigLIP's pooling head, unused by the model) is left unread. The
+original ModernVBERT layout (as vLLM reads it: `model.` prefix, `connector.modality_projection.
+proj`, the token embeddings split into the base table and `additional_embedding` rows, the head
+as `custom_text_proj`, vision_config's width as `embed_dim`, vlm_config's
+`additional_vocab_size`) is read as the same model; it was built from vLLM's loader, not checked
+against the hub's files.
 """
 from __future__ import annotations
 
@@ -81,6 +86,12 @@ class ColModernVBertConfig:
                              "older layout with ColModernVBertForRetrieval.save_pretrained.")
         text = {**_MODERNBERT_DEFAULTS, **(vlm.get("text_config") or {})}
         vision = {**_SIGLIP_VISION_DEFAULTS, **(vlm.get("vision_config") or {})}
+        # the original layout: DecoupledEmbedding's extra rows (image tokens) after the base
+        # vocabulary, and the vision width under SigLIP's older name
+        text["vocab_size"] = int(text["vocab_size"]) + int(vlm.get("additional_vocab_size", 0))
+        if "embed_dim" in (vlm.get("vision_config") or {}) and \
+                "hidden_size" not in vlm["vision_config"]:
+            vision["hidden_size"] = vision["embed_dim"]
         factor = int(vlm.get("pixel_shuffle_factor", 4))
         image_size, patch = int(vision["image_size"]), int(vision["patch_size"])
         grid = image_size // patch
@@ -114,7 +125,7 @@ class ModernVBertConnector(nn.Module):
 
 
 class ColModernVBertModel(nn.Module):
-    weight_prefixes = ("vlm.",)
+    weight_prefixes = ("vlm.", "model.")  # transformers' layout, the original one
     image_input_kind = "idefics3"
 
     def __init__(self, hf_config: dict):
@@ -172,5 +183,29 @@ class ColModernVBertModel(nn.Module):
         return self.text_model(inputs, inputs_embeds=embeds)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Checkpoint names with `vlm.` stripped equal ours; returns the names consumed."""
-        return copy_named_weights(self, weights, "ColModernVBert")
+        """Checkpoint names with `vlm.` (or `model.`) stripped equal ours, up to the original
+        layout's renames; returns the checkpoint names consumed."""
+        ours, sources = [], {}
+        base = extra = None
+        for name, tensor in weights:
+            if name == _TOKEN_TABLE:
+                base = (name, tensor)
+                continue
+            if name == _EXTRA_TOKEN_ROWS:
+                extra = (name, tensor)
+                continue
+            target = _ORIGINAL_RENAMES.get(name, name)
+            ours.append((target, tensor))
+            sources[target] = [name]
+        if base is not None:
+            table = base[1] if extra is None else torch.cat([base[1], extra[1]])
+            ours.append((_TOKEN_TABLE, table))  # [vocab (+ additional), hidden]
+            sources[_TOKEN_TABLE] = [base[0]] + ([extra[0]] if extra is not None else [])
+        consumed = copy_named_weights(self, ours, "ColModernVBert")
+        return {source for name in consumed for source in sources[name]}
+
+
+_TOKEN_TABLE = "text_model.embeddings.tok_embeddings.weight"
+_EXTRA_TOKEN_ROWS = "text_model.embeddings.tok_embeddings.additional_embedding.weight"
+_ORIGINAL_RENAMES = {"connector.modality_projection.proj.weight":
+                     "connector.modality_projection.weight"}

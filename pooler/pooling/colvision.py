@@ -13,8 +13,9 @@ from torch import nn
 
 from pooler.pooling.colbert import ColBERTPooler
 
-# transformers' ColModernVBertForRetrieval / ColPaliForRetrieval / ColQwen2ForRetrieval
-PROJECTION_PREFIX = "embedding_proj_layer."
+# transformers' ColModernVBertForRetrieval / ColPaliForRetrieval / ColQwen2ForRetrieval, then
+# the original ModernVBERT / colpali-engine name
+PROJECTION_PREFIXES = ("embedding_proj_layer.", "custom_text_proj.")
 
 
 class ColVisionPooler(ColBERTPooler):
@@ -23,12 +24,15 @@ class ColVisionPooler(ColBERTPooler):
                          linear_from_checkpoint=True)
 
     def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> set[str]:
-        state = {n[len(PROJECTION_PREFIX):]: (n, t) for n, t in weights
-                 if n.startswith(PROJECTION_PREFIX)}
+        for prefix in PROJECTION_PREFIXES:
+            state = {n[len(prefix):]: (n, t) for n, t in weights if n.startswith(prefix)}
+            if state:
+                break
         missing = sorted({"weight", "bias"} - set(state))
         if missing:
-            raise ValueError(f"the checkpoint has no {PROJECTION_PREFIX}{missing[0]}: a "
-                             "ColVision retrieval model keeps its projection there.")
+            raise ValueError(f"the checkpoint has no {PROJECTION_PREFIXES[0]}{missing[0]} (or "
+                             f"{PROJECTION_PREFIXES[1]}{missing[0]}): a ColVision retrieval "
+                             "model keeps its projection there.")
         with torch.no_grad():
             for key in ("weight", "bias"):
                 name, tensor = state[key]

@@ -84,3 +84,41 @@ def page_image(height: int, width: int, seed: int) -> Image.Image:
                     axis=-1)
     noisy = np.clip(base + rng.normal(0, 30, base.shape), 0, 255).astype(np.uint8)
     return Image.fromarray(noisy, "RGB")
+
+
+def save_original_layout(src: Path, dst: Path, additional_vocab: int = len(IMAGE_TOKENS)) -> Path:
+    """The transformers folder `src` rewritten in the original ModernVBERT layout as vLLM's
+    loader reads it: `model.` prefix, `connector.modality_projection.proj`, the token table
+    split into the base rows and `additional_embedding` rows, `custom_text_proj`, the vision
+    width as `embed_dim`, `additional_vocab_size` in vlm_config; SigLIP's head dropped."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            shutil.copy(f, dst / f.name)
+    config = json.loads((src / "config.json").read_text())
+    vlm = config["vlm_config"]
+    vocab = vlm["text_config"]["vocab_size"]
+    vlm["text_config"]["vocab_size"] = vocab - additional_vocab
+    vlm["additional_vocab_size"] = additional_vocab
+    vlm["vision_config"]["embed_dim"] = vlm["vision_config"].pop("hidden_size")
+    (dst / "config.json").write_text(json.dumps(config))
+    out = {}
+    for name, tensor in load_file(src / "model.safetensors").items():
+        if name.startswith("vlm.vision_model.head."):
+            continue
+        name = name.replace("vlm.", "model.", 1).replace("embedding_proj_layer.",
+                                                         "custom_text_proj.")
+        name = name.replace("modality_projection.weight", "modality_projection.proj.weight")
+        if name == "model.text_model.embeddings.tok_embeddings.weight":
+            out[name] = tensor[:vocab - additional_vocab].clone()
+            out[name.replace(".weight", ".additional_embedding.weight")] = \
+                tensor[vocab - additional_vocab:].clone()
+            continue
+        out[name] = tensor
+    save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst

@@ -204,3 +204,16 @@ def test_mismatched_processor_is_refused(ours):
         ours.prompts.check_model(ours.model.tile_side, ours.model.image_seq_len * 4)
     with pytest.raises(ValueError, match="image_token_id"):
         ours.prompts.check_tokenizer(ours.tokenizer, ours.model.image_token_id + 1)
+
+
+def test_original_layout_reads_as_the_same_model(split_folder, reference, tmp_path):
+    """The original ModernVBERT names and config keys (as vLLM's loader reads them) give the
+    transformers model's vectors."""
+    from tests.models.colmodernvbert_folders import save_original_layout
+
+    original = Ours(save_original_layout(split_folder, tmp_path / "original"))
+    images = [page_image(60, 90, 0), page_image(20, 20, 1)]
+    want_docs, _ = _reference_pages(reference, images)
+    want_queries, _ = _reference_queries(reference, QUERIES[:1])
+    got, _ = original.run(QUERIES[:1], images)
+    assert _close(got, want_queries + want_docs) <= TOL
