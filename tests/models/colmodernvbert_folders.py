@@ -3,11 +3,21 @@ transformers' ColModernVBertForRetrieval.save_pretrained and a ColModernVBertPro
 BPE tokenizer with ModernBERT's template and the Idefics3 image tokens) saved beside it."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
+
+from pooler.checkpoint import iterate_weights, strip_prefix
+from pooler.models.colmodernvbert import ColModernVBertModel
+from pooler.models.inputs import ModelInputs
+from pooler.multimodal.colmodernvbert_inputs import ColModernVBertPrompts, build_document_inputs
+from pooler.params import PoolingParams
+from pooler.pooling.colvision import ColVisionPooler
+from pooler.pooling.metadata import PoolingMetadata
+from pooler.tokenizer import TextTokenizer
 
 IMAGE_TOKENS = (["<|begin_of_text|>", "<fake_token_around_image>", "<image>", "<global-img>",
                  "<end_of_utterance>"]
@@ -122,3 +132,55 @@ def save_original_layout(src: Path, dst: Path, additional_vocab: int = len(IMAGE
         out[name] = tensor
     save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
     return dst
+
+
+class NativeColModernVBert:
+    """Backbone + head + input builder, composed as the engine will (no engine needed)."""
+
+    def __init__(self, folder):
+        hf = json.loads((folder / "config.json").read_text())
+        self.model = ColModernVBertModel(hf).eval()
+        weights = [(strip_prefix(n, self.model.weight_prefixes), t)
+                   for n, t in iterate_weights(folder)]
+        consumed = self.model.load_weights(weights)
+        self.head = ColVisionPooler(self.model.hidden_size, self.model.config.embedding_dim)
+        consumed |= self.head.load_weights([w for w in weights if w[0] not in consumed])
+        # only SigLIP's pooling head (unused by the model) is left
+        assert {n for n, _ in weights} - consumed == {
+            n for n, _ in weights if n.startswith("vision_model.head.")}
+        self.prompts = ColModernVBertPrompts.from_folder(folder)
+        self.tokenizer = TextTokenizer(folder, {})
+        self.prompts.check_tokenizer(self.tokenizer, self.model.image_token_id)
+        self.prompts.check_model(self.model.tile_side, self.model.image_seq_len)
+
+    def query_ids(self, query: str) -> list[int]:
+        return self.tokenizer.encode_batch([self.prompts.query_text(query)])[0].input_ids
+
+    @torch.inference_mode()
+    def run(self, queries: list[str], pages: list, one_vision_call: bool = True):
+        """Queries and pages in ONE packed step -> one [tokens, dim] tensor per item."""
+        docs = [build_document_inputs(p, self.prompts, self.tokenizer) for p in pages]
+        ids = [self.query_ids(q) for q in queries] + [d.input_ids for d in docs]
+        image_embeds = None
+        if docs:
+            if one_vision_call:  # every page's tiles in one vision batch, split back after
+                pixels = torch.from_numpy(np.concatenate([d.pixel_values for d in docs]))
+                image_embeds = self.model.image_features(pixels)
+            else:  # one call per page, as an encoder cache keyed per image would hold them
+                image_embeds = torch.cat([self.model.image_features(
+                    torch.from_numpy(d.pixel_values)) for d in docs])
+        lens = [len(x) for x in ids]
+        flat = torch.tensor([t for x in ids for t in x])
+        inputs = ModelInputs(input_ids=flat, positions=torch.cat([torch.arange(n) for n in lens]),
+                             token_type_ids=None,
+                             cu_seqlens=torch.tensor(np.cumsum([0] + lens), dtype=torch.int32),
+                             seq_lens=lens, max_seqlen=max(lens))
+        hidden = self.model(inputs, image_embeds=image_embeds)  # [num_tokens, hidden]
+        starts = np.cumsum([0] + lens[:-1]).tolist()
+        n = len(ids)
+        meta = PoolingMetadata(req_ids=[str(i) for i in range(n)], seq_lens=lens,
+                               seq_starts=starts, num_prompt_tokens=[0] * n,
+                               pooling_params=[PoolingParams(task="token_embed", normalize=True)
+                                               for _ in range(n)],
+                               special_tokens_masks=[None] * n, input_ids=flat)
+        return self.head(hidden, meta), ids
