@@ -157,3 +157,26 @@ def test_original_layout_reads_as_the_same_model(split_folder, reference, tmp_pa
     want_queries, _ = _reference_queries(reference, QUERIES[:1])
     got, _ = original.run(QUERIES[:1], images)
     assert _close(got, want_queries + want_docs) <= TOL
+
+
+def test_loader_fills_backbone_and_head(split_folder, ours):
+    """pooler's loader (prefix stripping, backbone then pooler weights) on the model and the
+    ColVision head, as the engine will build them: the same weights as the composed model."""
+    import json
+    from types import SimpleNamespace
+
+    from pooler.loader import PoolingModel, load_weights_into
+    from pooler.models.colmodernvbert import ColModernVBertModel
+    from pooler.pooling.colvision import build_colvision_poolers
+    from pooler.pooling.dispatch import DispatchPooler
+
+    backbone = ColModernVBertModel(json.loads((split_folder / "config.json").read_text()))
+    model = PoolingModel(backbone, DispatchPooler(build_colvision_poolers(None, backbone)))
+    load_weights_into(model, SimpleNamespace(gliner=None, path=split_folder))
+    assert model.pooler.output_size("token_embed") == 16
+    want = dict(ours.model.named_parameters())
+    for name, param in backbone.named_parameters():
+        assert torch.equal(param, want[name]), name
+    head = model.pooler.poolers["token_embed"].projector
+    assert torch.equal(head.weight, ours.head.projector.weight)
+    assert torch.equal(head.bias, ours.head.projector.bias)
