@@ -153,6 +153,11 @@ class ColModernVBertModel(nn.Module):
     def tile_side(self) -> int:
         return self.config.tile_side
 
+    @property
+    def vision_tokens_per_tile(self) -> int:
+        """Sequence length of one tile in the vision tower (what a step budget charges)."""
+        return (self.config.tile_side // self.config.patch_size) ** 2
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.text_model.get_input_embeddings()
 

@@ -3,8 +3,9 @@ document prompt with its `<image>` expanded to one placeholder per image vector)
 Mirrors transformers' ColModernVBertProcessor.process_queries / process_images.
 
 The engine, per model (once): `prompts = ColModernVBertPrompts.from_folder(path)` and the
-folder's TextTokenizer; `prompts.check_tokenizer(tokenizer, image_token_id)` with the model
-config's vlm_config.image_token_id.
+folder's TextTokenizer; `prompts.check_tokenizer(tokenizer, backbone.image_token_id)` and
+`prompts.check_model(backbone.tile_side, backbone.image_seq_len)` refuse a folder whose processor
+does not fit its model.
 
 Per query: `prompts.query_text(query)` (query_prefix + query + ten `<end_of_utterance>`
 augmentation tokens), tokenized with special tokens like any text; it runs text-only and every
@@ -13,11 +14,12 @@ token's vector is kept (the augmentation tokens are attended to, unlike ColBERT'
 Per page image (an RGB PIL image, pooler/multimodal/media.py): `build_document_inputs(image,
 prompts, tokenizer)` -> ColModernVBertDocument. The engine sends `input_ids` as the request's
 tokens (never truncated: a cut placeholder block cannot be scored; refuse a page longer than the
-model's limit), charges the scheduler `len(input_ids)` text tokens plus `num_tiles` vision-tower
-tiles of `tile_side`**2 pixels, keeps `pixel_values` in the mm cache under the image's content
-hash, and the runner calls `backbone.image_features(pixel_values)` (or takes it from the encoder
-cache), then `backbone(inputs, image_embeds=...)` with every document's features concatenated
-in batch order (pooler/models/colmodernvbert.py).
+model's limit) and charges the scheduler `len(input_ids)` text tokens plus `num_tiles *
+backbone.vision_tokens_per_tile` vision-tower tokens (1,024 per 512px tile of 16px patches; a
+page has up to rows * cols + 1 tiles). `pixel_values` go to the mm cache under the image's
+content hash; the runner calls `backbone.image_features(pixel_values)` (or takes the result
+from the encoder cache), then `backbone(inputs, image_embeds=...)` with every document's
+features concatenated in batch order (pooler/models/colmodernvbert.py).
 """
 from __future__ import annotations
 
