@@ -180,3 +180,21 @@ def test_loader_fills_backbone_and_head(split_folder, ours):
     head = model.pooler.poolers["token_embed"].projector
     assert torch.equal(head.weight, ours.head.projector.weight)
     assert torch.equal(head.bias, ours.head.projector.bias)
+
+
+def test_prompts_from_older_folder_layout(tmp_path):
+    """transformers < 5 keeps the image settings in preprocessor_config.json; no settings at all
+    is a clear error."""
+    import json
+
+    from pooler.multimodal.colmodernvbert_inputs import ColModernVBertPrompts
+
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_seq_len": 64}))
+    with pytest.raises(ValueError, match="no image processor settings"):
+        ColModernVBertPrompts.from_folder(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}}))
+    prompts = ColModernVBertPrompts.from_folder(tmp_path)
+    assert (prompts.image_config.tile_side, prompts.image_config.longest_edge) == (512, 2048)
+    assert prompts.image_seq_len == 64 and prompts.visual_prompt_prefix.count("<image>") == 1
+    assert prompts.query_text("q") == "q" + "<end_of_utterance>" * 10
