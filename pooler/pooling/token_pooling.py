@@ -23,6 +23,31 @@ import torch
 Embeddings = TypeVar("Embeddings", torch.Tensor, np.ndarray)
 
 
+# PoolingParams.extra key of a request's pool factor (token_embed outputs: documents' or pages'
+# multi-vectors); the pooling runner applies it after the head (`pool_requests`).
+POOL_FACTOR_KEY = "pool_factor"
+# What the pooling runner keeps as is: the first token ([CLS]), as PyLate's default.
+PROTECTED_TOKENS = 1
+
+
+def check_pool_factor(pool_factor: object) -> float:
+    """The validated factor (a ValueError naming the fix otherwise)."""
+    return _check_pool_factor(pool_factor)
+
+
+def pool_requests(outputs: list, pooling_params: list) -> list:
+    """Each request's token vectors with its `pool_factor` (PoolingParams.extra) applied;
+    requests without one are returned as they are."""
+    out = list(outputs)
+    for i, params in enumerate(pooling_params):
+        factor = params.extra.get(POOL_FACTOR_KEY) if params is not None else None
+        if factor is None or out[i] is None or float(factor) == 1:
+            continue
+        out[i] = hierarchical_pool(out[i], factor, PROTECTED_TOKENS,
+                                   normalize=params.normalize is not False)
+    return out
+
+
 def _check_pool_factor(pool_factor: object) -> float:
     if isinstance(pool_factor, bool) or not isinstance(pool_factor, Real):
         raise ValueError(f"pool_factor must be a number >= 1 (1 keeps every token), got {pool_factor!r}")
