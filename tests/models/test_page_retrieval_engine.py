@@ -231,3 +231,31 @@ def test_pool_factor_on_a_single_vector_model_is_refused():
         engine.score("fox", ["a fox"], pool_factor=2)
     with pytest.raises(ValueError, match="pool_factor"):
         engine.token_embed(["a fox"], pool_factor=0)
+
+
+def test_cli_rerank_with_image_documents(folder, engine, pages, tmp_path, capsys):
+    import json
+
+    from pooler.cli.main import main
+    paths = []
+    for i, page in enumerate(pages):
+        paths.append(str(tmp_path / f"page{i}.png"))
+        page.save(paths[-1])  # PNG: lossless, so the CLI scores the same pixels
+    want = engine.rerank("fox", pages)
+    assert main(["rerank", "--model", str(folder), "--device", "cpu", "--query", "fox",
+                 "--image-documents", *paths]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["index"] for x in lines] == [r.index for r in want]
+    assert [x["document"] for x in lines] == [paths[r.index] for r in want]
+    assert [x["score"] for x in lines] == pytest.approx([r.score for r in want], abs=1e-5)
+    # score, with pool_factor, and a text document beside the pages
+    assert main(["score", "--model", str(folder), "--device", "cpu", "--query", "fox",
+                 "--pool-factor", "2", "a quarterly report", "--image-documents", paths[0]]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["document_index"] for x in lines] == [0, 1]
+    assert lines[1]["score"] == pytest.approx(
+        engine.score("fox", [pages[0]], pool_factor=2)[0].score, abs=1e-5)
+    (tmp_path / "notes.txt").write_text("not an image")
+    assert main(["rerank", "--model", str(folder), "--device", "cpu", "--query", "fox",
+                 "--image-documents", paths[0], str(tmp_path / "notes.txt")]) == 2
+    assert "documents[1]" in capsys.readouterr().err
