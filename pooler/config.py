@@ -120,6 +120,11 @@ class ModelConfig:
         unsupported = unsupported_image_model_message(self.architecture, hf_config)
         if unsupported is not None:
             raise ValueError(unsupported)
+        self.pages = PageLayout.of(self.architecture, hf_config, self.path)
+        if self.pages is not None and self.runner != "auto" and self.runner != self.pages.runner:
+            raise ValueError(f"{self.architecture} runs on the {self.pages.runner} runner only "
+                             "(page images need its vision path); drop runner="
+                             f"{self.runner!r}.")
         if self.runner == "auto":
             native = self.architecture in architectures.NATIVE_ARCHITECTURES
             self.runner = "native" if native else "transformers"
@@ -129,7 +134,11 @@ class ModelConfig:
             self.runner_reason = None if self.runner == "native" else "runner='transformers' " \
                                                                      "was asked for"
         self.transformers_config = None
-        if self.runner == "native":
+        if self.pages is not None and self.pages.runner == "transformers":
+            # ColPali / ColQwen2: transformers' retrieval class and processor
+            # (pooler/worker/colvision_runner.py); their facts come from the page layout.
+            self.head, family_attn = "colvision", "encoder_only"
+        elif self.runner == "native":
             spec = architectures.get_arch_spec(self.architecture)
             self.head, family_attn = spec.head, spec.attn_type
             if self.gliner is not None:  # the backbone's states feed the GLiNER span head
@@ -151,10 +160,6 @@ class ModelConfig:
             raise ValueError(f"quantization={self.quantization!r} is not implemented for "
                              f"image-text models ({self.architecture}); run them in float32, "
                              "or dtype='bfloat16'.")
-        self.pages = PageLayout.of(self.architecture, hf_config, self.path)
-        if self.pages is not None and self.runner != "native":
-            raise ValueError(f"{self.architecture} runs on the native runner only (page images "
-                             "need pooler's vision tower); drop runner='transformers'.")
         if self.pages is not None and self.quantization is not None:
             raise ValueError(f"quantization={self.quantization!r} is not implemented for "
                              f"page retrieval models ({self.architecture}); run them in "

@@ -189,11 +189,12 @@ def score(engine, queries: Any, documents: Any, *, truncation: TruncationOptions
 
 
 def cache_stats(engine) -> dict[str, CacheStats] | None:
-    """The multimodal input cache's and the encoder cache's counters (None: a text model)."""
+    """The multimodal input cache's and the encoder cache's counters (None: a text model;
+    "encoder" None where transformers runs the vision tower: ColPali, ColQwen2)."""
     side = getattr(engine, "images", None) or getattr(engine, "pages", None)
     if side is None:
         return None
-    runner = engine.core.model_runner.image_runner
-    return {"mm": side.cache.stats(), "encoder": runner.stats()}
+    runner = engine.core.model_runner.image_runner  # None: ColPali / ColQwen2 (transformers)
+    return {"mm": side.cache.stats(), "encoder": None if runner is None else runner.stats()}
 
 

@@ -10,12 +10,19 @@ engine submits them (the calls pooler/multimodal/colmodernvbert_inputs.py lists,
   charged `len(input_ids) + num_tiles * vision_tokens_per_tile` against the step's budget.
 - A text document: the text tokenized as it is (transformers' processor on text alone).
 
+ColPali and ColQwen2 (`ProcessorPageInputs`): transformers' own processor makes a query's ids
+(`process_queries`) and a page's ids and tensors (`process_images`), kept in the mm cache the
+same way; the runner is pooler/worker/colvision_runner.py.
+
 Nothing is truncated: a query, text or page longer than max_model_len is refused naming the
 item (a cut page would lose image placeholders, a cut query its augmentation tokens).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from pooler.engine.input_processor import ProcessedInput
 from pooler.multimodal.cache import ByteLRUCache
@@ -51,11 +58,16 @@ class PageInputs:
     def for_engine(cls, engine) -> "PageInputs | None":
         """The engine's page side (None unless a page-retrieval model), its cache registered
         with the model runner so that reset_mm_cache and reload_weights reach it."""
-        if getattr(engine.model_config, "pages", None) is None:
+        layout = getattr(engine.model_config, "pages", None)
+        if layout is None:
             return None
         runner = engine.core.model_runner
-        inputs = cls(engine.model_config, engine.tokenizer, runner.model.backbone,
-                     engine.config.scheduler_config.max_num_batched_tokens)
+        budget = engine.config.scheduler_config.max_num_batched_tokens
+        if layout.runner == "transformers":
+            inputs = ProcessorPageInputs(engine.model_config, engine.tokenizer,
+                                         runner.encoder.processor, budget)
+        else:
+            inputs = cls(engine.model_config, engine.tokenizer, runner.model.backbone, budget)
         runner.mm_cache = inputs.cache
         return inputs
 
@@ -85,21 +97,27 @@ class PageInputs:
             document = build_document_inputs(decoded.image, self.prompts, self.tokenizer)
             self.cache.put(decoded.content_hash, document, document.pixel_values.nbytes)
         ids = list(document.input_ids)
+        cost = len(ids) + document.num_tiles * self.vision_tokens_per_tile
+        self._check_page(ids, cost, f"{document.num_tiles} tiles of "
+                         f"{self.prompts.image_seq_len} image tokens",
+                         f"{document.num_tiles} tiles x {self.vision_tokens_per_tile} vision "
+                         "tokens", index, field)
+        return ProcessedInput(prompt_token_ids=ids, extra={"image": ImageRequestData(
+            decoded.content_hash, ProcessedImage(document.pixel_values), cost, merged=True)})
+
+    def _check_page(self, ids: list[int], cost: int, placeholders: str, vision: str,
+                    index: int, field: str) -> None:
         if len(ids) > self.max_model_len:
             raise ValueError(
-                f"{field}[{index}]: the page's prompt is {len(ids)} tokens ({document.num_tiles} "
-                f"tiles of {self.prompts.image_seq_len} image tokens), more than max_model_len="
+                f"{field}[{index}]: the page's prompt is {len(ids)} tokens ({placeholders}), "
+                f"more than max_model_len="
                 f"{self.max_model_len}; pages are never truncated (a cut page loses image "
                 "tokens): raise max_model_len or lower the processor's size.longest_edge.")
-        cost = len(ids) + document.num_tiles * self.vision_tokens_per_tile
         if cost > self.max_num_batched_tokens:
             raise ValueError(
                 f"{field}[{index}]: the page costs {cost} tokens ({len(ids)} prompt tokens + "
-                f"{document.num_tiles} tiles x {self.vision_tokens_per_tile} vision tokens), "
-                f"more than max_num_batched_tokens={self.max_num_batched_tokens}: raise it "
-                "(--max-num-batched-tokens).")
-        return ProcessedInput(prompt_token_ids=ids, extra={"image": ImageRequestData(
-            decoded.content_hash, ProcessedImage(document.pixel_values), cost, merged=True)})
+                f"{vision}), more than max_num_batched_tokens={self.max_num_batched_tokens}: "
+                "raise it (--max-num-batched-tokens).")
 
     def _text(self, text: str, index: int, field: str) -> ProcessedInput:
         encoded = self.tokenizer.encode_batch([text])[0]
@@ -117,3 +135,70 @@ class PageInputs:
         make = self.query if role == "query" else self.document
         field = field or ("queries" if role == "query" else "documents")
         return [make(item, i, field) for i, item in enumerate(items)]
+
+
+@dataclass(frozen=True)
+class ProcessorPage:
+    """One page as transformers' processor made it, for ColPali / ColQwen2's forward."""
+    input_ids: list[int]
+    tensors: dict[str, np.ndarray]  # pixel_values (ColPali [1, 3, H, W]; ColQwen2 [patches,
+    #                                 d]), token_type_ids, image_grid_thw: the model's inputs
+    num_vision_tokens: int          # what the vision tower runs
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self.tensors.values()))
+
+
+class ProcessorPageInputs(PageInputs):
+    """ColPali / ColQwen2: queries and pages through transformers' processor."""
+
+    def __init__(self, model_config, tokenizer, processor, max_num_batched_tokens: int,
+                 cache_bytes: int = DEFAULT_PAGE_MM_CACHE_BYTES,
+                 limits: MediaLimits = DEFAULT_LIMITS, allowed_dir: str | None = None):
+        self.processor = processor
+        self.kind = model_config.pages.kind
+        self.tokenizer = tokenizer
+        self.max_model_len = model_config.max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.architecture = model_config.architecture
+        self.cache = ByteLRUCache(cache_bytes)
+        self.limits = limits
+        self.allowed_dir = allowed_dir
+
+    def query(self, text: Any, index: int, field: str = "queries") -> ProcessedInput:
+        if not isinstance(text, str):
+            raise ValueError(f"{field}[{index}] must be a text: {self.architecture} queries are "
+                             "texts (pages are the documents).")
+        batch = self.processor.process_queries([text])
+        ids = batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"{field}[{index}] is {len(ids)} tokens, more than max_model_len="
+                             f"{self.max_model_len}; shorten it.")
+        return ProcessedInput(prompt_token_ids=ids)
+
+    def page(self, item: Any, index: int, field: str = "documents") -> ProcessedInput:
+        decoded = load_image(item, index, limits=self.limits, allowed_dir=self.allowed_dir,
+                             field=field)
+        page = self.cache.get(decoded.content_hash)
+        if page is None:
+            page = self._process(decoded.image)
+            self.cache.put(decoded.content_hash, page, page.nbytes)
+        cost = len(page.input_ids) + page.num_vision_tokens
+        self._check_page(page.input_ids, cost, "with its image tokens",
+                         f"{page.num_vision_tokens} vision tokens", index, field)
+        return ProcessedInput(prompt_token_ids=list(page.input_ids), extra={
+            "image": ImageRequestData(decoded.content_hash, page, cost, merged=True)})
+
+    def _process(self, image) -> ProcessorPage:
+        batch = self.processor.process_images([image])
+        mask = batch["attention_mask"][0].bool()
+        tensors = {"pixel_values": batch["pixel_values"].numpy()}
+        if "image_grid_thw" in batch:  # ColQwen2: patches [1, t*h*w, d] and their grid
+            tensors["image_grid_thw"] = batch["image_grid_thw"].numpy()
+            vision = int(batch["image_grid_thw"].prod(dim=-1).sum())
+        else:  # ColPali: one fixed-size image
+            vision = int(batch["input_ids"].eq(self.processor.image_token_id).sum())
+        if "token_type_ids" in batch:
+            tensors["token_type_ids"] = batch["token_type_ids"][:, mask].numpy()
+        return ProcessorPage(batch["input_ids"][0][mask].tolist(), tensors, vision)

@@ -29,8 +29,6 @@ _RUNS_INSTEAD = ("pooler runs image-text embedding models CLIPModel, SiglipModel
 
 # Image architectures pooler does not run (yet): architecture -> what it is.
 UNSUPPORTED_IMAGE_ARCHITECTURES = {
-    "ColPaliForRetrieval": "ColPali (multi-vector page retrieval)",
-    "ColQwen2ForRetrieval": "ColQwen2 (multi-vector page retrieval)",
     "ModernVBertForRetrieval": "ColModernVBert in its original layout (re-save it with "
                                "transformers' ColModernVBertForRetrieval.save_pretrained)",
     "ColIdefics3ForRetrieval": "ColSmol / ColIdefics3 (multi-vector page retrieval)",
