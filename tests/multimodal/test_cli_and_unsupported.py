@@ -43,7 +43,7 @@ def _folder(tmp_path, architecture, model_type, **extra):
 
 
 @pytest.mark.parametrize("architecture, model_type", [
-    ("ColPaliForRetrieval", "colpali"), ("ColQwen2ForRetrieval", "colqwen2"),
+    ("ColIdefics3ForRetrieval", "colidefics3"), ("ModernVBertForRetrieval", "modernvbert"),
     ("Idefics3ForConditionalGeneration", "idefics3"),
     ("Qwen2VLForConditionalGeneration", "qwen2_vl"), ("CLIPVisionModel", "clip_vision_model")])
 def test_unsupported_image_architectures_fail_with_one_line(tmp_path, architecture, model_type):
@@ -65,14 +65,16 @@ def test_an_unknown_vision_model_is_named_too(tmp_path):
 
 
 def test_cli_prints_one_line_and_no_traceback(tmp_path):
-    folder = _folder(tmp_path, "ColPaliForRetrieval", "colpali", vlm_config={})
+    folder = _folder(tmp_path, "PaliGemmaForConditionalGeneration", "paligemma",
+                     vision_config={})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-m", "pooler", "embed", "--model", str(folder), "hi"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     lines = [x for x in done.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and "ColPaliForRetrieval is ColPali" in lines[0], done.stderr
+    assert len(lines) == 1 and "PaliGemmaForConditionalGeneration is PaliGemma" in lines[0], \
+        done.stderr
 
 
 def test_image_text_models_refuse_the_transformers_runner(tmp_path):
