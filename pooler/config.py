@@ -69,7 +69,7 @@ class ModelConfig:
     bge_m3: BGEM3Layout | None = field(init=False)  # BGE-M3 sparse + ColBERT heads, if any
     gliner: GLiNERLayout | None = field(init=False)  # GLiNER span model (zero-shot NER)
     two_tower: TwoTowerLayout | None = field(init=False)  # CLIP / SigLIP image-text model
-    pages: PageLayout | None = field(init=False)  # ColModernVBert page retrieval
+    pages: PageLayout | None = field(init=False)  # page retrieval (ColModernVBert, ColPali...)
 
     def __post_init__(self):
         if self.runner not in RUNNERS:

@@ -184,6 +184,14 @@ class Engine:
         self.tokenizer.clear_cache()
         self.core.model_runner.reset_caches()
 
+    @property
+    def image_side(self):
+        """The input side of an image model: `images` (two-tower: CLIP, SigLIP) or `pages`
+        (page retrieval: ColModernVBert, ColPali, ColQwen2); both have `limits` (MediaLimits)
+        and `allowed_dir` (local files allowed under it) a server sets. None for text
+        models."""
+        return self.images or self.pages
+
     def image_cache_stats(self):
         """{"mm": CacheStats, "encoder": CacheStats} of an image-text or page retrieval model
         (hits, misses, evictions, entries, bytes, capacity_bytes); None for a text model."""

@@ -1,5 +1,5 @@
 """Facts of a two-tower image-text folder (CLIP, SigLIP, SigLIP2) read from its config, and
-the image architectures pooler recognises but does not run (ColModernVBert page retrieval:
+the image architectures pooler recognises but does not run (page retrieval models:
 pooler/multimodal/page_layout.py).
 
 Text rules follow the reference processors in transformers 5.24:
@@ -24,8 +24,8 @@ TWO_TOWER_ARCHITECTURES = {"CLIPModel": "clip", "SiglipModel": "siglip",
 
 _RUNS_INSTEAD = ("pooler runs image-text embedding models CLIPModel, SiglipModel and "
                  "Siglip2Model (images and texts in one space), page retrieval with "
-                 "ColModernVBertForRetrieval (late interaction over page images) and text-only "
-                 "ColBERT models")
+                 "ColModernVBertForRetrieval, ColPaliForRetrieval and ColQwen2ForRetrieval "
+                 "(late interaction over page images) and text-only ColBERT models")
 
 # Image architectures pooler does not run (yet): architecture -> what it is.
 UNSUPPORTED_IMAGE_ARCHITECTURES = {
