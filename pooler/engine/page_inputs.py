@@ -37,16 +37,13 @@ DEFAULT_PAGE_MM_CACHE_BYTES = 512 * 2**20
 
 
 class PageInputs:
-    """An engine's page side: the processor settings, the tokenizer, the mm cache, limits."""
+    """An engine's page side: the tokenizer, the mm cache, the limits; what a query and a page
+    become is the model kind's (ColModernVBertPageInputs, ProcessorPageInputs)."""
 
-    def __init__(self, model_config, tokenizer, backbone, max_num_batched_tokens: int,
+    def __init__(self, model_config, tokenizer, max_num_batched_tokens: int,
                  cache_bytes: int = DEFAULT_PAGE_MM_CACHE_BYTES,
                  limits: MediaLimits = DEFAULT_LIMITS, allowed_dir: str | None = None):
-        self.prompts = ColModernVBertPrompts.from_folder(model_config.path)
-        self.prompts.check_tokenizer(tokenizer, backbone.image_token_id)
-        self.prompts.check_model(backbone.tile_side, backbone.image_seq_len)
         self.tokenizer = tokenizer
-        self.vision_tokens_per_tile = backbone.vision_tokens_per_tile
         self.max_model_len = model_config.max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
         self.architecture = model_config.architecture
@@ -64,19 +61,25 @@ class PageInputs:
         runner = engine.core.model_runner
         budget = engine.config.scheduler_config.max_num_batched_tokens
         if layout.runner == "transformers":
-            inputs = ProcessorPageInputs(engine.model_config, engine.tokenizer,
-                                         runner.encoder.processor, budget)
+            inputs: PageInputs = ProcessorPageInputs(engine.model_config, engine.tokenizer,
+                                                     budget, runner.encoder.processor)
         else:
-            inputs = cls(engine.model_config, engine.tokenizer, runner.model.backbone, budget)
+            inputs = ColModernVBertPageInputs(engine.model_config, engine.tokenizer, budget,
+                                              runner.model.backbone)
         runner.mm_cache = inputs.cache
         return inputs
 
     # ---- one item ---------------------------------------------------------------------
     def query(self, text: Any, index: int, field: str = "queries") -> ProcessedInput:
+        raise NotImplementedError
+
+    def page(self, item: Any, index: int, field: str = "documents") -> ProcessedInput:
+        raise NotImplementedError
+
+    def _check_query(self, text: Any, index: int, field: str) -> None:
         if not isinstance(text, str):
             raise ValueError(f"{field}[{index}] must be a text: {self.architecture} queries are "
                              "texts (pages are the documents).")
-        return self._text(self.prompts.query_text(text), index, field)
 
     def document(self, item: Any, index: int, field: str = "documents") -> ProcessedInput:
         """A page image (PIL image, path, bytes, data URL, {"image": ...}) or a text."""
@@ -88,22 +91,6 @@ class PageInputs:
             raise ValueError(f"{field}[{index}] must be a page image or a text, got "
                              f"{type(item).__name__}.")
         return self._text(item, index, field)
-
-    def page(self, item: Any, index: int, field: str = "documents") -> ProcessedInput:
-        decoded = load_image(item, index, limits=self.limits, allowed_dir=self.allowed_dir,
-                             field=field)
-        document = self.cache.get(decoded.content_hash)
-        if document is None:
-            document = build_document_inputs(decoded.image, self.prompts, self.tokenizer)
-            self.cache.put(decoded.content_hash, document, document.pixel_values.nbytes)
-        ids = list(document.input_ids)
-        cost = len(ids) + document.num_tiles * self.vision_tokens_per_tile
-        self._check_page(ids, cost, f"{document.num_tiles} tiles of "
-                         f"{self.prompts.image_seq_len} image tokens",
-                         f"{document.num_tiles} tiles x {self.vision_tokens_per_tile} vision "
-                         "tokens", index, field)
-        return ProcessedInput(prompt_token_ids=ids, extra={"image": ImageRequestData(
-            decoded.content_hash, ProcessedImage(document.pixel_values), cost, merged=True)})
 
     def _check_page(self, ids: list[int], cost: int, placeholders: str, vision: str,
                     index: int, field: str) -> None:
@@ -137,6 +124,39 @@ class PageInputs:
         return [make(item, i, field) for i, item in enumerate(items)]
 
 
+class ColModernVBertPageInputs(PageInputs):
+    """ColModernVBert: the query prompt and pages split into tiles by pooler's processor
+    (pooler/multimodal/colmodernvbert_inputs.py), checked against the model once."""
+
+    def __init__(self, model_config, tokenizer, max_num_batched_tokens: int, backbone,
+                 **kwargs):
+        super().__init__(model_config, tokenizer, max_num_batched_tokens, **kwargs)
+        self.prompts = ColModernVBertPrompts.from_folder(model_config.path)
+        self.prompts.check_tokenizer(tokenizer, backbone.image_token_id)
+        self.prompts.check_model(backbone.tile_side, backbone.image_seq_len)
+        self.vision_tokens_per_tile = backbone.vision_tokens_per_tile
+
+    def query(self, text: Any, index: int, field: str = "queries") -> ProcessedInput:
+        self._check_query(text, index, field)
+        return self._text(self.prompts.query_text(text), index, field)
+
+    def page(self, item: Any, index: int, field: str = "documents") -> ProcessedInput:
+        decoded = load_image(item, index, limits=self.limits, allowed_dir=self.allowed_dir,
+                             field=field)
+        document = self.cache.get(decoded.content_hash)
+        if document is None:
+            document = build_document_inputs(decoded.image, self.prompts, self.tokenizer)
+            self.cache.put(decoded.content_hash, document, document.pixel_values.nbytes)
+        ids = list(document.input_ids)
+        cost = len(ids) + document.num_tiles * self.vision_tokens_per_tile
+        self._check_page(ids, cost, f"{document.num_tiles} tiles of "
+                         f"{self.prompts.image_seq_len} image tokens",
+                         f"{document.num_tiles} tiles x {self.vision_tokens_per_tile} vision "
+                         "tokens", index, field)
+        return ProcessedInput(prompt_token_ids=ids, extra={"image": ImageRequestData(
+            decoded.content_hash, ProcessedImage(document.pixel_values), cost, merged=True)})
+
+
 @dataclass(frozen=True)
 class ProcessorPage:
     """One page as transformers' processor made it, for ColPali / ColQwen2's forward."""
@@ -153,23 +173,13 @@ class ProcessorPage:
 class ProcessorPageInputs(PageInputs):
     """ColPali / ColQwen2: queries and pages through transformers' processor."""
 
-    def __init__(self, model_config, tokenizer, processor, max_num_batched_tokens: int,
-                 cache_bytes: int = DEFAULT_PAGE_MM_CACHE_BYTES,
-                 limits: MediaLimits = DEFAULT_LIMITS, allowed_dir: str | None = None):
+    def __init__(self, model_config, tokenizer, max_num_batched_tokens: int, processor,
+                 **kwargs):
+        super().__init__(model_config, tokenizer, max_num_batched_tokens, **kwargs)
         self.processor = processor
-        self.kind = model_config.pages.kind
-        self.tokenizer = tokenizer
-        self.max_model_len = model_config.max_model_len
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.architecture = model_config.architecture
-        self.cache = ByteLRUCache(cache_bytes)
-        self.limits = limits
-        self.allowed_dir = allowed_dir
 
     def query(self, text: Any, index: int, field: str = "queries") -> ProcessedInput:
-        if not isinstance(text, str):
-            raise ValueError(f"{field}[{index}] must be a text: {self.architecture} queries are "
-                             "texts (pages are the documents).")
+        self._check_query(text, index, field)
         batch = self.processor.process_queries([text])
         ids = batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()
         if len(ids) > self.max_model_len:

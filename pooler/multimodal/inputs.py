@@ -9,7 +9,8 @@ from pooler.multimodal.image_processing import ProcessedImage
 @dataclass(frozen=True)
 class ImageRequestData:
     content_hash: str          # of the decoded pixels (pooler/multimodal/media.py)
-    processed: ProcessedImage  # what the vision tower takes
+    processed: ProcessedImage  # what the vision tower takes (ColPali / ColQwen2: the
+    #                            processor's tensors, pooler/engine/page_inputs.py ProcessorPage)
     num_tokens: int            # what the request costs a step: the vision tower's tokens
     #                            (patches, + CLIP's class token), plus the prompt's tokens when
     #                            merged
