@@ -232,6 +232,8 @@ def test_pool_factor_on_a_single_vector_model_is_refused():
         engine.score("fox", ["a fox"], pool_factor=2)
     with pytest.raises(ValueError, match="pool_factor"):
         engine.token_embed(["a fox"], pool_factor=0)
+    with pytest.raises(ValueError, match="ColBERT and page retrieval models only"):
+        engine.token_embed(["a fox"], pool_factor=2)  # per-token vectors of a plain encoder
 
 
 def test_cli_rerank_with_image_documents(folder, engine, pages, tmp_path, capsys):

@@ -34,10 +34,11 @@ def pool_factor_extra(engine: TaskEngine, pool_factor: Any) -> dict:
     if pool_factor is None:
         return {}
     factor = check_pool_factor(pool_factor)
-    if "token_embed" not in engine.supported_tasks:
-        raise ValueError("pool_factor pools multi-vector (token_embed) outputs; "
-                         f"{engine.model_config.architecture} serves "
-                         f"{sorted(engine.supported_tasks)}.")
+    config = engine.model_config
+    if not is_page_model(engine) and (config.colbert is None
+                                      or getattr(config, "bge_m3", None) is not None):
+        raise ValueError("pool_factor pools documents' multi-vectors: it applies to ColBERT "
+                         f"and page retrieval models only, not {config.architecture}.")
     return {POOL_FACTOR_KEY: factor}
 
 

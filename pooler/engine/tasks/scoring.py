@@ -68,10 +68,7 @@ def score(engine: TaskEngine, queries: str | Sequence, documents: str | Sequence
                         bge_m3_weights=bge_m3_weights, max_tokens_per_doc=max_tokens_per_doc)
         return page_retrieval.scores(engine, queries, documents, pool_factor=pool_factor,
                                      use_tqdm=use_tqdm, priority=priority, cancel=cancel)
-    if pool_factor is not None and (engine.model_config.colbert is None
-                                    or getattr(engine.model_config, "bge_m3", None)):
-        raise ValueError("pool_factor pools documents' multi-vectors: it applies to ColBERT "
-                         "and page retrieval models only.")
+    page_retrieval.pool_factor_extra(engine, pool_factor)  # refused where it cannot apply
     if image_inputs.handles(engine, queries, documents):  # texts and images: cosine
         return image_inputs.score(engine, queries, documents, truncation=TruncationOptions(
             truncate, truncate_prompt_tokens, truncation_direction), use_tqdm=use_tqdm,
