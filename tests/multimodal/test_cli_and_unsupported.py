@@ -108,3 +108,25 @@ def test_siglip1_sentencepiece_only_folder_says_why(tmp_path):
     (folder / "tokenizer.json").rename(folder / "spiece.model")  # the hub layout's file name
     with pytest.raises(FileNotFoundError, match="only a SentencePiece spiece.model"):
         Engine(str(folder), device="cpu")
+
+
+def test_rerank_image_documents_with_an_image_text_model(tmp_path, capsys):
+    """`pooler rerank --image-documents` on CLIP: cosine of the text query and each image,
+    equal to Engine.score."""
+    from pathlib import Path
+
+    from pooler.engine.llm import Engine
+    folder = save_tiny_clip(tmp_path / "clip")
+    paths = []
+    for seed in range(2):
+        paths.append(str(tmp_path / f"img{seed}.png"))
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (30, 40, 3), np.uint8)) \
+            .save(paths[-1])
+    want = Engine(str(folder), device="cpu").score("a cat", [Path(p) for p in paths])
+    assert main(["rerank", "--model", str(folder), "--device", "cpu", "--query", "a cat",
+                 "--image-documents", *paths]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    by_index = {x["index"]: x for x in lines}
+    assert sorted(by_index) == [0, 1] and by_index[1]["document"] == paths[1]
+    for o in want:
+        assert by_index[o.document_index]["score"] == pytest.approx(o.score, abs=1e-5)
