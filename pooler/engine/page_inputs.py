@@ -82,7 +82,7 @@ class PageInputs:
                              "texts (pages are the documents).")
 
     def document(self, item: Any, index: int, field: str = "documents") -> ProcessedInput:
-        """A page image (PIL image, path, bytes, data URL, {"image": ...}) or a text."""
+        """A page image (PIL image, pathlib.Path, bytes, data URL, {"image": ...}) or a text."""
         if is_image_item(item):
             return self.page(item, index, field)
         if isinstance(item, dict) and "prompt" in item:

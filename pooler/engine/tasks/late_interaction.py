@@ -37,7 +37,7 @@ def encode_documents(engine: TaskEngine, inputs: Any, *, pool_factor: float | No
                      priority: int = 0) -> list[TokenEmbeddingOutput]:
     """ColBERT document token vectors, as PyLate's encode(is_query=False): marker,
     truncated to the document length, punctuation dropped, L2-normalized. Page retrieval
-    models (ColModernVBert): page images (PIL image, path, bytes, data URL, {"image": ...})
+    models (ColModernVBert): page images (PIL image, pathlib.Path, bytes, data URL, {"image": ...})
     or texts, each a multi-vector of every token (image tokens included).
     pool_factor: hierarchical token pooling, about 1/pool_factor of each document's vectors
     kept (the first token kept as is; PyLate's pool_factor)."""

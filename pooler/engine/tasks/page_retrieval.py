@@ -3,7 +3,7 @@ become multi-vectors (`encode_queries`, `encode_documents`, `token_embed`), and 
 `rerank` give each (query, page) pair its MaxSim score, computed in the runner through the
 late-interaction query cache (two_stage.py: each distinct query cached once, each
 page scored against it). Inputs: pooler/engine/page_inputs.py; documents are page images
-(PIL image, path, bytes, data URL, {"image": ...}) or texts.
+(PIL image, pathlib.Path, bytes, data URL, {"image": ...}) or texts.
 
 The Engine's front doors (late_interaction.py, embedding.py, scoring.py, common.py) hand
 page-retrieval models' calls here, so every caller (offline API, CLI, HTTP dialects) passes
