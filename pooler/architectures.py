@@ -74,6 +74,10 @@ NATIVE_ARCHITECTURES: dict[str, ArchSpec] = {
     "CLIPModel": ArchSpec("clip", "CLIPModel", "two_tower", "encoder_only"),
     "SiglipModel": ArchSpec("siglip", "SiglipModel", "two_tower", "encoder_only"),
     "Siglip2Model": ArchSpec("siglip", "Siglip2Model", "two_tower", "encoder_only"),
+    # Page retrieval: page images merged into the text sequence, multi-vectors scored by
+    # MaxSim (pooler/pooling/colvision.py, pooler/multimodal/colmodernvbert_inputs.py).
+    "ColModernVBertForRetrieval": ArchSpec("colmodernvbert", "ColModernVBertModel",
+                                           "colvision", "encoder_only"),
 }
 
 # Tasks each head kind can serve before the runner's gating by attention type.
@@ -86,6 +90,9 @@ HEAD_TASKS: dict[str, frozenset[str]] = {
     "gliner": frozenset({"token_classify"}),
     # Image-text models (CLIP, SigLIP): one vector per text or image.
     "two_tower": frozenset({"embed"}),
+    # Page retrieval (ColModernVBert): a vector per token of a query or a page (late
+    # interaction).
+    "colvision": frozenset({"token_embed"}),
 }
 
 # model_type -> architecture, for configs that carry no `architectures` list.
@@ -100,7 +107,8 @@ _MODEL_TYPE_DEFAULTS = {"bert": "BertModel", "roberta": "RobertaModel",
                         "nomic_bert": "NomicBertModel", "gte": "GteModel",
                         "jina_embeddings_v3": "JinaEmbeddingsV3Model",
                         "eurobert": "EuroBertModel", "clip": "CLIPModel",
-                        "siglip": "SiglipModel", "siglip2": "Siglip2Model"}
+                        "siglip": "SiglipModel", "siglip2": "Siglip2Model",
+                        "colmodernvbert": "ColModernVBertForRetrieval"}
 
 
 def architecture_of(hf_config: dict) -> str:

@@ -11,6 +11,7 @@ from pooler.bge_m3_layout import BGEM3Layout, detect_bge_m3
 from pooler.colbert import ColBERTConfig, detect_colbert
 from pooler.gliner import GLiNERLayout, detect_gliner
 from pooler.hub import refuse_remote_code
+from pooler.multimodal.page_layout import PageLayout
 from pooler.multimodal.two_tower import (TwoTowerLayout, sentence_transformers_clip_path,
                                          unsupported_image_model_message)
 from pooler.model_folder import (DEFAULT_MODEL, SentenceTransformerLayout, read_json,
@@ -68,6 +69,7 @@ class ModelConfig:
     bge_m3: BGEM3Layout | None = field(init=False)  # BGE-M3 sparse + ColBERT heads, if any
     gliner: GLiNERLayout | None = field(init=False)  # GLiNER span model (zero-shot NER)
     two_tower: TwoTowerLayout | None = field(init=False)  # CLIP / SigLIP image-text model
+    pages: PageLayout | None = field(init=False)  # page retrieval (ColModernVBert, ColPali...)
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
@@ -118,6 +120,11 @@ class ModelConfig:
         unsupported = unsupported_image_model_message(self.architecture, hf_config)
         if unsupported is not None:
             raise ValueError(unsupported)
+        self.pages = PageLayout.of(self.architecture, hf_config, self.path)
+        if self.pages is not None and self.runner != "auto" and self.runner != self.pages.runner:
+            raise ValueError(f"{self.architecture} runs on the {self.pages.runner} runner only "
+                             "(page images need its vision path); drop runner="
+                             f"{self.runner!r}.")
         if self.runner == "auto":
             native = self.architecture in architectures.NATIVE_ARCHITECTURES
             self.runner = "native" if native else "transformers"
@@ -127,7 +134,11 @@ class ModelConfig:
             self.runner_reason = None if self.runner == "native" else "runner='transformers' " \
                                                                      "was asked for"
         self.transformers_config = None
-        if self.runner == "native":
+        if self.pages is not None and self.pages.runner == "transformers":
+            # ColPali / ColQwen2: transformers' retrieval class and processor
+            # (pooler/worker/colvision_runner.py); their facts come from the page layout.
+            self.head, family_attn = "colvision", "encoder_only"
+        elif self.runner == "native":
             spec = architectures.get_arch_spec(self.architecture)
             self.head, family_attn = spec.head, spec.attn_type
             if self.gliner is not None:  # the backbone's states feed the GLiNER span head
@@ -149,6 +160,10 @@ class ModelConfig:
             raise ValueError(f"quantization={self.quantization!r} is not implemented for "
                              f"image-text models ({self.architecture}); run them in float32, "
                              "or dtype='bfloat16'.")
+        if self.pages is not None and self.quantization is not None:
+            raise ValueError(f"quantization={self.quantization!r} is not implemented for "
+                             f"page retrieval models ({self.architecture}); run them in "
+                             "float32, or dtype='bfloat16'.")
         self.colbert = detect_colbert(self.path, hf_config, self.st)
         self.bge_m3 = detect_bge_m3(self.path, hf_config) if self.runner == "native" else None
         self.max_model_len = self._derive_max_model_len()
@@ -175,6 +190,8 @@ class ModelConfig:
     def hidden_size(self) -> int:
         if self.two_tower is not None:  # what the poolers see: the shared embedding space
             return self.two_tower.embed_dim
+        if self.pages is not None:  # the text model's width (vlm_config.text_config)
+            return self.pages.text_hidden_size
         if self.transformers_config is not None:
             return int(self.transformers_config.hidden_size)
         hf = self.hf_config  # DistilBERT says dim, some others d_model
@@ -219,6 +236,8 @@ class ModelConfig:
                 limits.append(segment)
         elif self.two_tower is not None:
             positions = self.two_tower.text_max_positions
+        elif self.pages is not None:
+            positions = self.pages.text_max_positions
         else:
             positions = self.hf_config.get("max_position_embeddings")
         if positions:
@@ -329,6 +348,9 @@ class SchedulerConfig:
             budget = DEFAULT_TOKEN_BUDGET.get(model_config.torch_device.type,
                                               DEFAULT_TOKEN_BUDGET["cpu"])
             max_num_batched_tokens = max(budget, model_config.max_model_len)
+            pages = getattr(model_config, "pages", None)
+            if pages is not None:  # the largest page (prompt + its tiles) fits one step
+                max_num_batched_tokens = max(max_num_batched_tokens, pages.max_page_tokens)
         return cls(max_num_batched_tokens, max_num_seqs)
 
     def __post_init__(self):

@@ -1,12 +1,15 @@
 """`pooler score` and `pooler rerank`: relevance of documents to queries, as JSONL.
 
 Works with ColBERT (MaxSim), cross-encoder (classifier relevance) and embedding (cosine)
-models alike; the model decides.
+models alike; the model decides. Page images (`--image-documents a.png b.png`) are documents
+for page retrieval models (ColModernVBert: MaxSim of the query against each page) and
+image-text models (CLIP, SigLIP: cosine); they follow the text documents, in the order given.
 """
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from pooler.cli.common import add_engine_args, add_input_args, engine_from_args, read_texts
 
@@ -35,25 +38,47 @@ def add_parser(sub) -> None:
 def _common(parser) -> None:
     add_engine_args(parser)
     add_input_args(parser)  # documents: arguments, --input FILE, or stdin
+    parser.add_argument("--image-documents", nargs="+", default=None, metavar="PATH",
+                        help="page image files as documents (after any text documents), for "
+                             "page retrieval (ColModernVBert) and image-text models; with "
+                             "them, no text is read from stdin")
+    parser.add_argument("--pool-factor", type=float, default=None,
+                        help="ColBERT and page retrieval: pool each document's vectors to "
+                             "about 1/N of them before MaxSim (hierarchical token pooling)")
     parser.add_argument("--output", "-o", default="-", help="'-' for stdout, or a .jsonl path")
 
 
+def _documents(args) -> tuple[list, list[str]]:
+    """Text documents then image documents (as paths), and the label of each."""
+    images = list(args.image_documents or [])
+    texts = read_texts(args) if (args.texts or args.input or not images) else []
+    for path in images:
+        if not Path(path).is_file():
+            raise ValueError(f"--image-documents {path}: no such file.")
+    return texts + [Path(p) for p in images], texts + images
+
+
+def _options(args) -> dict:
+    return {} if args.pool_factor is None else {"pool_factor": args.pool_factor}
+
+
 def run_score(args) -> int:
-    documents = read_texts(args)
+    documents, _ = _documents(args)
     engine = engine_from_args(args)
     queries = args.query[0] if len(args.query) == 1 else args.query
-    outputs = engine.score(queries, documents)
+    outputs = engine.score(queries, documents, **_options(args))
     _write(args.output, ({"query_index": o.query_index, "document_index": o.document_index,
                           "score": round(o.score, 6)} for o in outputs))
     return 0
 
 
 def run_rerank(args) -> int:
-    documents = read_texts(args)
+    documents, labels = _documents(args)
     engine = engine_from_args(args)
-    results = engine.rerank(args.query, documents, top_n=args.top_n, return_documents=True)
-    _write(args.output, ({"index": r.index, "score": round(r.score, 6), "document": r.document}
-                         for r in results))
+    results = engine.rerank(args.query, documents, top_n=args.top_n, **_options(args))
+    # "document": the text, or the image file's path as given
+    _write(args.output, ({"index": r.index, "score": round(r.score, 6),
+                          "document": labels[r.index]} for r in results))
     return 0
 
 

@@ -14,7 +14,12 @@ class EngineCore:
         self.config = config
         if config.model_config.torch_device.type == "cpu":
             torch.set_num_threads(config.num_threads)
-        if config.model_config.runner == "transformers":
+        pages = getattr(config.model_config, "pages", None)
+        if pages is not None and pages.runner == "transformers":  # ColPali, ColQwen2
+            from pooler.worker.colvision_runner import ColVisionRunner
+
+            self.model_runner = ColVisionRunner(config.model_config)
+        elif config.model_config.runner == "transformers":
             from pooler.worker.transformers_runner import TransformersRunner
 
             self.model_runner = TransformersRunner(config.model_config)

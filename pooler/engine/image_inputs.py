@@ -92,7 +92,7 @@ def _require_image_model(engine, field: str, index: int) -> None:
         raise ValueError(
             f"{field}[{index}] is an image, but {engine.model_config.architecture} is a "
             "text-only model; image inputs need an image-text model (CLIPModel, SiglipModel, "
-            "Siglip2Model).")
+            "Siglip2Model) or a page retrieval model (ColModernVBertForRetrieval).")
 
 
 def _items(inputs: Any) -> list:
@@ -189,10 +189,12 @@ def score(engine, queries: Any, documents: Any, *, truncation: TruncationOptions
 
 
 def cache_stats(engine) -> dict[str, CacheStats] | None:
-    """The multimodal input cache's and the encoder cache's counters (None: a text model)."""
-    if getattr(engine, "images", None) is None:
+    """The multimodal input cache's and the encoder cache's counters (None: a text model;
+    "encoder" None where transformers runs the vision tower: ColPali, ColQwen2)."""
+    side = getattr(engine, "images", None) or getattr(engine, "pages", None)
+    if side is None:
         return None
-    runner = engine.core.model_runner.image_runner
-    return {"mm": engine.images.cache.stats(), "encoder": runner.stats()}
+    runner = engine.core.model_runner.image_runner  # None: ColPali / ColQwen2 (transformers)
+    return {"mm": side.cache.stats(), "encoder": None if runner is None else runner.stats()}
 
 

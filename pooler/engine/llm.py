@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
-from pooler.engine import image_inputs
+from pooler.engine import image_inputs, page_inputs
 from pooler.engine.core import EngineCore
 from pooler.engine.engine_loop import CancelledBeforeSubmit, EngineLoop, current_call
 from pooler.engine.input_processor import InputProcessor, ProcessedInput
@@ -70,6 +70,8 @@ class Engine:
         self.core = EngineCore(self.config)
         # Image-text models: media decoding, preprocessing and the mm cache (None otherwise).
         self.images = image_inputs.ImageInputs.for_engine(self)
+        # Page retrieval models (ColModernVBert): queries, pages and the mm cache (else None).
+        self.pages = page_inputs.PageInputs.for_engine(self)
         self._lora_manager = start_adapters(self.core, self.model_config, lora_modules,
                                             max_loras, max_lora_rank) \
             if lora_modules or enable_lora else None
@@ -217,9 +219,17 @@ class Engine:
         self.tokenizer.clear_cache()
         self.core.model_runner.reset_caches()
 
+    @property
+    def image_side(self):
+        """The input side of an image model: `images` (two-tower: CLIP, SigLIP) or `pages`
+        (page retrieval: ColModernVBert, ColPali, ColQwen2); both have `limits` (MediaLimits)
+        and `allowed_dir` (local files allowed under it) a server sets. None for text
+        models."""
+        return self.images or self.pages
+
     def image_cache_stats(self):
-        """{"mm": CacheStats, "encoder": CacheStats} of an image-text model (hits, misses,
-        evictions, entries, bytes, capacity_bytes); None for a text model."""
+        """{"mm": CacheStats, "encoder": CacheStats} of an image-text or page retrieval model
+        (hits, misses, evictions, entries, bytes, capacity_bytes); None for a text model."""
         return image_inputs.cache_stats(self)
 
     def reset_encoder_cache(self) -> None:

@@ -90,8 +90,11 @@ class ModernBertEmbeddings(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        return self.norm(self.tok_embeddings(input_ids))
+    def forward(self, input_ids: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:  # [num_tokens, hidden]
+        # inputs_embeds: token embeddings with image features already merged in (ColModernVBert);
+        # the norm runs after the merge, as transformers does.
+        return self.norm(self.tok_embeddings(input_ids) if inputs_embeds is None else inputs_embeds)
 
 
 class ModernBertAttention(nn.Module):
@@ -164,8 +167,11 @@ class ModernBertModel(nn.Module):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings.tok_embeddings
 
-    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
-        x = self.embeddings(inputs.input_ids)
+    def forward(self, inputs: ModelInputs,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:  # [num_tokens, hidden]
+        """inputs_embeds ([num_tokens, hidden], before the embedding norm) replaces the token
+        embedding lookup when given (a multimodal model merged image features into it)."""
+        x = self.embeddings(inputs.input_ids, inputs_embeds)
         cfg = self.config
         rotary = {kind: rotary_cos_sin(inputs.positions, cfg.head_dim, theta, x.dtype)
                   for kind, theta in ((GLOBAL, cfg.global_rope_theta),

@@ -78,11 +78,15 @@ class SiglipVisionEmbeddings(nn.Module):
 
 
 class SiglipVisionTransformer(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, with_head: bool = True):
+        """with_head=False: patch states only (`patch_states`), for models that read every
+        patch (ColModernVBert) and never the pooled output."""
         super().__init__()
         self.embeddings = self._embeddings(cfg)
         self.encoder = TowerEncoder(cfg)
         self.post_layernorm = nn.LayerNorm(cfg["hidden_size"], eps=cfg.get("layer_norm_eps", 1e-6))
+        if not with_head:
+            return
         if not cfg.get("vision_use_head", True):
             raise ValueError("vision_config.vision_use_head=False leaves SigLIP's vision tower "
                              "without a pooled output; pooler needs the attention-pooling head.")
@@ -92,11 +96,15 @@ class SiglipVisionTransformer(nn.Module):
     def _embeddings(cfg: dict) -> nn.Module:
         return SiglipVisionEmbeddings(cfg)
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:  # [B, hidden]
+    def patch_states(self, pixel_values: torch.Tensor) -> torch.Tensor:  # [B, 3, H, W]
+        """Every patch's state after post_layernorm: [B, L, hidden] (last_hidden_state)."""
         x = self.embeddings(pixel_values)  # [B, L, hidden]
         batch, length, hidden = x.shape
         x = self.encoder(x.reshape(batch * length, hidden), [length] * batch)
-        return self.head(self.post_layernorm(x).view(batch, length, hidden))
+        return self.post_layernorm(x).view(batch, length, hidden)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:  # [B, hidden]
+        return self.head(self.patch_states(pixel_values))
 
 
 class SiglipModel(nn.Module):

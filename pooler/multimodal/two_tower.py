@@ -1,5 +1,6 @@
 """Facts of a two-tower image-text folder (CLIP, SigLIP, SigLIP2) read from its config, and
-the image architectures pooler recognises but does not run yet.
+the image architectures pooler recognises but does not run (page retrieval models:
+pooler/multimodal/page_layout.py).
 
 Text rules follow the reference processors in transformers 5.24:
 - CLIP: the tokenizer's own framing (BOS text EOS), no padding; the model pools at the EOS.
@@ -15,19 +16,21 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pooler.multimodal.page_layout import PAGE_ARCHITECTURES
+
 # architecture -> model kind
 TWO_TOWER_ARCHITECTURES = {"CLIPModel": "clip", "SiglipModel": "siglip",
                            "Siglip2Model": "siglip2"}
 
 _RUNS_INSTEAD = ("pooler runs image-text embedding models CLIPModel, SiglipModel and "
-                 "Siglip2Model (images and texts in one space) and text-only ColBERT models")
+                 "Siglip2Model (images and texts in one space), page retrieval with "
+                 "ColModernVBertForRetrieval, ColPaliForRetrieval and ColQwen2ForRetrieval "
+                 "(late interaction over page images) and text-only ColBERT models")
 
 # Image architectures pooler does not run (yet): architecture -> what it is.
 UNSUPPORTED_IMAGE_ARCHITECTURES = {
-    "ColPaliForRetrieval": "ColPali (multi-vector page retrieval)",
-    "ColQwen2ForRetrieval": "ColQwen2 (multi-vector page retrieval)",
-    "ColModernVBertForRetrieval": "ColModernVBert (multi-vector page retrieval)",
-    "ModernVBertForRetrieval": "ColModernVBert (multi-vector page retrieval)",
+    "ModernVBertForRetrieval": "ColModernVBert in its original layout (re-save it with "
+                               "transformers' ColModernVBertForRetrieval.save_pretrained)",
     "ColIdefics3ForRetrieval": "ColSmol / ColIdefics3 (multi-vector page retrieval)",
     "Idefics3ForConditionalGeneration": "Idefics3 (vision-language model)",
     "Idefics3Model": "Idefics3 (vision-language model)",
@@ -64,7 +67,8 @@ def unsupported_image_model_message(architecture: str, hf_config: dict) -> str |
     """One line naming an image architecture pooler cannot run and what it runs instead;
     None for anything else (text models go their usual way)."""
     what = UNSUPPORTED_IMAGE_ARCHITECTURES.get(architecture)
-    if what is None and architecture not in TWO_TOWER_ARCHITECTURES and (
+    if what is None and architecture not in TWO_TOWER_ARCHITECTURES and \
+            architecture not in PAGE_ARCHITECTURES and (
             "vision_config" in hf_config or "vlm_config" in hf_config):
         what = "a model with a vision tower"
     if what is None:

@@ -72,6 +72,10 @@ def build_pooler(model_config: ModelConfig, backbone: nn.Module) -> DispatchPool
         from pooler.pooling.two_tower import TwoTowerEmbedPooler
 
         return DispatchPooler({"embed": TwoTowerEmbedPooler(backbone)})
+    if model_config.head == "colvision":  # page retrieval (ColModernVBert)
+        from pooler.pooling.colvision import build_colvision_poolers
+
+        return DispatchPooler(build_colvision_poolers(model_config, backbone))
     if getattr(model_config, "gliner", None) is not None:
         from pooler.pooling.gliner import GLiNERSpanPooler
 

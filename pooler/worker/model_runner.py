@@ -23,7 +23,7 @@ from pooler.pooling.metadata import PoolingMetadata
 from pooler.precision_gate import PrecisionDecision
 from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pooler.worker.memory import HeapTrimmer, bound_kernel_caches, tune_malloc_for_steps
-from pooler.worker.image_runner import ImageRunner
+from pooler.worker.image_runner import DEFAULT_PAGE_ENCODER_CACHE_BYTES, ImageRunner
 from pooler.worker.pooling_runner import PoolingRunner
 from pooler.worker.int8_calibration import calibration_forward
 from pooler.worker.layer_stack_check import LayerStackDecision, choose_large_step_path
@@ -64,10 +64,14 @@ class ModelRunner(ModelRunnerBase):
             self.layer_stack_decision = choose_large_step_path(self.model.backbone,
                                                                model_config.max_model_len)
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
-        # Two-tower image-text models: the vision tower and the encoder cache.
-        self.image_runner = ImageRunner(self.model.backbone, str(model_config.model),
-                                        self.device) \
-            if getattr(model_config, "two_tower", None) is not None else None
+        # Image models (two-tower, page retrieval): the vision tower and the encoder cache.
+        self.image_runner = None
+        if getattr(model_config, "two_tower", None) is not None:
+            self.image_runner = ImageRunner(self.model.backbone, str(model_config.model),
+                                            self.device)
+        elif getattr(model_config, "pages", None) is not None:
+            self.image_runner = ImageRunner(self.model.backbone, str(model_config.model),
+                                            self.device, DEFAULT_PAGE_ENCODER_CACHE_BYTES)
         self.requests: dict[str, NewRequestData] = {}
         self.heap_trimmer = HeapTrimmer()
         # LoRA adapters served beside the base (pooler/lora); set up by enable_lora.
@@ -104,10 +108,12 @@ class ModelRunner(ModelRunnerBase):
         if self.lora is not None:  # each adapter's requests together: one row range each
             new_reqs = sorted(new_reqs, key=lambda r: self.lora.order_key(r.pooling_params.lora))
         req_ids = [r.req_id for r in new_reqs]
-        image_reqs = [r for r in new_reqs if r.image is not None]
-        text_reqs = [r for r in new_reqs if r.image is None] if image_reqs else new_reqs
-        num_tokens = sum(len(r.prompt_token_ids) for r in text_reqs) + \
-            sum(r.image.num_tokens for r in image_reqs)
+        # images alone (two-tower) vs sequences, some with page images merged in
+        image_reqs = [r for r in new_reqs if r.image is not None and not r.image.merged]
+        text_reqs = [r for r in new_reqs if r.image is None or r.image.merged] \
+            if image_reqs else new_reqs
+        num_tokens = sum(len(r.prompt_token_ids) if r.image is None else r.image.num_tokens
+                         for r in new_reqs)
         if self.step_threads is not None:
             self.step_threads.apply(num_tokens)
         try:
@@ -117,8 +123,9 @@ class ModelRunner(ModelRunnerBase):
                 step_lora = self._step_lora(text_reqs)
                 inputs, metadata = self._prepare_inputs(text_reqs, step_lora)
                 with torch.inference_mode():
+                    merged = self._merged_images(text_reqs, metadata.seq_starts)
                     with lora_rows(inputs.lora):
-                        hidden_states = self.model.backbone(inputs)  # [num_tokens, hidden]
+                        hidden_states = self.model.backbone(inputs, **merged)  # [tokens, hidden]
                     outputs, errors = self.pooling_runner.pool(
                         hidden_states, metadata, finished_mask=[True] * len(text_reqs),
                         lora=step_lora)
@@ -137,6 +144,17 @@ class ModelRunner(ModelRunnerBase):
         finally:
             self.heap_trimmer.maybe_trim(num_tokens)
         return ModelRunnerOutput(req_ids=req_ids, pooler_outputs=outputs, errors=errors)
+
+    def _merged_images(self, reqs: list[NewRequestData], starts: list[int]) -> dict:
+        """Page requests' image features and their rows (the backbone's image arguments);
+        nothing for a step without pages."""
+        if not any(r.image is not None for r in reqs):
+            return {}
+        if self.image_runner is None:
+            raise ValueError(f"{self.model_config.architecture} takes no images.")
+        embeds, positions = self.image_runner.merged_features(
+            reqs, starts, self.model.backbone.image_token_id)
+        return {"image_embeds": embeds, "image_positions": positions}
 
     def _step_lora(self, reqs: list[NewRequestData]) -> StepLora | None:
         if self.lora is None:

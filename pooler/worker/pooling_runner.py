@@ -12,6 +12,7 @@ from pooler.lora.manager import StepLora
 from pooler.lora.pooling import pool_per_adapter
 from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
+from pooler.pooling.token_pooling import pool_requests
 from pooler.tasks import POOLING_TASKS, TOKEN_TASKS
 from pooler.worker.late_interaction import LateInteractionRunner
 
@@ -93,5 +94,8 @@ class PoolingRunner:
             outputs = pool_per_adapter(self.pooler, hidden_states, metadata, lora)
         else:
             outputs = self.pooler(hidden_states, metadata)
+        # Hierarchical token pooling of documents' multi-vectors, per request (before MaxSim,
+        # so a scored document is scored as it would be stored).
+        outputs = pool_requests(outputs, metadata.pooling_params)
         return self.late_interaction.postprocess_pooler_output(
             outputs, metadata.pooling_params, metadata.req_ids, finished_mask)

@@ -244,3 +244,27 @@ def test_cli_score_and_rerank(tiny_path, capsys):
     assert main(["score", "--model", str(tiny_path), "--device", "cpu", "-q", "a", "-q", "b",
                  "-q", "c", "x", "y"]) == 2
     assert "N queries and N documents" in capsys.readouterr().err
+
+
+def test_pool_factor_on_text_documents(engine):
+    """Hierarchical token pooling of ColBERT documents, per call: encode_documents equals
+    hierarchical_pool of the unpooled vectors; score pools before MaxSim; bad values fail."""
+    import torch
+
+    from pooler.pooling.token_pooling import hierarchical_pool
+
+    full = engine.encode_documents(DOCS)
+    pooled = engine.encode_documents(DOCS, pool_factor=2)
+    for f, p in zip(full, pooled):
+        want = hierarchical_pool(torch.from_numpy(f.embeddings), 2, protected_tokens=1)
+        assert p.embeddings.shape == tuple(want.shape)
+        assert np.abs(p.embeddings - want.numpy()).max() <= 1e-5
+    assert pooled[3].embeddings.shape[0] < full[3].embeddings.shape[0]
+    query = engine.encode_queries(["fox"])[0].embeddings
+    for s, p in zip(engine.score("fox", DOCS, pool_factor=2), pooled):
+        want = float((query.astype(np.float64) @ p.embeddings.T.astype(np.float64))
+                     .max(axis=1).sum())
+        assert abs(s.score - want) <= 1e-4
+    with pytest.raises(ValueError, match="pool_factor"):
+        engine.encode_documents(DOCS, pool_factor=0)
+    assert _li(engine).num_cached_queries == 0

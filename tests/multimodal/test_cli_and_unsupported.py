@@ -43,8 +43,7 @@ def _folder(tmp_path, architecture, model_type, **extra):
 
 
 @pytest.mark.parametrize("architecture, model_type", [
-    ("ColPaliForRetrieval", "colpali"), ("ColQwen2ForRetrieval", "colqwen2"),
-    ("ColModernVBertForRetrieval", "colmodernvbert"),
+    ("ColIdefics3ForRetrieval", "colidefics3"), ("ModernVBertForRetrieval", "modernvbert"),
     ("Idefics3ForConditionalGeneration", "idefics3"),
     ("Qwen2VLForConditionalGeneration", "qwen2_vl"), ("CLIPVisionModel", "clip_vision_model")])
 def test_unsupported_image_architectures_fail_with_one_line(tmp_path, architecture, model_type):
@@ -55,6 +54,7 @@ def test_unsupported_image_architectures_fail_with_one_line(tmp_path, architectu
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"{architecture} is ")
     assert "does not run yet" in message and "CLIPModel, SiglipModel and Siglip2Model" in message
+    assert "ColModernVBertForRetrieval" in message  # what runs page retrieval
 
 
 def test_an_unknown_vision_model_is_named_too(tmp_path):
@@ -65,14 +65,16 @@ def test_an_unknown_vision_model_is_named_too(tmp_path):
 
 
 def test_cli_prints_one_line_and_no_traceback(tmp_path):
-    folder = _folder(tmp_path, "ColPaliForRetrieval", "colpali", vlm_config={})
+    folder = _folder(tmp_path, "PaliGemmaForConditionalGeneration", "paligemma",
+                     vision_config={})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-m", "pooler", "embed", "--model", str(folder), "hi"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     lines = [x for x in done.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and "ColPaliForRetrieval is ColPali" in lines[0], done.stderr
+    assert len(lines) == 1 and "PaliGemmaForConditionalGeneration is PaliGemma" in lines[0], \
+        done.stderr
 
 
 def test_image_text_models_refuse_the_transformers_runner(tmp_path):
@@ -106,3 +108,25 @@ def test_siglip1_sentencepiece_only_folder_says_why(tmp_path):
     (folder / "tokenizer.json").rename(folder / "spiece.model")  # the hub layout's file name
     with pytest.raises(FileNotFoundError, match="only a SentencePiece spiece.model"):
         Engine(str(folder), device="cpu")
+
+
+def test_rerank_image_documents_with_an_image_text_model(tmp_path, capsys):
+    """`pooler rerank --image-documents` on CLIP: cosine of the text query and each image,
+    equal to Engine.score."""
+    from pathlib import Path
+
+    from pooler.engine.llm import Engine
+    folder = save_tiny_clip(tmp_path / "clip")
+    paths = []
+    for seed in range(2):
+        paths.append(str(tmp_path / f"img{seed}.png"))
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (30, 40, 3), np.uint8)) \
+            .save(paths[-1])
+    want = Engine(str(folder), device="cpu").score("a cat", [Path(p) for p in paths])
+    assert main(["rerank", "--model", str(folder), "--device", "cpu", "--query", "a cat",
+                 "--image-documents", *paths]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    by_index = {x["index"]: x for x in lines}
+    assert sorted(by_index) == [0, 1] and by_index[1]["document"] == paths[1]
+    for o in want:
+        assert by_index[o.document_index]["score"] == pytest.approx(o.score, abs=1e-5)

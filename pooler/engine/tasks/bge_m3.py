@@ -11,7 +11,7 @@ from pooler.bge_m3_layout import BGE_M3_OUTPUTS, check_weights
 from pooler.engine.input_processor import TruncationOptions
 from pooler.engine.lora import with_lora
 from pooler.engine.tasks.common import TaskEngine, encode_inputs
-from pooler.engine.tasks.late_interaction import two_stage
+from pooler.engine.tasks.two_stage import two_stage
 from pooler.engine.tasks.pairs import ScoreRequest, pair_inputs
 from pooler.engine.tasks.sparse import sparse_output
 from pooler.outputs import BGEM3Output, BGEM3Score, as_numpy

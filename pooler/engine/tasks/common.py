@@ -21,6 +21,7 @@ class TaskEngine(Protocol):
     tokenizer: Any
     processor: Any
     images: Any  # image-text models' image side (pooler/engine/image_inputs.py), else None
+    pages: Any  # page retrieval models' input side (pooler/engine/page_inputs.py), else None
     # Built once per engine, on first use, by the task modules' builders:
     colbert_inputs: Any  # late_interaction.colbert_input_builder
     gliner_inputs: Any  # zero_shot_ner.gliner_input_builder

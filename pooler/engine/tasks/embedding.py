@@ -11,6 +11,7 @@ from pooler.engine import image_inputs, long_inputs
 from pooler.engine.input_processor import TruncationOptions
 from pooler.engine.lora import with_lora, with_task_adapter
 from pooler.engine.tasks.chunking import embed_chunked
+from pooler.engine.tasks import page_retrieval
 from pooler.engine.tasks.common import TaskEngine, encode_inputs
 from pooler.engine.tasks.pairs import ScoreRequest, pair_tokens
 from pooler.outputs import EmbeddingOutput, PoolingOutput, TokenEmbeddingOutput, as_numpy
@@ -77,11 +78,23 @@ def token_embed(engine: TaskEngine, inputs: str | Sequence, *, normalize: bool |
                 truncate_prompt_tokens: int | None = None,
                 truncation_direction: str = "right", prompt: str | None = None,
                 prompt_name: str | None = None, use_tqdm: bool | None = None,
-                priority: int = 0) -> list[TokenEmbeddingOutput]:
+                priority: int = 0, pool_factor: float | None = None
+                ) -> list[TokenEmbeddingOutput]:
     """A vector per token ([num_tokens, hidden] per input; skip_special_tokens leaves
-    [CLS]/[SEP] and the like out)."""
+    [CLS]/[SEP] and the like out). Page retrieval models (ColModernVBert) take page images
+    (and texts) too. pool_factor: hierarchical token pooling of each output (about
+    1/pool_factor of the vectors kept, the first as is)."""
+    if page_retrieval.is_page_model(engine):
+        if prompt is not None or prompt_name is not None or skip_special_tokens:
+            raise ValueError("prompt, prompt_name and skip_special_tokens do not apply to "
+                             f"{engine.model_config.architecture}: its processor's prompts "
+                             "are applied as they are.")
+        return page_retrieval.encode(engine, inputs, "document", normalize=normalize,
+                                     pool_factor=pool_factor, use_tqdm=use_tqdm,
+                                     priority=priority, field="inputs")
     params = PoolingParams(task="token_embed", normalize=normalize,
-                           skip_special_tokens=skip_special_tokens)
+                           skip_special_tokens=skip_special_tokens,
+                           extra=page_retrieval.pool_factor_extra(engine, pool_factor))
     results = encode_inputs(engine, inputs, params, TruncationOptions(
         truncate, truncate_prompt_tokens, truncation_direction), prompt, prompt_name,
         use_tqdm, priority)
@@ -98,6 +111,14 @@ def encode(engine: TaskEngine, inputs: str | Sequence,
            priority: int = 0) -> list[PoolingOutput]:
     """Run any task; `pooling_params.task` picks it (default: the model's task)."""
     params = pooling_params or PoolingParams()
+    if page_retrieval.is_page_model(engine):  # page images or texts, as documents
+        if prompt is not None or prompt_name is not None:
+            raise ValueError("prompt and prompt_name do not apply to "
+                             f"{engine.model_config.architecture}.")
+        params = page_retrieval.encode_params(engine, "document", base=params)
+        results = page_retrieval.run(engine, inputs, "document", params, use_tqdm, priority)
+        return [PoolingOutput(as_numpy(r.data), r.num_tokens, r.extra["task"], r.request_id)
+                for r in results]
     results = encode_inputs(engine, inputs, params, TruncationOptions(
         truncate, truncate_prompt_tokens, truncation_direction), prompt, prompt_name,
         use_tqdm, priority, add_special_tokens=add_special_tokens)

@@ -1,26 +1,19 @@
 """Late interaction (ColBERT): query and document token vectors (`encode_queries`,
 `encode_documents`, inputs from pooler/engine/colbert_inputs.py), and MaxSim scores computed
-in the runner through its query cache (`two_stage`, which BGE-M3's scores take too).
-
-Scoring runs in two stages through the engine: every distinct query once as `cache_query`
-(uses = how many documents it is scored against), then every document as `score_doc`; the
-pooling runner's late-interaction runner turns each document's output into its score.
-Cache keys are fresh UUIDs, never derived from a client's ids. If the call is cancelled or
-fails before its documents were submitted, the queries it cached are dropped once the engine
-has quiesced its requests; once the documents are submitted, each document releases its own
-use (scored, failed or aborted), so nothing is left behind either way.
+in the runner through its query cache (two_stage.py, which BGE-M3's and page retrieval's
+scores take too). Page retrieval models' calls go to page_retrieval.py.
 """
 from __future__ import annotations
 
-import uuid
 from typing import Any, Sequence
 
 from pooler.colbert import ROLE_KEY, UNATTENDED_KEY
-from pooler.engine.engine_loop import CancelledBeforeSubmit, RequestCancelled
 from pooler.engine.input_processor import normalize_inputs
 from pooler.engine.lora import with_lora
+from pooler.engine.tasks import page_retrieval
 from pooler.engine.tasks.common import TaskEngine
-from pooler.engine.tasks.pairs import ScoreRequest, hashable, pair_tokens
+from pooler.engine.tasks.pairs import ScoreRequest
+from pooler.engine.tasks.two_stage import two_stage
 from pooler.outputs import TokenEmbeddingOutput, as_numpy
 from pooler.params import LateInteractionParams, PoolingParams
 
@@ -30,17 +23,29 @@ def encode_queries(engine: TaskEngine, inputs: str | Sequence, *,
                    use_tqdm: bool | None = None,
                    priority: int = 0) -> list[TokenEmbeddingOutput]:
     """ColBERT query token vectors, as PyLate's encode(is_query=True): marker, [MASK]
-    expansion up to the query length, L2-normalized."""
+    expansion up to the query length, L2-normalized. Page retrieval models (ColModernVBert):
+    the query prompt with its augmentation tokens, as the model's processor.process_queries."""
+    if page_retrieval.is_page_model(engine):
+        return page_retrieval.encode(engine, inputs, "query", use_tqdm=use_tqdm,
+                                     priority=priority)
     return _colbert_encode(engine, inputs, "query", use_tqdm, priority)
 
 
 @with_lora
-def encode_documents(engine: TaskEngine, inputs: str | Sequence, *,
+def encode_documents(engine: TaskEngine, inputs: Any, *, pool_factor: float | None = None,
                      use_tqdm: bool | None = None,
                      priority: int = 0) -> list[TokenEmbeddingOutput]:
     """ColBERT document token vectors, as PyLate's encode(is_query=False): marker,
-    truncated to the document length, punctuation dropped, L2-normalized."""
-    return _colbert_encode(engine, inputs, "document", use_tqdm, priority)
+    truncated to the document length, punctuation dropped, L2-normalized. Page retrieval
+    models (ColModernVBert): page images (PIL image, pathlib.Path, bytes, data URL, {"image": ...})
+    or texts, each a multi-vector of every token (image tokens included).
+    pool_factor: hierarchical token pooling, about 1/pool_factor of each document's vectors
+    kept (the first token kept as is; PyLate's pool_factor)."""
+    if page_retrieval.is_page_model(engine):
+        return page_retrieval.encode(engine, inputs, "document", pool_factor=pool_factor,
+                                     use_tqdm=use_tqdm, priority=priority, field="documents")
+    return _colbert_encode(engine, inputs, "document", use_tqdm, priority,
+                           page_retrieval.pool_factor_extra(engine, pool_factor))
 
 
 def colbert_input_builder(engine: TaskEngine):
@@ -55,10 +60,11 @@ def colbert_input_builder(engine: TaskEngine):
                                engine.model_config.max_model_len)
 
 
-def _colbert_encode(engine: TaskEngine, inputs, role: str, use_tqdm, priority):
+def _colbert_encode(engine: TaskEngine, inputs, role: str, use_tqdm, priority,
+                    extra: dict | None = None):
     processed = engine.colbert_inputs.build(normalize_inputs(inputs), role)
     params = [engine.verify_params(PoolingParams(task="token_embed", extra={
-        ROLE_KEY: role, UNATTENDED_KEY: int(p.extra.get(UNATTENDED_KEY, 0))}))
+        ROLE_KEY: role, UNATTENDED_KEY: int(p.extra.get(UNATTENDED_KEY, 0)), **(extra or {})}))
         for p in processed]
     results = engine.run_processed(processed, params, priority, use_tqdm)
     return [TokenEmbeddingOutput(as_numpy(r.data), r.num_tokens, r.request_id)
@@ -66,84 +72,23 @@ def _colbert_encode(engine: TaskEngine, inputs, role: str, use_tqdm, priority):
 
 
 def late_interaction_scores(engine: TaskEngine, request: ScoreRequest, use_tqdm, priority,
-                            cancel) -> tuple[list[float], list[int]]:
-    """Each pair's MaxSim score (the runner computes it against the cached query)."""
+                            cancel, pool_factor: float | None = None
+                            ) -> tuple[list[float], list[int]]:
+    """Each pair's MaxSim score (the runner computes it against the cached query);
+    pool_factor pools each document's vectors first."""
     builder = engine.colbert_inputs
+    doc_extra = page_retrieval.pool_factor_extra(engine, pool_factor)
     results, tokens = two_stage(engine, request, builder.build,
-                                lambda item, role, li: _colbert_params(engine, item, role, li),
+                                lambda item, role, li: _colbert_params(
+                                    engine, item, role, li,
+                                    doc_extra if role == "document" else None),
                                 use_tqdm, priority, cancel)
     return [float(r.data) for r in results], tokens
 
 
-def two_stage(engine: TaskEngine, request: ScoreRequest, build, make_params, use_tqdm,
-              priority, cancel) -> list:
-    """Run every distinct query once as `cache_query` (uses = its documents), then every
-    document as `score_doc`; the runner's late-interaction cache turns each document's output
-    into its score(s). `build(items, role)` makes the inputs, `make_params(item, role, li)`
-    each request's verified params. Returns the documents' results in pair order, and each
-    pair's tokens (its document's, plus its query's on the query's first pair)."""
-    used = sorted({qi for qi, _ in request.pairs})
-    # Distinct queries are encoded once; each gets a fresh key no client can guess or reuse.
-    key_of: dict[int, str] = {}
-    by_content: dict[Any, str] = {}
-    for qi in used:
-        content = hashable(request.queries[qi])
-        key_of[qi] = by_content.setdefault(content, uuid.uuid4().hex)
-    uses: dict[str, int] = {}
-    for qi, _ in request.pairs:
-        uses[key_of[qi]] = uses.get(key_of[qi], 0) + 1
-    first_of_key = {}
-    for qi in used:
-        first_of_key.setdefault(key_of[qi], qi)
-    query_indices = list(first_of_key.values())
-
-    # Build everything before submitting anything: bad input fails with nothing cached.
-    query_inputs = build([request.queries[qi] for qi in query_indices], "query")
-    doc_inputs = build([request.documents[di] for _, di in request.pairs], "document")
-    query_params = [make_params(item, "query", LateInteractionParams(
-        "cache_query", key_of[qi], uses[key_of[qi]])) for qi, item in
-        zip(query_indices, query_inputs)]
-    doc_params = [make_params(item, "document", LateInteractionParams(
-        "score_doc", key_of[qi])) for (qi, _), item in zip(request.pairs, doc_inputs)]
-
-    keys = list(uses)
-    try:
-        results = engine.run_processed(query_inputs, query_params, priority, use_tqdm,
-                                       cancel=cancel, raise_on_error=False)
-        failed = [r.error for r in results if r.error]
-        if failed:
-            raise RuntimeError(f"{len(failed)} of {len(results)} queries failed: {failed[0]}")
-        if cancel is not None and cancel.is_set():
-            raise RequestCancelled("cancelled between the query and document stages")
-    except BaseException:
-        # The documents will never run: drop what the queries cached (once quiesced).
-        engine.drop_cached_queries(keys)
-        raise
-    # From here every document releases its own use, whatever happens to it.
-    try:
-        results = engine.run_processed(doc_inputs, doc_params, priority, use_tqdm,
-                                       cancel=cancel, raise_on_error=False)
-    except RequestCancelled as exc:
-        if isinstance(exc, CancelledBeforeSubmit):  # no document exists to release its use
-            engine.drop_cached_queries(keys)
-        raise
-    except BaseException:
-        # Not a per-request failure (e.g. a refused admission): nothing stays cached.
-        engine.drop_cached_queries(keys)
-        raise
-    failed = [(i, r.error) for i, r in enumerate(results) if r.error]
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {len(results)} documents failed; document "
-                           f"{request.pairs[failed[0][0]][1]}: {failed[0][1]}")
-    query_tokens = {key_of[qi]: len(item.prompt_token_ids)
-                    for qi, item in zip(query_indices, query_inputs)}
-    return results, pair_tokens(
-        request.pairs, [len(item.prompt_token_ids) for item in doc_inputs],
-        lambda qi: query_tokens[key_of[qi]], key=lambda qi: key_of[qi])
-
-
-def _colbert_params(engine: TaskEngine, item, role: str,
-                    li: LateInteractionParams) -> PoolingParams:
-    extra = {ROLE_KEY: role, UNATTENDED_KEY: int(item.extra.get(UNATTENDED_KEY, 0))}
+def _colbert_params(engine: TaskEngine, item, role: str, li: LateInteractionParams,
+                    more: dict | None = None) -> PoolingParams:
+    extra = {ROLE_KEY: role, UNATTENDED_KEY: int(item.extra.get(UNATTENDED_KEY, 0)),
+             **(more or {})}
     return engine.verify_params(PoolingParams(task="token_embed", late_interaction=li,
                                               extra=extra))

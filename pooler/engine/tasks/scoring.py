@@ -14,6 +14,7 @@ from pooler.engine.input_processor import TruncationOptions, normalize_inputs
 from pooler.engine.lora import with_lora
 from pooler.engine.tasks.bge_m3 import bge_m3_scores
 from pooler.engine.tasks.classification import cross_encoder_scores
+from pooler.engine.tasks import page_retrieval
 from pooler.engine.tasks.common import TaskEngine
 from pooler.engine.tasks.embedding import bi_encoder_scores
 from pooler.engine.tasks.late_interaction import late_interaction_scores
@@ -45,7 +46,8 @@ def score(engine: TaskEngine, queries: str | Sequence, documents: str | Sequence
           priority: int = 0, cancel: threading.Event | None = None,
           use_activation: bool | None = None, bge_m3_mode: str | None = None,
           bge_m3_weights: Sequence[float] | None = None,
-          max_tokens_per_doc: int | None = None) -> list[ScoreOutput]:
+          max_tokens_per_doc: int | None = None,
+          pool_factor: float | None = None) -> list[ScoreOutput]:
     """Score (query, document) pairs: 1 query x N documents, or N x N pairwise.
     max_tokens_per_doc: cut each document to that many tokens first (vLLM's option).
 
@@ -56,7 +58,17 @@ def score(engine: TaskEngine, queries: str | Sequence, documents: str | Sequence
     cached.
     use_activation=False gives a cross-encoder's raw logit (TEI's raw_scores).
     truncation_direction applies where inputs are truncated (bi- and cross-encoders); ColBERT
-    inputs are cut by the model's own query/document lengths."""
+    inputs are cut by the model's own query/document lengths.
+    Page retrieval models (ColModernVBert): text queries against page images (PIL image,
+    path, bytes, data URL, {"image": ...}) or texts, by MaxSim.
+    pool_factor (ColBERT and page retrieval): hierarchical token pooling of each document's
+    vectors before MaxSim (PyLate's pool_factor)."""
+    if page_retrieval.is_page_model(engine):
+        _refuse_options(engine, use_activation=use_activation, bge_m3_mode=bge_m3_mode,
+                        bge_m3_weights=bge_m3_weights, max_tokens_per_doc=max_tokens_per_doc)
+        return page_retrieval.scores(engine, queries, documents, pool_factor=pool_factor,
+                                     use_tqdm=use_tqdm, priority=priority, cancel=cancel)
+    page_retrieval.pool_factor_extra(engine, pool_factor)  # refused where it cannot apply
     if image_inputs.handles(engine, queries, documents):  # texts and images: cosine
         return image_inputs.score(engine, queries, documents, truncation=TruncationOptions(
             truncate, truncate_prompt_tokens, truncation_direction), use_tqdm=use_tqdm,
@@ -87,7 +99,8 @@ def score(engine: TaskEngine, queries: str | Sequence, documents: str | Sequence
         return [ScoreOutput(r.by_mode(mode), r.query_index, r.document_index, r.num_tokens)
                 for r in results]
     if kind == "late_interaction":
-        scores, tokens = late_interaction_scores(engine, request, use_tqdm, priority, cancel)
+        scores, tokens = late_interaction_scores(engine, request, use_tqdm, priority, cancel,
+                                                 pool_factor)
     elif kind == "bi_encoder":
         scores, tokens = bi_encoder_scores(engine, request, truncation, use_tqdm, priority,
                                            cancel, max_tokens_per_doc)
@@ -106,7 +119,8 @@ def rerank(engine: TaskEngine, query: str | Sequence[int], documents: Sequence, 
            priority: int = 0, cancel: threading.Event | None = None,
            use_activation: bool | None = None, bge_m3_mode: str | None = None,
            bge_m3_weights: Sequence[float] | None = None,
-           max_tokens_per_doc: int | None = None) -> list[RerankResult]:
+           max_tokens_per_doc: int | None = None,
+           pool_factor: float | None = None) -> list[RerankResult]:
     """Documents sorted by score, best first (ties keep input order); `top_n` keeps the
     best n. The other options are score()'s (named here, so callers can see which)."""
     if isinstance(query, (list, tuple)) and query and not isinstance(query[0], int):
@@ -115,17 +129,27 @@ def rerank(engine: TaskEngine, query: str | Sequence[int], documents: Sequence, 
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int)
                               or top_n <= 0):
         raise ValueError(f"top_n must be a positive integer (or None for all), got {top_n!r}.")
-    docs = normalize_inputs(documents, "documents")
+    if page_retrieval.is_page_model(engine) or image_inputs.has_images(documents):
+        docs = list(documents) if isinstance(documents, (list, tuple)) else [documents]
+    else:
+        docs = normalize_inputs(documents, "documents")
     outputs = score(engine, query, docs, truncate=truncate,
                     truncate_prompt_tokens=truncate_prompt_tokens,
                     truncation_direction=truncation_direction, use_tqdm=use_tqdm,
                     priority=priority, cancel=cancel, use_activation=use_activation,
                     bge_m3_mode=bge_m3_mode, bge_m3_weights=bge_m3_weights,
-                    max_tokens_per_doc=max_tokens_per_doc)
+                    max_tokens_per_doc=max_tokens_per_doc, pool_factor=pool_factor)
     ranked = sorted(outputs, key=lambda o: (-o.score, o.document_index))[:top_n]
     return [RerankResult(o.document_index, o.score,
                          _as_text(docs[o.document_index]) if return_documents else None)
             for o in ranked]
+
+
+def _refuse_options(engine: TaskEngine, **options) -> None:
+    for name, value in options.items():
+        if value is not None:
+            raise ValueError(f"{name} does not apply to {engine.model_config.architecture} "
+                             "(page retrieval scores by MaxSim); leave it unset.")
 
 
 def _as_text(item: Any) -> str | None:
