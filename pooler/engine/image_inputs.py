@@ -188,10 +188,18 @@ def score(engine, queries: Any, documents: Any, *, truncation: TruncationOptions
     return out
 
 
+def image_side(engine):
+    """The input side of an image model: `images` (two-tower: CLIP, SigLIP) or `pages`
+    (page retrieval: ColModernVBert, ColPali, ColQwen2); both have `limits` (MediaLimits)
+    and `allowed_dir` (local files allowed under it) a server sets. None for text
+    models."""
+    return engine.images or engine.pages
+
+
 def cache_stats(engine) -> dict[str, CacheStats] | None:
     """The multimodal input cache's and the encoder cache's counters (None: a text model;
     "encoder" None where transformers runs the vision tower: ColPali, ColQwen2)."""
-    side = getattr(engine, "images", None) or getattr(engine, "pages", None)
+    side = image_side(engine)
     if side is None:
         return None
     runner = engine.core.model_runner.image_runner  # None: ColPali / ColQwen2 (transformers)

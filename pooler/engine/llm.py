@@ -9,12 +9,11 @@ import uuid
 from typing import Any
 
 from pooler.config import EngineConfig, ModelConfig, SchedulerConfig
-from pooler.engine import image_inputs, page_inputs
+from pooler.engine import image_inputs, lora, page_inputs
 from pooler.engine.core import EngineCore
 from pooler.engine.engine_loop import CancelledBeforeSubmit, EngineLoop, current_call
 from pooler.engine.input_processor import InputProcessor, ProcessedInput
-from pooler.engine.lora import (UnknownLoraError, on_adapter, start_adapters,
-                                start_task_adapters)
+from pooler.engine.lora import on_adapter, start_adapters, start_task_adapters
 from pooler.engine.progress import progress_bar
 from pooler.engine.request import Request, RequestOutput
 from pooler.engine.tasks import (bge_m3, chunking, classification, embedding,
@@ -134,60 +133,15 @@ class Engine:
     def default_task(self) -> str:
         return self.core.model_runner.pooling_runner.selected_task
 
-    # ---- LoRA adapters (pooler/engine/lora.py, pooler/lora) -----------------------------
-    @property
-    def lora_enabled(self) -> bool:
-        """Whether adapters can be loaded by name (lora_modules / enable_lora)."""
-        return self._user_lora
-
-    @property
-    def task_adapters(self) -> list[str]:
-        """The task adapters the model folder carries (Jina v3: retrieval.query,
-        retrieval.passage, separation, classification, text-matching), each served per
-        request: `embed(..., task=name)`, or by name like a LoRA adapter."""
-        manager = self._lora_manager
-        return [] if manager is None else list(manager.builtin)
-
-    @functools.cached_property
-    def task_instructions(self) -> dict[str, str]:
-        """The text config.json puts before an input for each task adapter (`task=`)."""
-        from pooler.lora.task_adapters import task_instructions
-        return task_instructions(self.model_config.hf_config)
-
-    def check_task_adapter(self, task: str) -> None:
-        """ValueError unless `task` names one of the model's task adapters."""
-        if task in self.task_adapters:
-            return
-        if not self.task_adapters:
-            raise ValueError(f"task={task!r}: this model carries no task adapters (`task` "
-                             "picks one of jina-embeddings-v3's LoRA task adapters); leave "
-                             "it out.")
-        raise ValueError(f"task={task!r} is not one of this model's task adapters "
-                         f"{self.task_adapters}.")
-
-    @property
-    def lora_names(self) -> list[str]:
-        """The LoRA adapters served beside the base, by name."""
-        return [] if self._lora_manager is None else self._lora_manager.names
-
-    def check_lora(self, name: str) -> None:
-        """UnknownLoraError (a ValueError naming the loaded ones) unless `name` is served."""
-        if name not in self.lora_names:
-            raise UnknownLoraError(name, self.lora_names)
-
-    def add_lora(self, name: str, path: str, replace: bool = False) -> None:
-        """Serve the PEFT LoRA folder at `path` as `name`, from the next step on (replace: in
-        place of an adapter of that name). A ValueError naming the mismatch refuses an
-        adapter made for another base, or whose ranks do not fit; nothing served changes."""
-        if not self._user_lora:
-            raise ValueError("this engine serves no LoRA adapters; create it with "
-                             "lora_modules={...} or enable_lora=True (--enable-lora).")
-        self._between_steps(lambda: self._lora_manager.add(name, path, replace))
-
-    def remove_lora(self, name: str) -> None:
-        """Stop serving `name` (requests still queued for it fail naming it)."""
-        self.check_lora(name)
-        self._between_steps(lambda: self._lora_manager.remove(name))
+    # ---- LoRA adapters and task adapters: the runner's manager (pooler/engine/lora.py) ----
+    lora_enabled = property(lora.lora_enabled)
+    lora_names = property(lora.lora_names)
+    task_adapters = property(lora.task_adapters)
+    task_instructions = functools.cached_property(lora.task_instructions)
+    check_task_adapter = lora.check_task_adapter
+    check_lora = lora.check_lora
+    add_lora = lora.add_lora
+    remove_lora = lora.remove_lora
 
     # ---- tasks: each family's module (pooler/engine/tasks/) builds its inputs and params
     # and shapes its outputs; the engine runs them. A new task: a new module, one line here.
@@ -219,18 +173,8 @@ class Engine:
         self.tokenizer.clear_cache()
         self.core.model_runner.reset_caches()
 
-    @property
-    def image_side(self):
-        """The input side of an image model: `images` (two-tower: CLIP, SigLIP) or `pages`
-        (page retrieval: ColModernVBert, ColPali, ColQwen2); both have `limits` (MediaLimits)
-        and `allowed_dir` (local files allowed under it) a server sets. None for text
-        models."""
-        return self.images or self.pages
-
-    def image_cache_stats(self):
-        """{"mm": CacheStats, "encoder": CacheStats} of an image-text or page retrieval model
-        (hits, misses, evictions, entries, bytes, capacity_bytes); None for a text model."""
-        return image_inputs.cache_stats(self)
+    image_side = property(image_inputs.image_side)
+    image_cache_stats = image_inputs.cache_stats
 
     def reset_encoder_cache(self) -> None:
         """The model runner's reset_encoder_cache, between steps: drops the encoder cache
@@ -285,9 +229,9 @@ class Engine:
             cancel = call.cancel
         if cancel is not None and cancel.is_set():  # the caller left before its turn
             raise CancelledBeforeSubmit("cancelled before its inputs were submitted")
-        lora = call.lora if call is not None else None
-        if lora is not None:  # the call's adapter, on every request it submits
-            params = [on_adapter(p, lora) for p in params]
+        adapter = call.lora if call is not None else None
+        if adapter is not None:  # the call's adapter, on every request it submits
+            params = [on_adapter(p, adapter) for p in params]
         for name in {p.lora for p in params} - {None}:
             self.check_lora(name)
         if call is not None and call.admit is not None and self._loop is not None:

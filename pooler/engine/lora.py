@@ -135,3 +135,62 @@ def with_task_adapter(method):
                                         annotation="str | None"))
     wrapper.__signature__ = signature.replace(parameters=params)
     return wrapper
+
+
+# ---- Engine's adapter admin, attached to Engine one line each (engine first) --------------
+def lora_enabled(engine) -> bool:
+    """Whether adapters can be loaded by name (lora_modules / enable_lora)."""
+    return engine._user_lora
+
+
+def lora_names(engine) -> list[str]:
+    """The LoRA adapters served beside the base, by name."""
+    return [] if engine._lora_manager is None else engine._lora_manager.names
+
+
+def task_adapters(engine) -> list[str]:
+    """The task adapters the model folder carries (Jina v3: retrieval.query,
+    retrieval.passage, separation, classification, text-matching), each served per
+    request: `embed(..., task=name)`, or by name like a LoRA adapter."""
+    manager = engine._lora_manager
+    return [] if manager is None else list(manager.builtin)
+
+
+def task_instructions(engine) -> dict[str, str]:
+    """The text config.json puts before an input for each task adapter (`task=`)."""
+    from pooler.lora.task_adapters import task_instructions as read_instructions
+    return read_instructions(engine.model_config.hf_config)
+
+
+def check_task_adapter(engine, task: str) -> None:
+    """ValueError unless `task` names one of the model's task adapters."""
+    if task in engine.task_adapters:
+        return
+    if not engine.task_adapters:
+        raise ValueError(f"task={task!r}: this model carries no task adapters (`task` "
+                         "picks one of jina-embeddings-v3's LoRA task adapters); leave "
+                         "it out.")
+    raise ValueError(f"task={task!r} is not one of this model's task adapters "
+                     f"{engine.task_adapters}.")
+
+
+def check_lora(engine, name: str) -> None:
+    """UnknownLoraError (a ValueError naming the loaded ones) unless `name` is served."""
+    if name not in engine.lora_names:
+        raise UnknownLoraError(name, engine.lora_names)
+
+
+def add_lora(engine, name: str, path: str, replace: bool = False) -> None:
+    """Serve the PEFT LoRA folder at `path` as `name`, from the next step on (replace: in
+    place of an adapter of that name). A ValueError naming the mismatch refuses an
+    adapter made for another base, or whose ranks do not fit; nothing served changes."""
+    if not engine._user_lora:
+        raise ValueError("this engine serves no LoRA adapters; create it with "
+                         "lora_modules={...} or enable_lora=True (--enable-lora).")
+    engine._between_steps(lambda: engine._lora_manager.add(name, path, replace))
+
+
+def remove_lora(engine, name: str) -> None:
+    """Stop serving `name` (requests still queued for it fail naming it)."""
+    engine.check_lora(name)
+    engine._between_steps(lambda: engine._lora_manager.remove(name))
