@@ -28,6 +28,7 @@ from pooler.params import PoolingParams
 from pooler.server.edges.limits import Admission, Reservation, TokenAdmission
 from pooler.server.edges.shutdown import ShutdownGate
 from pooler.server.errors import APIError, bad_request, unsupported
+from pooler.server.media import MediaResolver, resolve_items
 from pooler.server.observability.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
 
@@ -69,6 +70,8 @@ class ServerState:
         # never wait behind model calls for a thread, nor count against the model's queue.
         self.tokenizer_executor = ThreadPoolExecutor(TOKENIZER_WORKERS,
                                                      thread_name_prefix="pooler-tokenize")
+        # Images named in requests: fetched and decoded on threads of their own (media.py).
+        self.media = MediaResolver(settings)
         self.ready = False
         self.started_at = time.time()
         self.shutdown = ShutdownGate()
@@ -195,6 +198,11 @@ class ServerState:
             else:
                 raise unsupported(f"the option '{key}' on {method}", param=key)
         return fn(*args, **final)
+
+    async def resolve_images(self, items: list) -> tuple[list, dict]:
+        """`items` with their images (media.ImageRef) fetched and decoded, off the event loop;
+        a bad image is a 400 naming it."""
+        return await resolve_items(self.media, items)
 
     # ---- running work -------------------------------------------------------------------
     async def respond(self, request: Request, num_items: int, field: str,
