@@ -414,3 +414,28 @@ def test_image_caches_on_metrics(clip):
 
 def test_text_models_have_no_image_cache_metrics(client):
     assert "pooler_image_cache" not in client.get("/metrics").text
+
+
+# ---- the spec ------------------------------------------------------------------------------
+def _schemas(client) -> dict:
+    return client.get("/openapi.json").json()["components"]["schemas"]
+
+
+def _part_refs(schema: dict) -> set[str]:
+    items = next(o for o in schema["anyOf"] if o.get("type") == "array")["items"]
+    return {o["$ref"].rsplit("/", 1)[-1] for o in items["anyOf"]}
+
+
+def test_spec_declares_image_parts_where_the_model_takes_them(clip, client):
+    clip_spec, text_spec = _schemas(clip), _schemas(client)
+    assert _part_refs(clip_spec["ChatMessage"]["properties"]["content"]) == \
+        {"TextPart", "ImageURLPart"}
+    assert _part_refs(text_spec["ChatMessage"]["properties"]["content"]) == {"TextPart"}
+    assert "ImageURL" in clip_spec and "url" in clip_spec["ImageURL"]["properties"]
+    images = clip_spec["CohereEmbedRequest"]["properties"]["images"]
+    assert any(o.get("type") == "array" for o in images["anyOf"])
+    assert text_spec["CohereEmbedRequest"]["properties"]["images"].get("type") == "null" or \
+        all(o.get("type") == "null" for o in
+            text_spec["CohereEmbedRequest"]["properties"]["images"].get("anyOf", []))
+    score_sides = clip_spec["ScoreRequest"]["properties"]["documents"]
+    assert "ScoreMultiModal" in str(score_sides)

@@ -31,7 +31,7 @@ from pooler.engine.engine_loop import RequestCancelled
 from pooler.server.dialects import quantized
 from pooler.server.errors import ERROR_RESPONSES, APIError, bad_request, validation_message
 from pooler.server.media import ImageRef, content_item, takes_images, text_only_refusal
-from pooler.server.protocol import NullMeansUnset
+from pooler.server.protocol import ImageURLPart, NullMeansUnset, part_dicts
 from pooler.server.state import ServerState
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
@@ -54,7 +54,7 @@ class CohereTextContent(_Request):
 
 
 class CohereInput(_Request):
-    content: list[Union[CohereTextContent, dict[str, Any]]]
+    content: list[Union[CohereTextContent, ImageURLPart, dict[str, Any]]]
 
 
 class CohereEmbedRequest(_Request):
@@ -144,9 +144,8 @@ def _items(state: ServerState, body: CohereEmbedRequest) -> tuple[list, list[str
         return refs, None
     items = []
     for i, item in enumerate(body.inputs):
-        parts = [c.model_dump() if isinstance(c, CohereTextContent) else c
-                 for c in item.content]
-        items.append(content_item(state.engine, parts, f"inputs[{i}].content", separator=" "))
+        items.append(content_item(state.engine, part_dicts(item.content),
+                                  f"inputs[{i}].content", separator=" "))
     texts = items if all(isinstance(x, str) for x in items) else None
     return items, texts
 

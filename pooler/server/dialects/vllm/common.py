@@ -13,6 +13,7 @@ from pooler.pooling.activation import labels_of
 from pooler.server.dialects.vllm.chat import ChatTemplateError, model_chat_template, render_chat
 from pooler.server.errors import APIError, bad_request
 from pooler.server.media import ImageRef, content_item, takes_images
+from pooler.server.protocol import part_dicts
 from pooler.server.state import ServerState
 
 
@@ -143,7 +144,8 @@ def chat_media_item(state: ServerState, body, chat, prefix: str):
     pieces = []
     for i, message in enumerate(chat):
         if isinstance(message.content, list):
-            pieces.append(content_item(engine, message.content, f"{prefix}[{i}].content"))
+            pieces.append(content_item(engine, part_dicts(message.content),
+                                       f"{prefix}[{i}].content"))
         else:
             pieces.append(message.content or "")
     if not takes_images(engine):

@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from pooler.server.dialects.vllm.encoding import EmbedDType, EncodingFormat, Endianness
-from pooler.server.protocol import (Inputs, Precision, StrictInt, TextInputs,  # JSON integers
+from pooler.server.protocol import (ContentPart, Inputs, Precision, StrictInt,  # JSON integers
                                     _TruncationFields)
 
 
@@ -28,7 +28,7 @@ class FieldError(ValueError):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: StrictStr
-    content: Union[StrictStr, list[dict[str, Any]], None] = None
+    content: Union[StrictStr, list[ContentPart], None] = None
 
 
 class _VLLMRequest(_TruncationFields):
@@ -161,7 +161,7 @@ class ScoreMultiModal(BaseModel):
     ({"type": "text", "text": ...}) and image ({"type": "image_url", "image_url": {"url":
     ...}}) parts; on an image-text model one image part is the image, text parts the text."""
     model_config = ConfigDict(extra="ignore")
-    content: list[dict[str, Any]]
+    content: list[ContentPart]
 
 
 # A side of /score: a text, a ScoreMultiModalParam, or a list of either (vLLM's ScoreInputs).
@@ -231,7 +231,8 @@ class RerankRequest(_Scoring):
     query: Union[StrictStr, ScoreMultiModal]
     # Strings, Cohere v1's {"text": ...} objects, or vLLM's {"content": [parts]} (one document
     # each; a single {"content": ...} is one document).
-    documents: Union[StrictStr, ScoreMultiModal, list[Union[StrictStr, dict[str, Any]]]]
+    documents: Union[StrictStr, ScoreMultiModal,
+                     list[Union[StrictStr, ScoreMultiModal, dict[str, Any]]]]
     top_n: StrictInt = Field(0, ge=0)
     return_documents: Optional[StrictBool] = None  # Cohere/Jina; vLLM always returns them
 

@@ -25,7 +25,7 @@ from pooler.server.dialects.vllm.protocol import (RerankRequest, RerankResponse,
                                                   ScoreMultiModal, ScoreRequest, ScoreResponse)
 from pooler.server.errors import ERROR_RESPONSES, bad_request
 from pooler.server.media import content_item
-from pooler.server.protocol import TEIRerankRequest
+from pooler.server.protocol import TEIRerankRequest, part_dicts
 from pooler.server.state import ServerState
 
 router = APIRouter(tags=["Rerank (vLLM, Cohere, Jina)"], route_class=VLLMRoute)
@@ -80,9 +80,9 @@ def _side(state: ServerState, value, field: str):
     if isinstance(value, list) and not value:
         raise bad_request(f"'{field}' is empty: pass at least one text.", field)
     if isinstance(value, ScoreMultiModal):
-        return [content_item(state.engine, value.content, f"{field}.content")]
+        return [content_item(state.engine, part_dicts(value.content), f"{field}.content")]
     if isinstance(value, list):
-        return [content_item(state.engine, v.content, f"{field}[{i}].content")
+        return [content_item(state.engine, part_dicts(v.content), f"{field}[{i}].content")
                 if isinstance(v, ScoreMultiModal) else v for i, v in enumerate(value)]
     return value
 
@@ -124,13 +124,18 @@ def _documents(state: ServerState, documents) -> tuple[list, list[dict]]:
     if isinstance(documents, str):
         return [documents], [{"text": documents}]
     if isinstance(documents, ScoreMultiModal):
-        return ([content_item(state.engine, documents.content, "documents.content")],
-                [{"multi_modal": documents.content}])
+        parts = part_dicts(documents.content)
+        return ([content_item(state.engine, parts, "documents.content")],
+                [{"multi_modal": parts}])
     items, echoes = [], []
     for i, doc in enumerate(documents):
         if isinstance(doc, str):
             items.append(doc)
             echoes.append({"text": doc})
+        elif isinstance(doc, ScoreMultiModal):
+            parts = part_dicts(doc.content)
+            items.append(content_item(state.engine, parts, f"documents[{i}].content"))
+            echoes.append({"multi_modal": parts})
         elif isinstance(doc.get("content"), list):
             items.append(content_item(state.engine, doc["content"], f"documents[{i}].content"))
             echoes.append({"multi_modal": doc["content"]})
@@ -160,7 +165,7 @@ async def rerank_vllm(body: RerankRequest, request: Request):
     top_n = body.top_n if 0 < body.top_n < len(documents) else len(documents)
     options = _scoring_options(state, body)
     query = body.query if isinstance(body.query, str) else \
-        content_item(state.engine, body.query.content, "query.content")
+        content_item(state.engine, part_dicts(body.query.content), "query.content")
     # The query's and the documents' images fetched and decoded together, in parallel.
     resolved, _ = await state.resolve_images([query] + documents)
     query, documents = resolved[0], resolved[1:]
