@@ -71,6 +71,23 @@ class _Images(BaseHTTPRequestHandler):
             self.send_header("Location", "/cat.png")
             self.end_headers()
             return
+        elif self.path in ("/drip-headers", "/drip-body"):
+            # One byte at a time, each well within a socket timeout: only a deadline on the
+            # whole fetch ends it.
+            head = (b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nX-Pad: " + b"x" * 40
+                    + b"\r\n\r\n")
+            body = CAT_PNG
+            try:
+                if self.path == "/drip-body":
+                    self.wfile.write(head)
+                    head, body = b"", body
+                for byte in head + body:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:
+                pass  # cut off by the fetcher
+            return
         elif self.path == "/stall":
             time.sleep(self.stall_seconds)  # never answers within the server's time limit
             body, kind = CAT_PNG, "image/png"
@@ -313,6 +330,15 @@ def test_a_stalled_url_is_a_400_and_other_requests_go_on(clip, clip_engine, imag
         r, seconds = slow.result()
     assert r.status_code == 400 and "longer than 1.5 s" in r.json()["error"]["message"]
     assert seconds < 4
+
+
+@pytest.mark.parametrize("path", ["/drip-headers", "/drip-body"])
+def test_a_dripping_url_is_cut_at_the_time_limit(clip, image_host, path):
+    start = time.monotonic()
+    r = clip.post("/v1/embeddings", json={"messages": _chat(_image_part(
+        f"{image_host}{path}"))})
+    assert r.status_code == 400 and "longer than 1.5 s" in r.json()["error"]["message"], r.text
+    assert time.monotonic() - start < 4
 
 
 # ---- bad images: a 4xx naming the item -------------------------------------------------------
