@@ -465,3 +465,21 @@ def test_spec_declares_image_parts_where_the_model_takes_them(clip, client):
             text_spec["CohereEmbedRequest"]["properties"]["images"].get("anyOf", []))
     score_sides = clip_spec["ScoreRequest"]["properties"]["documents"]
     assert "ScoreMultiModal" in str(score_sides)
+
+
+# ---- flags -----------------------------------------------------------------------------------
+def test_media_flags_reach_the_settings(tmp_path):
+    from pooler.cli.main import build_parser
+    from pooler.cli.serve import _settings
+
+    s = _settings(build_parser().parse_args([
+        "serve", "m", "--allowed-local-media-path", str(tmp_path), "--allow-private-media-urls",
+        "--media-fetch-timeout", "2.5", "--max-image-bytes", "1000", "--media-workers", "3"]))
+    assert (s.allowed_local_media_path, s.allow_private_media_urls, s.media_fetch_timeout,
+            s.max_image_bytes, s.media_workers) == (str(tmp_path), True, 2.5, 1000, 3)
+    s = _settings(build_parser().parse_args(["serve", "m"]))
+    assert (s.allowed_local_media_path, s.allow_private_media_urls) == (None, False)
+    with pytest.raises(ValueError, match="allowed_local_media_path must be an existing folder"):
+        ServerSettings(allowed_local_media_path=str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="media_fetch_timeout must be positive"):
+        ServerSettings(media_fetch_timeout=0)
