@@ -23,7 +23,7 @@ from PIL import Image
 
 from pooler.engine.llm import Engine
 from pooler.server.settings import ServerSettings
-from tests.models.image_text_folders import save_tiny_clip
+from tests.models.image_text_folders import save_tiny_clip, save_tiny_siglip
 
 ATOL = 1e-5
 
@@ -205,6 +205,23 @@ def test_openai_client_posts_chat_embeddings(clip, clip_engine):
         "encoding_format": "float"})
     np.testing.assert_allclose(response.data[0].embedding, _embedding(clip_engine, CAT),
                                atol=ATOL)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_siglip_images_and_texts(version, tmp_path, serve_app):
+    """SigLIP and SigLIP2 (NaFlex patches) through the same routes: the Engine's numbers."""
+    engine = Engine(str(save_tiny_siglip(tmp_path / "s", version=version)), device="cpu")
+    with serve_app(engine, owns_engine=True) as (url, _), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        r = client.post("/v1/embeddings", json={"messages": [
+            _chat(_image_part(_data_url(_png(DOG)))), _chat(_text_part("a photo of a dog"))]})
+        assert r.status_code == 200, r.text
+        want = np.stack([o.embedding for o in engine.embed([DOG, "a photo of a dog"])])
+        np.testing.assert_allclose([d["embedding"] for d in r.json()["data"]], want, atol=ATOL)
+        r = client.post("/v2/embed", json={"input_type": "image",
+                                           "images": [_data_url(_png(DOG))]})
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(r.json()["embeddings"]["float"][0], want[0], atol=ATOL)
 
 
 # ---- vLLM: {"content": [...]} on /score and /rerank -----------------------------------------
