@@ -40,6 +40,10 @@ TOKENIZER_WORKERS = 4
 # handler and read by respond() in the same request's task: every route that checks `model`
 # runs its engine calls with that adapter, without an argument through each handler.
 _request_lora: ContextVar[str | None] = ContextVar("pooler_request_lora", default=None)
+# Bytes of the request body that were image URLs (data: URLs mostly), set by resolve_images:
+# respond() leaves them out of the body-size token estimate (an image costs its patches, known
+# once processed, not a token per 4 bytes of base64).
+_request_media_bytes: ContextVar[int] = ContextVar("pooler_request_media_bytes", default=0)
 
 
 class ServerState:
@@ -202,7 +206,9 @@ class ServerState:
     async def resolve_images(self, items: list) -> tuple[list, dict]:
         """`items` with their images (media.ImageRef) fetched and decoded, off the event loop;
         a bad image is a 400 naming it."""
-        return await resolve_items(self.media, items)
+        items, resolved = await resolve_items(self.media, items)
+        _request_media_bytes.set(sum(len(ref.url) for ref in resolved))
+        return items, resolved
 
     # ---- running work -------------------------------------------------------------------
     async def respond(self, request: Request, num_items: int, field: str,
@@ -218,8 +224,9 @@ class ServerState:
         if not model_step:
             return await self._respond_tokenizer_only(compute)
         body_bytes = request.headers.get("content-length", "0")
+        body_bytes = int(body_bytes) if body_bytes.isdigit() else 0
         tokens = Reservation(self.token_admission,
-                             int(body_bytes) if body_bytes.isdigit() else 0,
+                             max(0, body_bytes - _request_media_bytes.get()),
                              small=num_items <= self.settings.small_request_inputs)
         try:
             self.admission.admit(num_items, field)

@@ -500,3 +500,26 @@ def test_media_flags_reach_the_settings(tmp_path):
         ServerSettings(allowed_local_media_path=str(tmp_path / "absent"))
     with pytest.raises(ValueError, match="media_fetch_timeout must be positive"):
         ServerSettings(media_fetch_timeout=0)
+
+
+# ---- admission -------------------------------------------------------------------------------
+def test_data_urls_are_not_counted_as_text_tokens(clip_engine, serve_app):
+    """The token queue's early estimate (a token per 4 body bytes) leaves image URLs out: an
+    image costs its patches, counted exactly once processed. Here the queue holds 1,000 tokens
+    and something else is in flight, so 100 kB of base64 read as text would be a 503."""
+    settings = ServerSettings(max_queue_tokens=1000, small_request_inputs=1,
+                              max_image_bytes=2**20)
+    big = _data_url(_png(_picture(5, (200, 200))))
+    assert len(big) > 100_000
+    with serve_app(clip_engine, settings) as (url, app), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        admission = app.state.pooler.token_admission
+        admission.in_flight += 1  # another request's tokens
+        try:
+            r = client.post("/v2/embed", json={"input_type": "image", "images": [big, big]})
+            assert r.status_code == 200, r.text
+            r = client.post("/v2/embed", json={"texts": ["a cat " * 30_000, "dog"],
+                                               "input_type": "search_query"})
+            assert r.status_code == 503, r.text  # text still counts by its size
+        finally:
+            admission.in_flight -= 1
