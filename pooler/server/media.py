@@ -60,16 +60,17 @@ class ResolvedImage:
 
 
 def takes_images(engine) -> bool:
-    """Whether the served model embeds images (the Engine's image side, `Engine.images`)."""
-    return getattr(engine, "images", None) is not None
+    """Whether the served model takes images: the Engine's image side (`Engine.image_side`:
+    an image-text model's or a page retrieval model's)."""
+    return getattr(engine, "image_side", getattr(engine, "images", None)) is not None
 
 
 def text_only_refusal(engine, ref: ImageRef):
     """The 400 for an image sent to a text-only model, before anything is fetched."""
     return bad_request(
         f"{ref.where} is an image, but {engine.model_config.architecture} is a text-only "
-        "model; send text, or serve an image-text model (CLIPModel, SiglipModel, "
-        "Siglip2Model).", ref.field.split("[")[0].split(".")[0])
+        "model; send text, or serve an image model (CLIP, SigLIP, SigLIP2, ColModernVBert, "
+        "ColPali, ColQwen2).", ref.field.split("[")[0].split(".")[0])
 
 
 class MediaResolver:

@@ -306,7 +306,8 @@ def _model_facts(engine) -> dict:
             "default_task": getattr(engine, "default_task", None),
             "chat": chat,
             # The Engine's image side (pooler/server/media.py: takes_images).
-            "images": getattr(engine, "images", None) is not None,
+            "images": getattr(engine, "image_side", getattr(engine, "images", None))
+            is not None,
             "max_len": engine.model_config.max_model_len,
             "colbert": engine.model_config.colbert is not None,
             "min_truncation": specials + 1,

@@ -258,6 +258,28 @@ def test_rerank_image_documents(clip, clip_engine):
         assert by_index[1]["document"] == {"multi_modal": docs[1]["content"]}
 
 
+def test_page_images_score_and_rerank_on_colmodernvbert(tmp_path, serve_app):
+    """The same generic routes on a page retrieval model: text queries, page image documents,
+    MaxSim scores equal to Engine.score's."""
+    from tests.models.colmodernvbert_folders import page_image, save_tiny_colmodernvbert
+
+    engine = Engine(str(save_tiny_colmodernvbert(tmp_path / "pages")), device="cpu")
+    pages = [page_image(60, 90, seed=0), page_image(20, 20, seed=1)]
+    docs = [{"content": [_image_part(_data_url(_png(p)))]} for p in pages]
+    want = [o.score for o in engine.score("fox", pages)]
+    with serve_app(engine, owns_engine=True) as (url, _), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        r = client.post("/score", json={"queries": "fox", "documents": docs})
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose([d["score"] for d in r.json()["data"]], want, atol=1e-4)
+        r = client.post("/v1/rerank", json={"query": "fox", "documents": docs,
+                                            "return_documents": False})
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+        assert [x["index"] for x in results] == list(np.argsort(-np.array(want), kind="stable"))
+        assert "document" not in results[0]
+
+
 # ---- Cohere v2 -------------------------------------------------------------------------------
 def test_cohere_v2_images_and_inputs(clip, clip_engine):
     r = clip.post("/v2/embed", json={"model": "clip", "input_type": "image",

@@ -222,13 +222,15 @@ class ImageCacheCollector(Collector):
                                          f"image caches: {doc} ({', '.join(what.values())})",
                                          labels=["cache"])
             for cache, s in stats.items():
-                family.add_metric([cache], getattr(s, name))
+                if s is not None:  # no encoder cache where transformers runs the tower
+                    family.add_metric([cache], getattr(s, name))
             families.append(family)
         for name, doc in self._GAUGES:
             family = GaugeMetricFamily(f"pooler_image_cache_{name}", f"image caches: {doc}",
                                        labels=["cache"])
             for cache, s in stats.items():
-                family.add_metric([cache], getattr(s, name))
+                if s is not None:
+                    family.add_metric([cache], getattr(s, name))
             families.append(family)
         return families
 
