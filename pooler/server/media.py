@@ -96,7 +96,7 @@ class MediaResolver:
 
     def _bytes(self, ref: ImageRef) -> bytes:
         url = ref.url
-        scheme = urlsplit(url).scheme.lower() if "://" in url or url.startswith("data:") else ""
+        scheme = urlsplit(url).scheme.lower()
         if scheme == "data":
             return read_data_url(url, ref.index, limits=self.limits, field=ref.field)
         if scheme in ("http", "https"):
