@@ -206,6 +206,11 @@ class ServerState:
     async def resolve_images(self, items: list) -> tuple[list, dict]:
         """`items` with their images (media.ImageRef) fetched and decoded, off the event loop;
         a bad image is a 400 naming it."""
+        if len(items) > self.settings.max_input_items:  # before fetching anything
+            raise APIError(413, f"The request holds {len(items)} inputs, more than this "
+                           f"server's limit of {self.settings.max_input_items} per request "
+                           "(--max-input-items); split it into several requests.",
+                           code="too_many_inputs")
         items, resolved = await resolve_items(self.media, items)
         _request_media_bytes.set(sum(len(ref.url) for ref in resolved))
         return items, resolved

@@ -545,3 +545,14 @@ def test_data_urls_are_not_counted_as_text_tokens(clip_engine, serve_app):
             assert r.status_code == 503, r.text  # text still counts by its size
         finally:
             admission.in_flight -= 1
+
+
+def test_too_many_images_are_refused_before_any_fetch(clip_engine, serve_app, image_host):
+    settings = ServerSettings(max_input_items=2, allow_private_media_urls=True)
+    with serve_app(clip_engine, settings) as (url, _), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        start = time.monotonic()
+        r = client.post("/v2/embed", json={"input_type": "image",
+                                           "images": [f"{image_host}/stall"] * 3})
+        assert r.status_code == 413 and "--max-input-items" in r.json()["message"], r.text
+        assert time.monotonic() - start < 2  # nothing was fetched
