@@ -51,13 +51,25 @@ class SideResult:
     # A side that times a pooler precision variant and pooler fp32 in one process, in
     # alternating rounds (embed's "pooler int8 interleaved"): variant / fp32 texts/s per round.
     interleaved_vs_fp32: list[float] = field(default_factory=list)
+    # Seconds of the timed part by phase (image_embed: decode, preprocess, model), medians.
+    phases_s: dict[str, float] = field(default_factory=dict)
+    # FLOPs of the model's forward over the timed inputs, for workloads whose inputs have no
+    # single per-token count (images): the % ceiling column is then model_flops / seconds.
+    model_flops: float = 0.0
+    # Inputs per second of each timed round, for sides timed in alternating rounds with
+    # their peers in one process (image_embed): ratios round by round.
+    rounds_per_s: list[float] = field(default_factory=list)
+    # Why this library could not run in a side that times several libraries in one process.
+    error: str | None = None
 
 
 @dataclass
 class Side:
     name: str
     role: str                                   # "pooler" or "peer"
-    run: Callable[[BenchOptions], SideResult]   # runs inside the side's own subprocess
+    # Runs inside the side's own subprocess. A side that times several libraries in one
+    # process, in alternating rounds (image_embed), returns one SideResult per library.
+    run: Callable[[BenchOptions], "SideResult | list[SideResult]"]
     # Why this side cannot run here (e.g. an architecture pooler does not run natively yet):
     # it lands in the table as SKIPPED with this reason, and no process is started.
     skip: str | None = None
@@ -77,6 +89,8 @@ class Workload:
     # Sides compared against a peer other than `baseline` (a workload with several shapes,
     # e.g. 1 x 100 and 10 x 100 reranks): side name -> its own baseline side.
     baselines: dict[str, str] = field(default_factory=dict)
+    # Lines printed under the workload's table (runner.pooler_ratio_lines): its rows -> lines.
+    report_lines: Callable[[list], list[str]] | None = None
 
     def baseline_of(self, side: str) -> str:
         return self.baselines.get(side, self.baseline)

@@ -15,7 +15,8 @@ from pooler.bench.background_load import background_load
 from pooler.bench.machine import machine_info, measure_gemm_gflops
 from pooler.bench.peers import (MissingPeer, bench_install_command, missing_module,
                                 missing_peers)
-from pooler.bench.registry import BenchOptions, SideResult, Workload, get_workload
+from pooler.bench.registry import (BenchOptions, SideResult, Workload, get_workload,
+                                   load_workloads)
 
 
 @dataclass
@@ -39,6 +40,12 @@ class Row:
     skipped: bool = False        # the workload cannot run here; `error` says why
     path: str = ""               # a pooler side's precision path (SideResult.precision_path)
     interleaved_vs_fp32: list[float] = field(default_factory=list)  # per round, see SideResult
+    phases_s: dict[str, float] = field(default_factory=dict)  # see SideResult
+    model_flops: float = 0.0
+    rounds_per_s: list[float] = field(default_factory=list)
+    seconds: float = 0.0         # the timed part's wall time (SideResult.seconds)
+    # model_flops over the "model" phase alone, as a share of the GEMM ceiling
+    model_ceiling_pct: float | None = None
 
 
 @dataclass
@@ -65,6 +72,12 @@ class BenchReport:
 
 def run_side(workload: Workload, side: str, opts: BenchOptions) -> SideResult:
     """Run one side in a fresh interpreter with the thread count fixed in its environment."""
+    return run_side_results(workload, side, opts)[0]
+
+
+def run_side_results(workload: Workload, side: str, opts: BenchOptions) -> list[SideResult]:
+    """run_side, keeping every result of a side that times several libraries in one process
+    (image_embed): one per library."""
     env = dict(os.environ)
     threads = str(opts.threads)
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, HF_HUB_OFFLINE="1",
@@ -83,7 +96,8 @@ def run_side(workload: Workload, side: str, opts: BenchOptions) -> SideResult:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise RuntimeError(" | ".join(tail) or f"exit code {proc.returncode}")
         with open(result_path) as f:
-            return SideResult(**json.load(f))
+            data = json.load(f)
+        return [SideResult(**d) for d in (data if isinstance(data, list) else [data])]
     finally:
         os.unlink(result_path)
 
@@ -113,7 +127,9 @@ def _match(a_file: str | None, b_file: str | None) -> tuple[float | None, float 
 
 
 def _rows(workload: Workload, results: list[SideResult], errors: dict[str, str],
-          ceiling: float | None) -> list[Row]:
+          ceiling: float | None, gemm_gflops: float | None = None) -> list[Row]:
+    errors = {**errors, **{r.side: r.error for r in results if r.error}}
+    results = [r for r in results if not r.error]
     by_side = {r.side: r for r in results}
     rows = []
     for r in results:
@@ -129,11 +145,19 @@ def _rows(workload: Workload, results: list[SideResult], errors: dict[str, str],
             elif workload.metric == "throughput":
                 ratio = texts_per_s / (base.texts / base.seconds)
         cos_min, cos_mean = _match(r.outputs_file, base.outputs_file if base else None)
+        ceiling_pct = 100 * tokens_per_s / ceiling if ceiling else None
+        model_pct = None
+        if ceiling_pct is None and r.model_flops and r.seconds and gemm_gflops:
+            ceiling_pct = 100 * r.model_flops / r.seconds / (gemm_gflops * 1e9)
+            if r.phases_s.get("model"):
+                model_pct = 100 * r.model_flops / r.phases_s["model"] / (gemm_gflops * 1e9)
         rows.append(Row(workload.name, r.side, r.role, texts_per_s, tokens_per_s, p50, p99,
-                        r.peak_rss_mb, r.loaded_rss_mb, ratio,
-                        100 * tokens_per_s / ceiling if ceiling else None,
+                        r.peak_rss_mb, r.loaded_rss_mb, ratio, ceiling_pct,
                         cos_min, cos_mean, r.note, path=r.precision_path,
-                        interleaved_vs_fp32=list(r.interleaved_vs_fp32)))
+                        interleaved_vs_fp32=list(r.interleaved_vs_fp32),
+                        phases_s=dict(r.phases_s), model_flops=r.model_flops,
+                        rounds_per_s=list(r.rounds_per_s), seconds=r.seconds,
+                        model_ceiling_pct=model_pct))
     for side, error in errors.items():
         rows.append(Row(workload.name, side, "?", 0, 0, None, None, 0, 0, None, None, None, None,
                         error=error))
@@ -188,14 +212,19 @@ def _run_workloads(workloads: list[Workload], opts: BenchOptions, flops: dict[st
                     continue
                 log(f"[{tag}] {workload.name}: {side.name} ...")
                 try:
-                    result = run_side(workload, side.name, run_opts)
-                    results.append(result)
+                    side_results = run_side_results(workload, side.name, run_opts)
+                    results.extend(side_results)
                     # Logged as each side ends, so an interrupted run still leaves numbers.
-                    p50 = f", p50 {np.percentile(result.latencies_ms, 50):.2f} ms" \
-                        if result.latencies_ms else ""
-                    log(f"  {result.texts / result.seconds:.1f} texts/s, "
-                        f"{result.tokens / result.seconds:.0f} tokens/s{p50}, "
-                        f"peak RSS {result.peak_rss_mb:.0f} MB")
+                    for result in side_results:
+                        if result.error:
+                            log(f"  {result.side}: failed: {result.error}")
+                            continue
+                        p50 = f", p50 {np.percentile(result.latencies_ms, 50):.2f} ms" \
+                            if result.latencies_ms else ""
+                        who = f"{result.side}: " if len(side_results) > 1 else ""
+                        log(f"  {who}{result.texts / result.seconds:.1f} texts/s, "
+                            f"{result.tokens / result.seconds:.0f} tokens/s{p50}, "
+                            f"peak RSS {result.peak_rss_mb:.0f} MB")
                 except MissingPeer as exc:
                     skipped[side.name] = str(exc)
                     log(f"  skipped: {exc}")
@@ -206,7 +235,7 @@ def _run_workloads(workloads: list[Workload], opts: BenchOptions, flops: dict[st
                 else None
             if ceiling:
                 run.ceilings[workload.name] = ceiling
-            rows = _rows(workload, results, errors, ceiling) + [
+            rows = _rows(workload, results, errors, ceiling, gemm_gflops) + [
                 Row(workload.name, side, "?", 0, 0, None, None, 0, 0, None, None, None, None,
                     error=reason, skipped=True) for side, reason in skipped.items()]
             order = {side.name: i for i, side in enumerate(sides)}
@@ -337,6 +366,10 @@ def pooler_ratio_lines(rows: list[Row]) -> list[str]:
                 or not base.ratio:
             continue
         lines.append(f"{r.workload}: {r.side} vs {fp32} {r.ratio / base.ratio:.2f}x")
+    for name in dict.fromkeys(r.workload for r in rows):  # a workload's own lines
+        workload = load_workloads().get(name)
+        if workload is not None and workload.report_lines:
+            lines.extend(workload.report_lines([r for r in rows if r.workload == name]))
     return lines
 
 

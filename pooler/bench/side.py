@@ -25,14 +25,17 @@ def main(argv: list[str]) -> int:
     if side_name not in sides:
         raise SystemExit(f"workload {workload_name!r} has no side {side_name!r}; "
                          f"sides: {sorted(sides)}")
-    result = sides[side_name].run(opts)
-    # A side that measures another process (a server) reports that process's peak itself.
-    result.peak_rss_mb = result.peak_rss_mb or peak_rss_mb()
-    if result.role == "pooler" and not result.precision_path:
-        from pooler.bench.common import ENGINE_PATHS
-        result.precision_path = "; ".join(dict.fromkeys(ENGINE_PATHS))
+    out = sides[side_name].run(opts)
+    results = out if isinstance(out, list) else [out]
+    for result in results:
+        # A side that measures another process (a server) reports that process's peak itself.
+        result.peak_rss_mb = result.peak_rss_mb or peak_rss_mb()
+        if result.role == "pooler" and not result.precision_path:
+            from pooler.bench.common import ENGINE_PATHS
+            result.precision_path = "; ".join(dict.fromkeys(ENGINE_PATHS))
     with open(result_path, "w") as f:
-        json.dump(asdict(result), f)
+        # a list when the side timed several libraries in one process
+        json.dump([asdict(r) for r in results] if isinstance(out, list) else asdict(out), f)
     return 0
 
 

@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repeat", type=int, default=1, help="run every side this many times")
     p.add_argument("--corpus-size", type=int, default=None,
                    help="texts per side: the embed corpus (default 2000), the arch workload "
-                   "(default 200), the lora workload (default 800)")
+                   "(default 200), the lora workload (default 800); images per model for "
+                   "image_embed (default 32)")
     p.add_argument("--corpus", default="mixed", choices=["mixed", "long", "passages"],
                    help="embed workload corpus: mixed (--corpus-size texts, half 5-15-word "
                    "queries, half 50-250-word passages), long (issue 30's mix: 300 texts of "
@@ -41,7 +42,8 @@ def add_parser(sub) -> None:
                    help="embed with --quantization int8 or --dtype bfloat16 (CPU): also time "
                    "that variant against pooler fp32 in one process, N alternating rounds "
                    "(default 3, 1 with --quick; 0: skip), for a ratio that drift between "
-                   "sides run one after another cannot skew")
+                   "sides run one after another cannot skew; image_embed: its rounds of "
+                   "pooler, transformers and sentence-transformers (default 3)")
     p.add_argument("--json", default=None, help="also write the raw results to this file")
     p.add_argument("--markdown", default=None, help="also write the tables to this file")
     p.add_argument("--chart", default=None,

@@ -67,7 +67,10 @@ def _packed_for(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     weight = layer.weight
     if weight.requires_grad and torch.is_grad_enabled():
         return None
-    key = (weight.data_ptr(), weight._version, weight.shape)
+    # A weight made under torch.inference_mode (a model built and loaded there) has no version
+    # counter: it is keyed by where it lives and its shape alone.
+    version = -1 if weight.is_inference() else weight._version
+    key = (weight.data_ptr(), version, weight.shape)
     cached = layer.__dict__.get(_PACKED)
     if cached is None or cached[0] != key:
         with torch.inference_mode():
