@@ -75,13 +75,6 @@ def image_item(cell: Any, root: str | None) -> tuple[Any, str | None]:
     return path, None
 
 
-def probe_image():
-    """A small image to check, before the job, that the model runs images for the task."""
-    from PIL import Image
-
-    return Image.new("RGB", (48, 40), (128, 96, 64))
-
-
 def compute_image_rows(engine, items: list, labels: list, opts: TaskOptions, column: str
                        ) -> tuple[dict[str, pa.Array] | None, list[int], dict[int, str]]:
     """Run image items (from image_item) through the engine.
@@ -113,7 +106,7 @@ def compute_image_rows(engine, items: list, labels: list, opts: TaskOptions, col
                     parts.append(compute_columns(engine, [image], opts))
                     kept.append(i)
                 except Exception as exc:  # noqa: BLE001 - that row's error
-                    failed[i] = f"{type(exc).__name__}: {exc}"
+                    failed[i] = _named(f"{type(exc).__name__}: {exc}", f"{column}[{labels[i]}]")
         del images  # one group's pixels at a time
     if not parts:
         return None, [], failed
@@ -133,6 +126,11 @@ def check_image_model(engine, task: str) -> None:
         raise ValueError(f"{architecture} is a text-only model: --image-column needs an "
                          "image-text model (CLIPModel, SiglipModel, Siglip2Model) or a page "
                          "retrieval model (ColModernVBertForRetrieval, ColPali, ColQwen2).")
+
+
+def _named(message: str, where: str) -> str:
+    """The engine names a lone item `inputs[0]`; name the row instead."""
+    return message.replace("inputs[0]", where, 1)
 
 
 def _limits(engine):

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from pooler.batch.columns import TaskOptions, compute_columns
 from pooler.batch.images import (check_image_model, check_image_task, compute_image_rows,
-                                 default_image_root, image_item, probe_image)
+                                 default_image_root, image_item)
 from pooler.batch.reader import Chunk, count_rows, input_format, read_chunks
 
 MANIFEST = "_pooler_batch.json"
@@ -212,24 +212,21 @@ def _one_by_one(engine, chunk: Chunk, good: list[int], opts: TaskOptions, errors
 
 def _empty_table(engine, spec: BatchSpec, id_type: pa.DataType) -> pa.Table:
     """A zero-row part with the job's schema (a chunk whose rows were all rejected)."""
-    columns = compute_columns(engine, [probe_input(spec.image_column)], spec.options)
+    columns = compute_columns(engine, ["schema probe"], spec.options)
     return pa.table({"id": pa.array([], type=id_type),
                      **{k: v.slice(0, 0) for k, v in columns.items()}})
 
 
-def probe_input(image_column: str | None):
-    """What a job probes the model with: a text, or a small image for an image column."""
-    return probe_image() if image_column else "probe"
-
-
 def _probe(engine, spec: BatchSpec) -> None:
     """Fail before writing anything when the model cannot run the task at all (wrong --task,
-    --dimensions too large, a prompt name the model lacks, images for a text model)."""
+    --dimensions too large, a prompt name the model lacks, images for a text model). An
+    image job probes with a text too: the model's texts and images share the output's type
+    and width, and a probe image could cost a page model more than its token budget."""
     opts = spec.options
     try:
         if spec.image_column is not None:
             check_image_model(engine, opts.task)
-        compute_columns(engine, [probe_input(spec.image_column)], opts)
+        compute_columns(engine, ["probe"], opts)
     except (ValueError, RuntimeError) as exc:
         raise ValueError(f"the model cannot run task {opts.task!r} with these options: "
                          f"{exc}") from exc
