@@ -115,14 +115,22 @@ def compute_image_rows(engine, items: list, labels: list, opts: TaskOptions, col
 
 def check_image_model(engine, task: str) -> None:
     """One clear line when the model cannot take the image column for `task`."""
-    architecture = engine.model_config.architecture
-    if getattr(engine, "pages", None) is not None and task != "token_embed":
+    check_image_config(engine.model_config, task)
+
+
+def check_image_config(model_config, task: str) -> None:
+    """check_image_model from the model's config alone (a Ray driver checks before any actor
+    loads the model: an actor failing to start would only show as Ray's traceback)."""
+    architecture = model_config.architecture
+    pages = getattr(model_config, "pages", None) is not None
+    two_tower = getattr(model_config, "two_tower", None) is not None
+    if pages and task != "token_embed":
         raise ValueError(f"{architecture} is a page retrieval model: each page is a "
                          "multi-vector; run it with --task token_embed.")
-    if getattr(engine, "images", None) is not None and task != "embed":
+    if two_tower and task != "embed":
         raise ValueError(f"{architecture} is an image-text model with one vector per image; "
                          "run it with --task embed.")
-    if getattr(engine, "images", None) is None and getattr(engine, "pages", None) is None:
+    if not pages and not two_tower:
         raise ValueError(f"{architecture} is a text-only model: --image-column needs an "
                          "image-text model (CLIPModel, SiglipModel, Siglip2Model) or a page "
                          "retrieval model (ColModernVBertForRetrieval, ColPali, ColQwen2).")

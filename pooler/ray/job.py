@@ -35,7 +35,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pooler.batch.columns import TaskOptions
-from pooler.batch.images import check_image_task, default_image_root
+from pooler.batch.images import check_image_config, check_image_task, default_image_root
 from pooler.batch.job import refuse_changed_settings
 from pooler.ray.data import EngineBatchPredictor, embed_dataset, read_corpus
 from pooler.ray.resources import TASK_CPUS, TASK_ROOM, cluster_nodes, plan_actors
@@ -78,6 +78,7 @@ def run_ray_batch(*, input: str, output: str, engine_kwargs: dict, options: Task
         raise ValueError(f"--stall-timeout must be positive seconds, got {stall_timeout:g}.")
     if image_column is not None:
         check_image_task(options.task)
+        _check_image_model(engine_kwargs, options.task)
         image_root = str(Path(image_root).resolve()) if image_root \
             else default_image_root(input)
     elif image_root is not None:
@@ -123,6 +124,22 @@ def run_ray_batch(*, input: str, output: str, engine_kwargs: dict, options: Task
             "resumed_rows": len(done), "written_rows": written, "parts": out.part_count(),
             "cluster_cpus": plan.cluster_cpus, "plan": plan.describe(),
             "seconds": time.perf_counter() - started}
+
+
+def _check_image_model(engine_kwargs: dict, task: str) -> None:
+    """Refuse a model that cannot run an image column here, from its config: in the actors
+    it would only show as an actor that fails to start. A config the driver cannot read (a
+    path only the workers see) is left to the actors."""
+    from pooler.config import ModelConfig
+
+    try:
+        config = ModelConfig(model=engine_kwargs["model"], task=engine_kwargs.get("task"),
+                             runner=engine_kwargs.get("runner") or "auto",
+                             revision=engine_kwargs.get("revision"),
+                             hf_overrides=engine_kwargs.get("hf_overrides"))
+    except Exception:  # noqa: BLE001 - the actors load it and say why
+        return
+    check_image_config(config, task)
 
 
 def _repartition(ds, rows: int, task_cpus: float | None):

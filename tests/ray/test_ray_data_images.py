@@ -23,7 +23,8 @@ def clip(tmp_path_factory):
     return save_tiny_clip(tmp_path_factory.mktemp("clip") / "clip", seed=5)
 
 
-def test_cli_ray_image_paths_equal_local_batch(ray_cluster, clip, tmp_path):
+def test_cli_ray_image_paths_equal_local_batch(ray_cluster, clip, tiny_embedder, tmp_path,
+                                               capsys):
     paths = make_images(tmp_path / "corpus" / "images", 12, seed=2)
     (tmp_path / "corpus" / "images" / "notes.png").write_text("not an image")
     rows = [{"doc": f"d{i}", "image": f"images/{p.name}"} for i, p in enumerate(paths)]
@@ -35,7 +36,7 @@ def test_cli_ray_image_paths_equal_local_batch(ray_cluster, clip, tmp_path):
               "--id-column", "doc", "--no-progress"]
     assert main(common + ["--output", str(tmp_path / "local")]) == 0
     assert main(common + ["--output", str(tmp_path / "ray"), "--ray", "--ray-address",
-                          ray_cluster.address, "--replicas", "2", "--batch-size", "4"]) == 0
+                          ray_cluster.address, "--batch-size", "4"]) == 0
     local = {r["id"]: r for r in pq.read_table(tmp_path / "local").to_pylist()}
     remote = {r["id"]: r for r in pq.read_table(tmp_path / "ray").to_pylist()}
     assert set(remote) == {r["doc"] for r in rows} and "image" not in \
@@ -52,6 +53,13 @@ def test_cli_ray_image_paths_equal_local_batch(ray_cluster, clip, tmp_path):
     listed = [json.loads(line) for line in (tmp_path / "ray" / "_errors.jsonl").read_text()
               .splitlines()]
     assert sorted(e["id"] for e in listed) == sorted(bad)
+
+    # a text model is refused on the driver, before any actor starts or anything is written
+    text_model = [*common[:2], str(tiny_embedder), *common[3:]]
+    assert main(text_model + ["--output", str(tmp_path / "text"), "--ray", "--ray-address",
+                              ray_cluster.address]) == 2
+    assert "BertModel is a text-only model: --image-column needs" in capsys.readouterr().err
+    assert not (tmp_path / "text").exists()
 
 
 def test_embed_dataset_takes_image_bytes(ray_cluster, clip, tmp_path):
