@@ -79,7 +79,6 @@ class EngineBatchPredictor:
             parts.append(_with_columns(batch.take(bad), empty, [problems[i] for i in bad]))
         return pa.concat_tables(parts)
 
-
     def _images(self, cells: list, ids: list):
         """(columns, rows that ran, each row's problem or None) of a batch of image cells."""
         problems: list[str | None] = []
@@ -119,7 +118,7 @@ def embed_dataset(ds, *, model: str, task: str = "embed", text_column: str = "te
     retrieval models. Every actor must see the files (shared storage on a cluster).
 
     task: embed | sparse | token_embed | classify | ner. task_options: precision, dimensions,
-    normalize, truncate, prompt_name, prompt, top_k, aggregation_strategy (see
+    normalize, truncate, prompt_name, prompt, top_k, pool_factor, aggregation_strategy (see
     pooler.batch.columns.TaskOptions). engine_kwargs: Engine options (dtype, device,
     max_num_batched_tokens, num_threads, quantization, ...). num_cpus / num_gpus: per actor, for
     each of the `replicas` actors; the engine uses `num_cpus` threads on CPU unless

@@ -6,7 +6,6 @@ pool_factor) and a page the engine refuses fails alone."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 from pathlib import Path
 
