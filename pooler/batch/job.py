@@ -15,6 +15,9 @@ that exists is complete. A re-run of the same command skips chunks whose part ex
 recomputes the others; chunk k always holds the same input rows (pooler/batch/reader.py), so
 the result equals an uninterrupted run's. Files starting with `_` or `.` are ignored by Parquet
 dataset readers.
+
+Rows are texts (`text_column`) or images (`image_column`: paths, bytes, data URLs; see
+pooler/batch/images.py); a bad image is its row's error, like a bad text.
 """
 from __future__ import annotations
 
