@@ -3,7 +3,8 @@ Data path, so both write the same Parquet schema).
 
 - embed: `embedding` fixed_size_list<float32|float16|int8|uint8>[dim]
 - sparse: `indices` list<int32>, `values` list<float32> (weight descending)
-- token_embed: `embeddings` list<fixed_size_list<float32|...>[dim]> (one vector per token)
+- token_embed: `embeddings` list<fixed_size_list<float32|...>[dim]> (one vector per token;
+  for a page image, one per image and prompt token, about 1/pool_factor of them when pooled)
 - classify: `label` string, `score` float32, `probs` fixed_size_list<float32>[num_labels]
 - ner: `entities` list<struct<entity_group, score, word, start, end>>
 and `num_tokens` int32 for every task but ner.
@@ -33,6 +34,7 @@ class TaskOptions:
     prompt_name: str | None = None
     prompt: str | None = None
     top_k: int | None = None               # sparse
+    pool_factor: float | None = None       # token_embed (ColBERT, page models): keep ~1/factor
     aggregation_strategy: str = "simple"   # ner
     labels: list[str] | None = None        # ner with a GLiNER model: entity types to find
     threshold: float | None = None         # ner, GLiNER
@@ -49,6 +51,9 @@ class TaskOptions:
         if given and self.task != "ner":
             raise ValueError(f"--{given[0].replace('_', '-')} applies to --task ner with a GLiNER "
                              f"model, not to task {self.task!r}.")
+        if self.pool_factor is not None and self.task != "token_embed":
+            raise ValueError(f"--pool-factor pools multi-vectors: it applies to --task "
+                             f"token_embed, not to task {self.task!r}.")
         if self.precision != "float32" and self.task not in ("embed", "token_embed"):
             raise ValueError(f"--precision applies to dense vectors (embed, token_embed), "
                              f"not to task {self.task!r}.")
@@ -57,8 +62,9 @@ class TaskOptions:
         return asdict(self)
 
 
-def compute_columns(engine, texts: list[str], opts: TaskOptions) -> dict[str, pa.Array]:
-    """Run `texts` (valid, non-empty strings) through the engine; the task's columns."""
+def compute_columns(engine, texts: list, opts: TaskOptions) -> dict[str, pa.Array]:
+    """Run `texts` (valid, non-empty strings; or decoded images for embed and token_embed,
+    pooler/batch/images.py) through the engine; the task's columns."""
     kw = dict(truncate=opts.truncate, use_tqdm=False)
     if opts.task == "embed":
         out = engine.embed(texts, dimensions=opts.dimensions, normalize=opts.normalize,
@@ -68,7 +74,8 @@ def compute_columns(engine, texts: list[str], opts: TaskOptions) -> dict[str, pa
         cols = {"embedding": _fixed_lists(quantize(matrix, opts.precision))}
     elif opts.task == "token_embed":
         out = engine.token_embed(texts, normalize=opts.normalize, prompt=opts.prompt,
-                                 prompt_name=opts.prompt_name, **kw)
+                                 prompt_name=opts.prompt_name, pool_factor=opts.pool_factor,
+                                 **kw)
         cols = {"embeddings": _nested_lists(
             [quantize(o.embeddings, opts.precision) for o in out])}  # each [num_tokens, dim]
     elif opts.task == "sparse":

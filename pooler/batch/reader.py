@@ -46,14 +46,18 @@ def input_format(path: str | Path, fmt: str | None = None) -> str:
 
 
 def read_chunks(path: str | Path, fmt: str, text_column: str, id_column: str | None,
-                chunk_rows: int) -> Iterator[Chunk]:
+                chunk_rows: int, option: str = "--text-column") -> Iterator[Chunk]:
     """Every row of the input, in order, as chunks of `chunk_rows` rows (the last may be
-    shorter)."""
+    shorter). text_column: the column of inputs (texts, or images with `option`
+    "--image-column"); `option` is the flag that names it in errors. Blocks of at most
+    `chunk_rows` rows are read at a time (an image column holds big cells)."""
     if chunk_rows <= 0:
         raise ValueError(f"chunk rows must be positive, got {chunk_rows}.")
     chunk = Chunk(0, 0)
     row = 0
-    for ids, texts, problems in _blocks(Path(path), fmt, text_column, id_column):
+    block_rows = min(_READ_BLOCK_ROWS, chunk_rows)
+    for ids, texts, problems in _blocks(Path(path), fmt, text_column, id_column, option,
+                                        block_rows):
         n = len(texts)
         if ids is None:
             ids = list(range(row, row + n))
@@ -73,7 +77,8 @@ def read_chunks(path: str | Path, fmt: str, text_column: str, id_column: str | N
         yield chunk
 
 
-def count_rows(path: str | Path, fmt: str, text_column: str) -> int:
+def count_rows(path: str | Path, fmt: str, text_column: str,
+               option: str = "--text-column") -> int:
     """Rows in the input (for the progress bar's ETA): Parquet from its footer, others by a
     pass over the file that keeps nothing."""
     path = Path(path)
@@ -84,42 +89,44 @@ def count_rows(path: str | Path, fmt: str, text_column: str) -> int:
     if fmt == "jsonl":
         with open(path, "rb") as f:
             return sum(1 for line in f if line.strip())
-    return sum(len(texts) for _, texts, _ in _blocks(path, fmt, text_column, None))
+    return sum(len(texts) for _, texts, _ in _blocks(path, fmt, text_column, None, option))
 
 
-def _blocks(path: Path, fmt: str, text_column: str, id_column: str | None):
+def _blocks(path: Path, fmt: str, text_column: str, id_column: str | None, option: str,
+            block_rows: int = _READ_BLOCK_ROWS):
     """(ids or None, texts, problems or None) per reader block."""
     if not path.is_file():
         raise FileNotFoundError(f"input file not found: {path}")
     if fmt == "jsonl":
-        yield from _jsonl_blocks(path, text_column, id_column)
+        yield from _jsonl_blocks(path, text_column, id_column, option, block_rows)
     elif fmt == "parquet":
-        yield from _parquet_blocks(path, text_column, id_column)
+        yield from _parquet_blocks(path, text_column, id_column, option, block_rows)
     else:
-        yield from _csv_blocks(path, text_column, id_column)
+        yield from _csv_blocks(path, text_column, id_column, option)
 
 
 def _check_columns(names: list[str], text_column: str, id_column: str | None,
-                   path: Path) -> None:
-    for option, column in (("--text-column", text_column), ("--id-column", id_column)):
+                   path: Path, text_option: str) -> None:
+    for option, column in ((text_option, text_column), ("--id-column", id_column)):
         if column is not None and column not in names:
             raise ValueError(f"{path} has no column {column!r} ({option}); its columns are "
                              f"{names}.")
 
 
-def _parquet_blocks(path: Path, text_column: str, id_column: str | None):
+def _parquet_blocks(path: Path, text_column: str, id_column: str | None, option: str,
+                    block_rows: int):
     import pyarrow.parquet as pq
 
     file = pq.ParquetFile(path)
-    _check_columns(file.schema_arrow.names, text_column, id_column, path)
+    _check_columns(file.schema_arrow.names, text_column, id_column, path, option)
     columns = [text_column] + ([id_column] if id_column else [])
-    for batch in file.iter_batches(batch_size=_READ_BLOCK_ROWS, columns=columns):
+    for batch in file.iter_batches(batch_size=block_rows, columns=columns):
         texts = batch.column(text_column).to_pylist()
         ids = batch.column(id_column).to_pylist() if id_column else None
         yield ids, texts, None
 
 
-def _csv_blocks(path: Path, text_column: str, id_column: str | None):
+def _csv_blocks(path: Path, text_column: str, id_column: str | None, option: str):
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
@@ -127,14 +134,15 @@ def _csv_blocks(path: Path, text_column: str, id_column: str | None):
     convert = pcsv.ConvertOptions(column_types={text_column: pa.string()},
                                   strings_can_be_null=False)
     reader = pcsv.open_csv(path, convert_options=convert)
-    _check_columns(reader.schema.names, text_column, id_column, path)
+    _check_columns(reader.schema.names, text_column, id_column, path, option)
     for batch in reader:
         texts = batch.column(text_column).to_pylist()
         ids = batch.column(id_column).to_pylist() if id_column else None
         yield ids, texts, None
 
 
-def _jsonl_blocks(path: Path, text_column: str, id_column: str | None):
+def _jsonl_blocks(path: Path, text_column: str, id_column: str | None, option: str,
+                  block_rows: int):
     ids: list = []
     texts: list = []
     problems: list = []
@@ -152,7 +160,7 @@ def _jsonl_blocks(path: Path, text_column: str, id_column: str | None):
                     problem = f"line {number}: a JSON line must be an object with a " \
                               f"{text_column!r} field"
                 elif text_column not in record:
-                    problem = f"line {number}: no {text_column!r} field (--text-column)"
+                    problem = f"line {number}: no {text_column!r} field ({option})"
                 else:
                     text = record[text_column]
                 if isinstance(record, dict) and id_column is not None:
@@ -160,7 +168,7 @@ def _jsonl_blocks(path: Path, text_column: str, id_column: str | None):
             ids.append(id_value)
             texts.append(text)
             problems.append(problem)
-            if len(texts) == _READ_BLOCK_ROWS:
+            if len(texts) == block_rows:
                 yield (ids if id_column else None), texts, problems
                 ids, texts, problems = [], [], []
     if texts:

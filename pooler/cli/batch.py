@@ -18,8 +18,8 @@ def add_parser(sub) -> None:
         description="Run every row of a corpus through the model and write Parquet part files "
                     "(id + outputs) into the --output directory. Re-running the same command "
                     "resumes after the last completed part. Rows that cannot be used (null, "
-                    "empty or non-text) go to an errors file. Needs pyarrow (the [batch] extra; "
-                    "[ray] for --ray).")
+                    "empty or non-text; a missing or broken image) go to an errors file. "
+                    "Needs pyarrow (the [batch] extra; [ray] for --ray).")
     add_engine_args(p, task=False)
     p.add_argument("--task", default="embed",
                    choices=["embed", "sparse", "token_embed", "classify", "ner"],
@@ -27,7 +27,16 @@ def add_parser(sub) -> None:
     p.add_argument("--input", "-i", required=True, help="corpus.jsonl, .parquet or .csv")
     p.add_argument("--input-format", default=None, choices=["jsonl", "parquet", "csv"],
                    help="when the file name does not tell")
-    p.add_argument("--text-column", default="text", help="default: %(default)s")
+    p.add_argument("--text-column", default=None, help="default: text")
+    p.add_argument("--image-column", default=None, metavar="COLUMN",
+                   help="embed images instead of texts: each cell is an image file path "
+                        "(absolute, or relative to --image-root), encoded image bytes (a "
+                        "Parquet binary column) or a data:image/...;base64 URL. --task embed "
+                        "for image-text models (CLIP, SigLIP), token_embed for page retrieval "
+                        "models (ColModernVBert, ColPali, ColQwen2)")
+    p.add_argument("--image-root", default=None, metavar="DIR",
+                   help="folder relative image paths are read from (default: the --input "
+                        "file's folder)")
     p.add_argument("--id-column", default=None,
                    help="column copied to the output's id (default: the row number)")
     p.add_argument("--output", "-o", required=True,
@@ -35,8 +44,8 @@ def add_parser(sub) -> None:
     p.add_argument("--errors", default=None,
                    help="JSONL file of rejected rows (default: OUTPUT/_errors.jsonl)")
     p.add_argument("--chunk-rows", type=int, default=None,
-                   help="rows per part file (default: 4096; 512 for token_embed; with --ray "
-                        "about that many)")
+                   help="rows per part file (default: 4096; 512 for token_embed or an image "
+                        "column; with --ray about that many)")
     p.add_argument("--precision", default="float32",
                    choices=["float32", "float16", "int8", "binary"],
                    help="dense vector storage: int8 = round(clip(x,-1,1)*127), binary = sign "
@@ -47,6 +56,9 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-name", default=None, help="a prompt the model declares")
     p.add_argument("--prompt", default=None, help="a literal prefix for every text")
     p.add_argument("--top-k", type=int, default=None, help="sparse: keep the k largest weights")
+    p.add_argument("--pool-factor", type=float, default=None,
+                   help="token_embed with a ColBERT or page retrieval model: hierarchical token "
+                        "pooling, about 1/FACTOR of each row's vectors kept")
     p.add_argument("--aggregation-strategy", default="simple",
                    choices=["none", "simple", "first", "max", "average"], help="ner")
     p.add_argument("--labels", action="append", default=None, metavar="LABELS",
@@ -69,8 +81,8 @@ def add_parser(sub) -> None:
                      help="CPUs Ray reserves per actor (default: %(default)s)")
     ray.add_argument("--num-gpus-per-replica", type=float, default=0.0,
                      help="GPUs per actor, e.g. 1 (default: %(default)s)")
-    ray.add_argument("--batch-size", type=int, default=1024,
-                     help="rows per map_batches call (default: %(default)s)")
+    ray.add_argument("--batch-size", type=int, default=None,
+                     help="rows per map_batches call (default: 1024; 64 with --image-column)")
     ray.add_argument("--stall-timeout", type=float, default=600.0, metavar="SECONDS",
                      help="stop with an error when the job makes no progress (no block read, "
                           "computed or written) for this long (default: %(default)s)")
@@ -83,7 +95,7 @@ def task_options(args):
     return TaskOptions(task=args.task, precision=args.precision, dimensions=args.dimensions,
                        normalize=False if args.no_normalize else None,
                        truncate=not args.no_truncate, prompt_name=args.prompt_name,
-                       prompt=args.prompt, top_k=args.top_k,
+                       prompt=args.prompt, top_k=args.top_k, pool_factor=args.pool_factor,
                        aggregation_strategy=args.aggregation_strategy,
                        labels=split_labels(args.labels),
                        threshold=args.threshold, flat_ner=False if args.nested else None)
@@ -96,9 +108,10 @@ def run(args) -> int:
         return _run_ray(args)
     from pooler.batch.job import BatchSpec, run_batch
 
-    spec = BatchSpec(input=args.input, model=args.model, text_column=args.text_column,
+    spec = BatchSpec(input=args.input, model=args.model, text_column=_text_column(args),
                      id_column=args.id_column, chunk_rows=_chunk_rows(args),
-                     input_format=args.input_format, options=task_options(args))
+                     input_format=args.input_format, options=task_options(args),
+                     image_column=args.image_column, image_root=args.image_root)
     report = run_batch(spec, args.output, lambda: engine_from_args(args),
                        errors_file=args.errors, progress=not args.no_progress,
                        overwrite=args.overwrite)
@@ -109,8 +122,21 @@ def run(args) -> int:
     return 0
 
 
+def _text_column(args) -> str:
+    if args.image_column is not None and args.text_column is not None:
+        raise ValueError("pass --text-column or --image-column, not both: a job embeds one "
+                         "column.")
+    return args.text_column or "text"
+
+
 def _chunk_rows(args) -> int:
-    return args.chunk_rows or (512 if args.task == "token_embed" else 4096)
+    return args.chunk_rows or (512 if args.task == "token_embed" or args.image_column
+                               else 4096)
+
+
+def _batch_size(args) -> int:
+    """Rows per Ray map_batches call: fewer for images (their bytes travel in the block)."""
+    return args.batch_size or (64 if args.image_column else 1024)
 
 
 def ray_job_kwargs(args) -> dict:
@@ -119,10 +145,11 @@ def ray_job_kwargs(args) -> dict:
 
     return dict(input=args.input, input_format=args.input_format, output=args.output,
                 errors=args.errors, engine_kwargs=engine_kwargs(args),
-                options=task_options(args), text_column=args.text_column,
+                options=task_options(args), text_column=_text_column(args),
+                image_column=args.image_column, image_root=args.image_root,
                 id_column=args.id_column, replicas=args.replicas,
                 num_cpus=args.num_cpus_per_replica, num_gpus=args.num_gpus_per_replica,
-                batch_size=args.batch_size, chunk_rows=_chunk_rows(args),
+                batch_size=_batch_size(args), chunk_rows=_chunk_rows(args),
                 address=args.ray_address, overwrite=args.overwrite,
                 stall_timeout=args.stall_timeout, progress=not args.no_progress)
 

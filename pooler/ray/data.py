@@ -11,7 +11,8 @@
 Each actor builds one `Engine` (continuous batching inside it) and gets `batch_size` rows per
 call. The output keeps the input's columns and adds the task's columns (the same Arrow types as
 `pooler batch`, see pooler/batch/columns.py) and `error`: null for rows that ran, the reason for
-rows that could not (null, empty or non-text), whose output columns are null.
+rows that could not (null, empty or non-text; with `image_column`, a missing or broken image,
+pooler/batch/images.py), whose output columns are null.
 
 Resources (pooler/ray/resources.py): the actors must fit the cluster, or the call fails at
 once naming the cluster's CPUs; when they would take every CPU, their Ray reservations are
@@ -30,6 +31,8 @@ from typing import Any
 import pyarrow as pa
 
 from pooler.batch.columns import TaskOptions, compute_columns
+from pooler.batch.images import (check_image_model, check_image_task, compute_image_rows,
+                                 image_item)
 from pooler.batch.job import row_problem
 from pooler.ray.resources import ActorPlan, cluster_nodes, plan_actors
 
@@ -38,7 +41,8 @@ class EngineBatchPredictor:
     """The callable class of `map_batches`: one Engine per actor, a pyarrow batch in and out."""
 
     def __init__(self, engine_kwargs: dict, options: dict, text_column: str = "text",
-                 id_column: str | None = None):
+                 id_column: str | None = None, image_column: str | None = None,
+                 image_root: str | None = None):
         from pooler.engine.llm import Engine
 
         kwargs = dict(engine_kwargs)
@@ -46,25 +50,51 @@ class EngineBatchPredictor:
         self.options = TaskOptions(**options)
         self.text_column = text_column
         self.id_column = id_column  # rows with a null id are rejected when given
-        # The task's column types, for rows without output (an all-rejected batch too).
+        self.image_column = image_column  # rows are images (pooler/batch/images.py)
+        self.image_root = image_root      # relative image paths' folder
+        if image_column is not None:
+            check_image_model(self.engine, self.options.task)
+        # The task's column types, for rows without output (an all-rejected batch too); an
+        # image model's texts give its images' types.
         probe = compute_columns(self.engine, ["probe"], self.options)
         self.types = {name: column.type for name, column in probe.items()}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        texts = batch.column(self.text_column).to_pylist()
-        ids = batch.column(self.id_column).to_pylist() if self.id_column else [None] * len(texts)
-        problems = [row_problem(t, i, self.id_column is not None, None)
-                    for t, i in zip(texts, ids)]
-        good = [i for i, p in enumerate(problems) if p is None]
+        cells = batch.column(self.image_column or self.text_column).to_pylist()
+        ids = batch.column(self.id_column).to_pylist() if self.id_column else [None] * len(cells)
+        if self.image_column is None:
+            problems = [row_problem(t, i, self.id_column is not None, None)
+                        for t, i in zip(cells, ids)]
+            good = [i for i, p in enumerate(problems) if p is None]
+            columns = compute_columns(self.engine, [cells[i] for i in good], self.options) \
+                if good else None
+        else:
+            columns, good, problems = self._images(cells, ids)
         bad = [i for i, p in enumerate(problems) if p is not None]
         parts = []
         if good:
-            columns = compute_columns(self.engine, [texts[i] for i in good], self.options)
             parts.append(_with_columns(batch.take(good), columns, [None] * len(good)))
         if bad or not good:  # the rejected rows (or the schema of an empty batch)
             empty = {name: pa.nulls(len(bad), type=t) for name, t in self.types.items()}
             parts.append(_with_columns(batch.take(bad), empty, [problems[i] for i in bad]))
         return pa.concat_tables(parts)
+
+    def _images(self, cells: list, ids: list):
+        """(columns, rows that ran, each row's problem or None) of a batch of image cells."""
+        problems: list[str | None] = []
+        items = []
+        for cell, id_value in zip(cells, ids):
+            item, why = (None, "null id") if self.id_column and id_value is None else \
+                image_item(cell, self.image_root)
+            problems.append(why)
+            items.append(item)
+        good = [i for i, p in enumerate(problems) if p is None]
+        labels = [ids[i] if self.id_column else i for i in good]  # errors name the id
+        columns, kept, failed = compute_image_rows(self.engine, [items[i] for i in good], labels,
+                                                   self.options, self.image_column)
+        for at, why in failed.items():
+            problems[good[at]] = why
+        return columns, [good[at] for at in kept], problems
 
 
 def _with_columns(table: pa.Table, columns: dict[str, pa.Array], errors: list) -> pa.Table:
@@ -77,11 +107,18 @@ def embed_dataset(ds, *, model: str, task: str = "embed", text_column: str = "te
                   replicas: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0,
                   batch_size: int = 1024, engine_kwargs: dict[str, Any] | None = None,
                   predictor_class: type = EngineBatchPredictor, plan: ActorPlan | None = None,
-                  repartition: bool = True, id_column: str | None = None, **task_options):
+                  repartition: bool = True, id_column: str | None = None,
+                  image_column: str | None = None, image_root: str | None = None,
+                  **task_options):
     """A lazy Ray Dataset: `ds`'s rows plus the task's output columns and `error`.
 
+    image_column: embed that column's images instead of `text_column`'s texts (a file path,
+    absolute or relative to `image_root`; encoded bytes; a data URL; see
+    pooler/batch/images.py): task "embed" for image-text models, "token_embed" for page
+    retrieval models. Every actor must see the files (shared storage on a cluster).
+
     task: embed | sparse | token_embed | classify | ner. task_options: precision, dimensions,
-    normalize, truncate, prompt_name, prompt, top_k, aggregation_strategy (see
+    normalize, truncate, prompt_name, prompt, top_k, pool_factor, aggregation_strategy (see
     pooler.batch.columns.TaskOptions). engine_kwargs: Engine options (dtype, device,
     max_num_batched_tokens, num_threads, quantization, ...). num_cpus / num_gpus: per actor, for
     each of the `replicas` actors; the engine uses `num_cpus` threads on CPU unless
@@ -97,6 +134,8 @@ def embed_dataset(ds, *, model: str, task: str = "embed", text_column: str = "te
     import ray.data
 
     options = TaskOptions(task=task, **task_options)  # fail here, not on the actors
+    if image_column is not None:
+        check_image_task(task)
     if plan is None:
         if not ray.is_initialized():
             ray.init()
@@ -114,7 +153,8 @@ def embed_dataset(ds, *, model: str, task: str = "embed", text_column: str = "te
     return ds.map_batches(
         predictor_class, batch_format="pyarrow", batch_size=batch_size,
         fn_constructor_kwargs={"engine_kwargs": kwargs, "options": options.to_dict(),
-                               "text_column": text_column, "id_column": id_column},
+                               "text_column": text_column, "id_column": id_column,
+                               "image_column": image_column, "image_root": image_root},
         compute=ray.data.ActorPoolStrategy(size=replicas), num_cpus=plan.actor_cpus,
         num_gpus=plan.actor_gpus or None)
 

@@ -35,6 +35,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pooler.batch.columns import TaskOptions
+from pooler.batch.images import check_image_config, check_image_task, default_image_root
 from pooler.batch.job import refuse_changed_settings
 from pooler.ray.data import EngineBatchPredictor, embed_dataset, read_corpus
 from pooler.ray.resources import TASK_CPUS, TASK_ROOM, cluster_nodes, plan_actors
@@ -50,6 +51,7 @@ class JobStalled(RuntimeError):
 
 def run_ray_batch(*, input: str, output: str, engine_kwargs: dict, options: TaskOptions,
                   text_column: str = "text", id_column: str | None = None,
+                  image_column: str | None = None, image_root: str | None = None,
                   input_format: str | None = None, errors: str | None = None,
                   replicas: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0,
                   batch_size: int = 1024, chunk_rows: int = 4096, address: str | None = None,
@@ -60,7 +62,10 @@ def run_ray_batch(*, input: str, output: str, engine_kwargs: dict, options: Task
 
     address: the cluster to join; None starts a local Ray with this machine's CPUs (or uses
     the one this process is already connected to). On a multi-node cluster, input and output
-    must be on storage every node sees."""
+    must be on storage every node sees (with image_column, the image files too).
+
+    image_column: the rows are images (pooler/batch/images.py), not `text_column`'s texts;
+    relative paths are read under image_root (default: the input's folder)."""
     import ray
 
     if id_column is None:
@@ -71,10 +76,18 @@ def run_ray_batch(*, input: str, output: str, engine_kwargs: dict, options: Task
                          f"and {chunk_rows}.")
     if stall_timeout <= 0:
         raise ValueError(f"--stall-timeout must be positive seconds, got {stall_timeout:g}.")
+    if image_column is not None:
+        check_image_task(options.task)
+        _check_image_model(engine_kwargs, options.task)
+        image_root = str(Path(image_root).resolve()) if image_root \
+            else default_image_root(input)
+    elif image_root is not None:
+        raise ValueError("--image-root applies to an --image-column; this job has none.")
+    column = image_column or text_column
     started = time.perf_counter()
     out = _Output(output)
     manifest = _manifest(input, input_format, engine_kwargs["model"], text_column, id_column,
-                         options)
+                         options, image_column, image_root)
     out.prepare(manifest, overwrite)
     own_ray = not ray.is_initialized()
     if own_ray:
@@ -83,11 +96,12 @@ def run_ray_batch(*, input: str, output: str, engine_kwargs: dict, options: Task
         plan = plan_actors(*cluster_nodes(), replicas=replicas, num_cpus=num_cpus,
                            num_gpus=num_gpus, task_room=TASK_ROOM, task_cpus=TASK_CPUS)
         done = out.done_ids()
-        ds = read_corpus(input, input_format, [id_column, text_column], plan.task_cpus)
+        ds = read_corpus(input, input_format, [id_column, column], plan.task_cpus)
         task_args = {} if plan.task_cpus is None else {"num_cpus": plan.task_cpus}
         ds = ds.map_batches(
             _prepare, batch_format="pyarrow", batch_size=None,
-            fn_kwargs={"id_column": id_column, "text_column": text_column,
+            fn_kwargs={"id_column": id_column, "column": column,
+                       "option": "--image-column" if image_column else "--text-column",
                        "done": [ray.put(done)] if len(done) else []}, **task_args)
         # Blocks of one batch each, so that every actor gets work even from a one-block input.
         ds = _repartition(ds, batch_size, plan.task_cpus)
@@ -96,10 +110,11 @@ def run_ray_batch(*, input: str, output: str, engine_kwargs: dict, options: Task
         result = embed_dataset(ds, model=model, text_column=text_column, replicas=replicas,
                                num_cpus=num_cpus, num_gpus=num_gpus, batch_size=batch_size,
                                engine_kwargs=rest, predictor_class=predictor_class, plan=plan,
-                               repartition=False, id_column="id", **options.to_dict())
+                               repartition=False, id_column="id", image_column=image_column,
+                               image_root=image_root, **options.to_dict())
         result.context.execution_no_progress_timeout_s = stall_timeout
         result.context.enable_progress_bars = progress
-        written = _write_parts(result, out, text_column, chunk_rows, plan, replicas, num_cpus,
+        written = _write_parts(result, out, column, chunk_rows, plan, replicas, num_cpus,
                                batch_size, stall_timeout)
     finally:
         if own_ray:
@@ -109,6 +124,22 @@ def run_ray_batch(*, input: str, output: str, engine_kwargs: dict, options: Task
             "resumed_rows": len(done), "written_rows": written, "parts": out.part_count(),
             "cluster_cpus": plan.cluster_cpus, "plan": plan.describe(),
             "seconds": time.perf_counter() - started}
+
+
+def _check_image_model(engine_kwargs: dict, task: str) -> None:
+    """Refuse a model that cannot run an image column here, from its config: in the actors
+    it would only show as an actor that fails to start. A config the driver cannot read (a
+    path only the workers see) is left to the actors."""
+    from pooler.config import ModelConfig
+
+    try:
+        config = ModelConfig(model=engine_kwargs["model"], task=engine_kwargs.get("task"),
+                             runner=engine_kwargs.get("runner") or "auto",
+                             revision=engine_kwargs.get("revision"),
+                             hf_overrides=engine_kwargs.get("hf_overrides"))
+    except Exception:  # noqa: BLE001 - the actors load it and say why
+        return
+    check_image_config(config, task)
 
 
 def _repartition(ds, rows: int, task_cpus: float | None):
@@ -130,14 +161,15 @@ def _repartition(ds, rows: int, task_cpus: float | None):
     return ds
 
 
-def _prepare(batch: pa.Table, id_column: str, text_column: str, done: list) -> pa.Table:
-    """The id column (as `id`) and the text column; without the rows whose id a previous run
-    wrote."""
-    for option, column in (("--id-column", id_column), ("--text-column", text_column)):
-        if column not in batch.column_names:
-            raise ValueError(f"the input has no column {column!r} ({option}); its columns are "
+def _prepare(batch: pa.Table, id_column: str, column: str, option: str,
+             done: list) -> pa.Table:
+    """The id column (as `id`) and the input column (texts or images, named by `option`);
+    without the rows whose id a previous run wrote."""
+    for flag, name in (("--id-column", id_column), (option, column)):
+        if name not in batch.column_names:
+            raise ValueError(f"the input has no column {name!r} ({flag}); its columns are "
                              f"{batch.column_names}.")
-    batch = pa.table({"id": batch.column(id_column), text_column: batch.column(text_column)})
+    batch = pa.table({"id": batch.column(id_column), column: batch.column(column)})
     if done:
         import ray
 
@@ -149,9 +181,10 @@ def _prepare(batch: pa.Table, id_column: str, text_column: str, done: list) -> p
     return batch
 
 
-def _write_parts(result, out: "_Output", text_column: str, chunk_rows: int, plan, replicas,
+def _write_parts(result, out: "_Output", column: str, chunk_rows: int, plan, replicas,
                  num_cpus, batch_size, stall_timeout) -> int:
-    """Stream the job's output into part files of about `chunk_rows` rows; rows written."""
+    """Stream the job's output into part files of about `chunk_rows` rows (without the input
+    column: texts or image bytes); rows written."""
     from ray.data.exceptions import ExecutionTimeoutError
 
     pending: list[pa.Table] = []
@@ -160,7 +193,7 @@ def _write_parts(result, out: "_Output", text_column: str, chunk_rows: int, plan
         for batch in result.iter_batches(batch_size=None, batch_format="pyarrow"):
             if batch.num_rows == 0:
                 continue
-            pending.append(batch.drop_columns([text_column]))
+            pending.append(batch.drop_columns([column]))
             held += batch.num_rows
             if held >= chunk_rows:
                 out.write_part(pa.concat_tables(pending))
@@ -183,10 +216,11 @@ def _write_parts(result, out: "_Output", text_column: str, chunk_rows: int, plan
 
 
 def _manifest(input: str, fmt: str | None, model: str, text_column: str, id_column: str,
-              options: TaskOptions) -> dict:
+              options: TaskOptions, image_column: str | None, image_root: str | None) -> dict:
     manifest = {"format_version": 1, "runner": "ray", "input": input, "input_format": fmt,
                 "model": model, "text_column": text_column, "id_column": id_column,
-                "options": options.to_dict()}
+                "options": options.to_dict(), "image_column": image_column,
+                "image_root": image_root}
     if "://" not in input and Path(input).exists():
         path = Path(input).resolve()
         stat = path.stat()
