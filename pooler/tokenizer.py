@@ -164,6 +164,42 @@ class TextTokenizer:
             out.append(_to_input(joined))
         return out
 
+    def encode_pair_windows(self, text: str, pair: str, max_length: int,
+                            overlap: int | None) -> tuple[list[TokenizedInput], int]:
+        """A (query, document) pair whose document is cut into windows that each fit beside
+        the whole query within `max_length` (special tokens counted), consecutive windows
+        sharing `overlap` document tokens (None: a quarter of a window). A pair that fits is
+        one window, the same tokens as encode_batch([text], [pair]). Returns the windows and
+        the document tokens one window holds; ValueError when the query leaves no room or
+        the overlap does not fit in a window (the message names chunk_overlap)."""
+        if self._lowercase:
+            text, pair = text.lower(), pair.lower()
+        first = self._base.encode(text, add_special_tokens=False)
+        second = self._base.encode(pair, add_special_tokens=False)
+        num_special = self.num_special_tokens_to_add(pair=True)
+        room = max_length - num_special - len(first.ids)
+        if room <= 0:
+            raise ValueError(
+                f"The query has {len(first.ids)} tokens: with the {num_special} special tokens "
+                f"it leaves no room for a document window within {max_length} tokens. "
+                "Shorten the query (long_input='chunk' windows the documents only).")
+        if overlap is None:
+            overlap = room // 4
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
+            raise ValueError(f"chunk_overlap must be a non-negative integer, got {overlap!r}.")
+        if overlap >= room:
+            raise ValueError(f"chunk_overlap={overlap} must be smaller than the document tokens "
+                             f"a window holds beside this query ({room} = {max_length} - "
+                             f"{len(first.ids)} query tokens - {num_special} special tokens).")
+        if len(second.ids) > room:
+            # The tokenizers library's overflow: windows of `room` tokens, `overlap` shared.
+            second.truncate(room, stride=overlap, direction="right")
+            pieces = [second] + list(second.overflowing)
+        else:
+            pieces = [second]
+        return [_to_input(self._base.post_process(first, piece, add_special_tokens=True))
+                for piece in pieces], room
+
 
 def _longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
     """Tokens kept of each text of a pair, as `tokenizers` truncates with longest_first: the

@@ -22,6 +22,9 @@ import numpy as np
 from pooler.engine.input_processor import ProcessedInput
 
 LONG_INPUT_MODES = ("truncate", "chunk")
+# How score/rerank combine a long document's window scores (pooler/engine/tasks/long_scoring.py):
+# "max" is MaxP (the best passage decides, Dai & Callan 2019), "mean" averages every window.
+CHUNK_AGGREGATES = ("max", "mean")
 
 
 @dataclass
@@ -85,6 +88,21 @@ def weighted_mean(vectors: list[np.ndarray], weights: list[int]) -> np.ndarray:
     stacked = np.stack(vectors).astype(np.float64)  # [num_windows, dim]
     w = np.asarray(weights, dtype=np.float64)[:, None]
     return (stacked * w).sum(0) / w.sum()
+
+
+def check_long_input(long_input, chunk_aggregate=None) -> None:
+    """The options every long-input call takes, checked before any work."""
+    if long_input not in LONG_INPUT_MODES:
+        raise ValueError(f"long_input must be one of {list(LONG_INPUT_MODES)}, "
+                         f"got {long_input!r}.")
+    if chunk_aggregate is not None and chunk_aggregate not in CHUNK_AGGREGATES:
+        raise ValueError(f"chunk_aggregate must be one of {list(CHUNK_AGGREGATES)}, "
+                         f"got {chunk_aggregate!r}.")
+
+
+def aggregate(scores: list[float], how: str) -> float:
+    """A document's window scores -> its score: the best window ("max") or their mean."""
+    return float(max(scores)) if how == "max" else float(np.mean(np.asarray(scores, np.float64)))
 
 
 def finalize(vector: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
