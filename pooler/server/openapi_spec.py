@@ -357,6 +357,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 node["minimum"] = 1
                 if facts["dimensions"]:
                     node["maximum"] = facts["dimensions"]
+        elif name == "chunk_aggregate" and facts["colbert"]:
+            _set_enum(prop, ["max"])  # ColBERT: MaxSim over all windows' tokens
         elif name == "max_tokens_per_doc" and facts["colbert"]:
             _set_null(prop)  # ColBERT documents keep the model's own document length
         elif name == "max_tokens_per_doc":

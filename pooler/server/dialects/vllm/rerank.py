@@ -69,7 +69,23 @@ def _scoring_options(state: ServerState, body) -> dict[str, Any]:
         options["use_activation"] = body.use_activation
     if body.max_tokens_per_doc is not None:
         options["max_tokens_per_doc"] = body.max_tokens_per_doc
+    options.update(long_document_options(body))
     return options
+
+
+def long_document_options(body) -> dict[str, Any]:
+    """pooler's long_input / chunk_overlap / chunk_aggregate, as Engine.score takes them
+    (only those given; the engine names a bad combination in its 400)."""
+    return {name: getattr(body, name) for name in ("long_input", "chunk_overlap",
+                                                   "chunk_aggregate")
+            if getattr(body, name) is not None}
+
+
+def with_windows(item: dict[str, Any], output) -> dict[str, Any]:
+    """pooler's num_windows on a result, only when its document was chunked."""
+    if output.num_windows is not None:
+        item["num_windows"] = int(output.num_windows)
+    return item
 
 
 def _texts(value, field: str) -> list[str] | str:
@@ -94,7 +110,7 @@ async def score(body: ScoreRequest, request: Request):
 
     def compute():
         outputs = state.call("score", queries, documents, use_tqdm=False, **options)
-        data = [{"index": i, "object": "score", "score": float(o.score)}
+        data = [with_windows({"index": i, "object": "score", "score": float(o.score)}, o)
                 for i, o in enumerate(outputs)]
         return envelope("score", state, body, data, sum(o.num_tokens for o in outputs))
 
@@ -142,7 +158,7 @@ async def rerank_vllm(body: RerankRequest, request: Request):
             if body.return_documents is not False:
                 item["document"] = {"text": documents[o.document_index]}
             item["relevance_score"] = float(o.score)
-            results.append(item)
+            results.append(with_windows(item, o))
         tokens = sum(o.num_tokens for o in outputs)
         return {"id": response_id("rerank", body), "model": state.model_name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
