@@ -206,3 +206,19 @@ def test_colbert_scores_maxsim_over_all_windows(colbert_engine):
                             for d in docs) - 1e-4
     with pytest.raises(ValueError, match="chunk_aggregate does not apply"):
         engine.score(QUERY, [doc], long_input="chunk", chunk_aggregate="mean")
+
+
+def test_cli_rerank_long_input(cross_encoder, capsys):
+    import json
+
+    from pooler.cli.main import main
+    engine, _ = cross_encoder
+    code = main(["rerank", "--model", engine.folder, "--query", QUERY, "--long-input", "chunk",
+                 "--chunk-aggregate", "mean", SHORT, LONG])
+    assert code == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    want = {r.index: r for r in engine.rerank(QUERY, [SHORT, LONG], long_input="chunk",
+                                              chunk_aggregate="mean")}
+    assert [r["num_windows"] for r in records] == [want[r["index"]].num_windows
+                                                   for r in records]
+    assert [r["score"] for r in records] == [round(want[r["index"]].score, 6) for r in records]
