@@ -165,17 +165,21 @@ class TextTokenizer:
         return out
 
     def encode_pair_windows(self, text: str, pair: str, max_length: int,
-                            overlap: int | None) -> tuple[list[TokenizedInput], int]:
+                            overlap: int | None, max_pair_tokens: int | None = None
+                            ) -> tuple[list[TokenizedInput], int]:
         """A (query, document) pair whose document is cut into windows that each fit beside
         the whole query within `max_length` (special tokens counted), consecutive windows
         sharing `overlap` document tokens (None: a quarter of a window). A pair that fits is
         one window, the same tokens as encode_batch([text], [pair]). Returns the windows and
-        the document tokens one window holds; ValueError when the query leaves no room or
+        the document tokens one window holds. max_pair_tokens: the document is first cut to
+        that many tokens (vLLM's max_tokens_per_doc). ValueError when the query leaves no room or
         the overlap does not fit in a window (the message names chunk_overlap)."""
         if self._lowercase:
             text, pair = text.lower(), pair.lower()
         first = self._base.encode(text, add_special_tokens=False)
         second = self._base.encode(pair, add_special_tokens=False)
+        if max_pair_tokens is not None:
+            second.truncate(max_pair_tokens, direction="right")
         num_special = self.num_special_tokens_to_add(pair=True)
         room = max_length - num_special - len(first.ids)
         if room <= 0:

@@ -83,6 +83,24 @@ def split_into_windows(item: ProcessedInput, max_length: int, overlap: int,
         start = end - overlap
 
 
+def cut_content(item: ProcessedInput, max_tokens: int) -> ProcessedInput:
+    """The input cut to `max_tokens` tokens, its leading and trailing special tokens kept
+    (vLLM's max_tokens_per_doc on a document encoded alone)."""
+    ids = item.prompt_token_ids
+    if len(ids) <= max_tokens:
+        return item
+    special = item.special_tokens_mask or [0] * len(ids)
+    suffix = 0
+    while suffix < len(ids) and special[len(ids) - 1 - suffix]:
+        suffix += 1
+    keep = list(range(max(max_tokens - suffix, 0))) + list(range(len(ids) - suffix, len(ids)))
+
+    def pick(values):
+        return None if values is None else [values[i] for i in keep]
+    return ProcessedInput(prompt_token_ids=pick(ids), token_type_ids=pick(item.token_type_ids),
+                          special_tokens_mask=pick(special), text=item.text)
+
+
 def weighted_mean(vectors: list[np.ndarray], weights: list[int]) -> np.ndarray:
     """Token-weighted mean of window vectors: [num_windows, dim] -> [dim]."""
     stacked = np.stack(vectors).astype(np.float64)  # [num_windows, dim]

@@ -307,6 +307,8 @@ def _model_facts(engine) -> dict:
             "chat": chat,
             "max_len": engine.model_config.max_model_len,
             "colbert": engine.model_config.colbert is not None,
+            "bge_m3": _is_bge_m3(engine),
+            "colbert_document_length": _colbert_document_length(engine),
             "min_truncation": specials + 1,
             "specials": specials,
             "score_directions": "truncation_direction" in score_params,
@@ -317,6 +319,14 @@ def _model_facts(engine) -> dict:
             "dimensions": _safe_size(engine),
             "gliner": getattr(engine.model_config, "gliner", None) is not None,
             "vocab": int(vocab) if vocab else None}
+
+
+def _colbert_document_length(engine) -> int | None:
+    """A ColBERT document's window: its document length, at most the max length."""
+    colbert = engine.model_config.colbert
+    if colbert is None or not getattr(colbert, "document_length", None):
+        return None
+    return min(colbert.document_length, engine.model_config.max_model_len)
 
 
 def _safe_size(engine) -> int | None:
@@ -359,6 +369,17 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                     node["maximum"] = facts["dimensions"]
         elif name == "chunk_aggregate" and facts["colbert"]:
             _set_enum(prop, ["max"])  # ColBERT: MaxSim over all windows' tokens
+        elif name == "chunk_overlap" and "chunk_aggregate" in properties:
+            # Scoring's windows hold fewer document tokens than the max length (the query's
+            # take the rest, which the description states; the fuzz hooks keep to it).
+            for node in _integer_nodes(prop):
+                node["minimum"] = 0
+                window = facts["colbert_document_length"] or facts["max_len"]
+                if window:
+                    node["maximum"] = window - facts["min_truncation"] - 1
+        elif name == "long_input" and "chunk_aggregate" in properties \
+                and facts["bge_m3"]:
+            _set_enum(prop, ["truncate"])  # BGE-M3's combined scores are not windowed
         elif name == "max_tokens_per_doc" and facts["colbert"]:
             _set_null(prop)  # ColBERT documents keep the model's own document length
         elif name == "max_tokens_per_doc":

@@ -97,6 +97,18 @@ def test_a_document_that_fits_scores_as_unchunked(cross_encoder):
     assert engine.score(QUERY, [LONG], truncate=False, long_input="chunk")[0].num_windows == 2
 
 
+def test_max_tokens_per_doc_cuts_before_windowing(cross_encoder):
+    engine, reference = cross_encoder
+    ids = reference.tokenizer(LONG, add_special_tokens=False)["input_ids"][:70]
+    cut = reference.tokenizer.decode(ids)
+    windows = _windows(reference.tokenizer, QUERY, cut, LIMIT, None)
+    [got] = engine.score(QUERY, [LONG], long_input="chunk", max_tokens_per_doc=70,
+                         truncate_prompt_tokens=LIMIT, chunk_aggregate="mean")
+    assert got.num_windows == len(windows)
+    assert got.score == pytest.approx(float(reference.predict(
+        [(QUERY, w) for w in windows]).mean()), abs=1e-5)
+
+
 def test_rerank_carries_the_window_counts(cross_encoder):
     engine, reference = cross_encoder
     docs = [SHORT, LONG, "dogs bark"]
@@ -139,8 +151,7 @@ def test_bad_options_are_named(cross_encoder):
                           ({"long_input": "chunk", "chunk_overlap": -1}, "chunk_overlap"),
                           ({"long_input": "chunk", "chunk_overlap": 40,
                             "truncate_prompt_tokens": LIMIT}, "chunk_overlap"),
-                          ({"long_input": "chunk", "max_tokens_per_doc": 5},
-                           "max_tokens_per_doc")]:
+]:
         with pytest.raises(ValueError, match=field):
             engine.score(QUERY, [LONG], **kwargs)
     with pytest.raises(ValueError, match="Shorten the query"):
@@ -174,6 +185,14 @@ def test_bi_encoder_windows_are_cosines_of_window_embeddings(minilm_engine):
     [fits] = engine.score(QUERY, [SHORT], long_input="chunk")
     assert fits.num_windows == 1
     assert fits.score == pytest.approx(engine.score(QUERY, [SHORT])[0].score, abs=1e-6)
+    # max_tokens_per_doc cuts first (special tokens counted): 300 tokens -> two windows
+    [cut] = engine.score(QUERY, [doc], long_input="chunk", chunk_overlap=10,
+                         max_tokens_per_doc=300)
+    first_two = [101] + ids[:298] + [102]
+    split = [[101] + first_two[1:255] + [102], [101] + first_two[245:299] + [102]]
+    cos2 = [float(q.embedding @ v / np.linalg.norm(q.embedding) / np.linalg.norm(v))
+            for v in (o.embedding for o in engine.embed(split))]
+    assert cut.num_windows == 2 and cut.score == pytest.approx(max(cos2), abs=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -95,11 +95,16 @@ def test_bad_long_document_options_are_named(reranker, field, value):
     assert field in r.json()["error"] and r.json()["error_type"] == "Validation"
 
 
-def test_chunk_options_need_long_input(reranker):
-    client, _ = reranker
+def test_chunk_options_without_long_input_change_nothing(reranker):
+    """As chunk_overlap on /v1/embeddings: without long_input "chunk" they are unused."""
+    client, engine = reranker
     r = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS[:1],
-                                        "chunk_aggregate": "mean"})
-    assert r.status_code == 400 and "chunk_aggregate" in r.json()["error"]["message"]
+                                        "chunk_aggregate": "mean", "chunk_overlap": 3})
+    assert r.status_code == 200, r.text
+    [item] = r.json()["results"]
+    assert "num_windows" not in item
+    assert item["relevance_score"] == pytest.approx(engine.score(QUERY, DOCS[:1])[0].score,
+                                                    abs=1e-6)
 
 
 def test_spec_lists_the_options(reranker):
@@ -111,4 +116,6 @@ def test_spec_lists_the_options(reranker):
         assert {"long_input", "chunk_overlap", "chunk_aggregate"} <= set(props)
         enums = [o.get("enum") for o in props["chunk_aggregate"]["anyOf"] if "enum" in o]
         assert enums == [["max", "mean"]]
+        overlap = next(o for o in props["chunk_overlap"]["anyOf"] if o.get("type") == "integer")
+        assert overlap["minimum"] == 0 and overlap["maximum"] < MAX_LEN
     assert "num_windows" in schemas["RerankResult"]["properties"]

@@ -37,8 +37,10 @@ WindowedScores = tuple[list[float], list[int], list[int]]
 def cross_encoder_window_scores(engine: TaskEngine, request: ScoreRequest,
                                 truncation: TruncationOptions, overlap: int | None,
                                 aggregate: str, use_activation, use_tqdm, priority,
-                                cancel) -> WindowedScores:
-    """Every (query, window) pair classified in one engine run; window scores aggregated."""
+                                cancel, max_tokens_per_doc: int | None = None
+                                ) -> WindowedScores:
+    """Every (query, window) pair classified in one engine run; window scores aggregated.
+    max_tokens_per_doc cuts each document first, then the rest is windowed."""
     from pooler.engine.tasks.classification import check_pairs
 
     if not all(isinstance(x, str) for x in request.queries + request.documents):
@@ -55,7 +57,8 @@ def cross_encoder_window_scores(engine: TaskEngine, request: ScoreRequest,
     with tokenizing():
         for qi, di in request.pairs:
             windows.append(engine.tokenizer.encode_pair_windows(
-                request.queries[qi], request.documents[di], limit, overlap)[0])
+                request.queries[qi], request.documents[di], limit, overlap,
+                max_tokens_per_doc)[0])
     flat = [ProcessedInput(prompt_token_ids=w.input_ids, token_type_ids=w.token_type_ids,
                            special_tokens_mask=w.special_tokens_mask)
             for group in windows for w in group]
@@ -76,9 +79,11 @@ def cross_encoder_window_scores(engine: TaskEngine, request: ScoreRequest,
 
 def bi_encoder_window_scores(engine: TaskEngine, request: ScoreRequest,
                              truncation: TruncationOptions, overlap: int | None,
-                             aggregate: str, use_tqdm, priority, cancel) -> WindowedScores:
+                             aggregate: str, use_tqdm, priority, cancel,
+                             max_tokens_per_doc: int | None = None) -> WindowedScores:
     """Each distinct query and every window of each distinct document embedded once, in one
-    engine run; a pair's window scores are the query's cosines with its document's windows."""
+    engine run; a pair's window scores are the query's cosines with its document's windows.
+    max_tokens_per_doc cuts each document (special tokens counted) before it is windowed."""
     used_q = sorted({qi for qi, _ in request.pairs})
     used_d = sorted({di for _, di in request.pairs})
     limit = engine.processor.max_length_for(truncation)
@@ -87,6 +92,8 @@ def bi_encoder_window_scores(engine: TaskEngine, request: ScoreRequest,
                                            truncation=truncation)
         documents = engine.processor.process([request.documents[j] for j in used_d],
                                              whole=True)
+        if max_tokens_per_doc is not None:
+            documents = [long_inputs.cut_content(d, max_tokens_per_doc) for d in documents]
     groups = []
     for doc in documents:
         num_special = sum(doc.special_tokens_mask or [])

@@ -192,9 +192,6 @@ def _score_chunked(engine: TaskEngine, request, kind: str, truncation: Truncatio
     if kind == "bge_m3":
         raise ValueError("long_input='chunk' applies to cross-encoders, bi-encoders and "
                          "ColBERT models, not to BGE-M3's combined scores.")
-    if max_tokens_per_doc is not None:
-        raise ValueError("max_tokens_per_doc cuts documents and long_input='chunk' keeps them "
-                         "whole in windows: pass one of them.")
     if kind == "late_interaction":
         if aggregate not in (None, "max"):
             raise ValueError("chunk_aggregate does not apply to ColBERT models: a long "
@@ -207,11 +204,11 @@ def _score_chunked(engine: TaskEngine, request, kind: str, truncation: Truncatio
     elif kind == "bi_encoder":
         scores, tokens, windows = long_scoring.bi_encoder_window_scores(
             engine, request, truncation, overlap, aggregate or "max", use_tqdm, priority,
-            cancel)
+            cancel, max_tokens_per_doc)
     else:
         scores, tokens, windows = long_scoring.cross_encoder_window_scores(
             engine, request, truncation, overlap, aggregate or "max", use_activation,
-            use_tqdm, priority, cancel)
+            use_tqdm, priority, cancel, max_tokens_per_doc)
     return [ScoreOutput(float(s), qi, di, n, w)
             for s, n, w, (qi, di) in zip(scores, tokens, windows, request.pairs)]
 

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.server.dialects import cohere, quantized
+from pooler.server.dialects.long_documents import long_document_options
 from pooler.server.errors import APIError, bad_request, validation_message
 from pooler.server.protocol import (TEIDecodeRequest, TEIEmbedAllRequest, TEIEmbedRequest,
                                     TEIPredictRequest, TEIRerankRequest, TEISimilarityRequest,
@@ -294,9 +295,7 @@ async def _rerank(body: TEIRerankRequest, request: Request):
         raise TEIError("Backend", "model is not a re-ranker model: /rerank needs a "
                                   "cross-encoder (a sequence classifier with one label).")
     kwargs = truncation(body)
-    long_documents = {name: getattr(body, name) for name in ("long_input", "chunk_overlap",
-                                                             "chunk_aggregate")
-                      if getattr(body, name) is not None}
+    long_documents = long_document_options(body)  # pooler's addition
 
     def compute():
         results = state.call("rerank", body.query, list(body.texts),

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
 from pooler.server.dialects import tei
+from pooler.server.dialects.long_documents import long_document_options, with_windows
 from pooler.server.dialects.vllm.common import (TRUNCATION_TOO_BIG, check_priority, envelope,
                                                 get_state, response_id, scoring_unavailable_reason)
 from pooler.server.dialects.vllm.errors import VLLMRoute, use_tei_errors, vllm_error
@@ -71,21 +72,6 @@ def _scoring_options(state: ServerState, body) -> dict[str, Any]:
         options["max_tokens_per_doc"] = body.max_tokens_per_doc
     options.update(long_document_options(body))
     return options
-
-
-def long_document_options(body) -> dict[str, Any]:
-    """pooler's long_input / chunk_overlap / chunk_aggregate, as Engine.score takes them
-    (only those given; the engine names a bad combination in its 400)."""
-    return {name: getattr(body, name) for name in ("long_input", "chunk_overlap",
-                                                   "chunk_aggregate")
-            if getattr(body, name) is not None}
-
-
-def with_windows(item: dict[str, Any], output) -> dict[str, Any]:
-    """pooler's num_windows on a result, only when its document was chunked."""
-    if output.num_windows is not None:
-        item["num_windows"] = int(output.num_windows)
-    return item
 
 
 def _texts(value, field: str) -> list[str] | str:
