@@ -114,6 +114,22 @@ def add_parser(sub) -> None:
                    help="most open connections; more are answered 503 and closed at once. "
                         "Kept below the open-files limit, which is raised to its hard limit "
                         "at start (default: %(default)s)")
+    media = p.add_argument_group("images in requests (image-text models; docs/serving/http.md)")
+    media.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                       help="accept file:// image URLs naming files under DIR (vLLM's flag); "
+                            "refused by default")
+    media.add_argument("--allow-private-media-urls", action="store_true",
+                       help="let http(s) image URLs reach private, loopback and link-local "
+                            "addresses (refused by default: a client could otherwise make the "
+                            "server read internal services)")
+    media.add_argument("--media-fetch-timeout", type=float, default=d.media_fetch_timeout,
+                       help="seconds to fetch one image URL, redirects included; slower is a "
+                            "400 naming the item (default: %(default)s)")
+    media.add_argument("--max-image-bytes", type=int, default=d.max_image_bytes,
+                       help="largest encoded image, fetched or sent inline (default: "
+                            "%(default)s)")
+    media.add_argument("--media-workers", type=int, default=d.media_workers,
+                       help="threads fetching and decoding images (default: %(default)s)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn and pooler log level (default: %(default)s)")
@@ -191,7 +207,11 @@ def _settings(args):
         listen_host=args.host, otlp_endpoint=args.otlp_endpoint,
         otlp_service_name=args.otlp_service_name, log_requests=args.log_format == "json",
         small_request_inputs=args.small_request_inputs,
-        small_request_slots=args.small_request_slots)
+        small_request_slots=args.small_request_slots,
+        allowed_local_media_path=args.allowed_local_media_path,
+        allow_private_media_urls=args.allow_private_media_urls,
+        media_fetch_timeout=args.media_fetch_timeout, max_image_bytes=args.max_image_bytes,
+        media_workers=args.media_workers)
 
 
 def _one_model_only(settings, how: str) -> None:

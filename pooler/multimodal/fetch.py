@@ -14,6 +14,7 @@ import http.client
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 from urllib.parse import urljoin, urlsplit
 
@@ -59,7 +60,16 @@ def fetch_image_bytes(url: str, index: int = 0, *, max_bytes: int = DEFAULT_LIMI
         else:
             conn = http.client.HTTPConnection(address, port, timeout=remaining)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        watchdog = None
         try:
+            conn.connect()
+            # Socket timeouts bound each receive, not the whole: a server that drips its
+            # headers or body a byte at a time is cut off at the deadline.
+            # (the socket itself: http.client hands it to the response and forgets it).
+            watchdog = threading.Timer(max(deadline - time.monotonic(), 0.0), _cut,
+                                       (conn.sock,))
+            watchdog.daemon = True
+            watchdog.start()
             conn.request("GET", path, headers={"Host": parts.netloc, "User-Agent": "pooler",
                                                "Accept": "image/*"})
             response = conn.getresponse()
@@ -77,10 +87,23 @@ def fetch_image_bytes(url: str, index: int = 0, *, max_bytes: int = DEFAULT_LIMI
             raise ImageInputError(f"{where}: fetching the image took longer than "
                                   f"{timeout} s.") from None
         except (OSError, http.client.HTTPException) as exc:
+            if time.monotonic() >= deadline:  # cut off by the watchdog
+                raise ImageInputError(f"{where}: fetching the image took longer than "
+                                      f"{timeout} s.") from None
             raise ImageInputError(f"{where}: fetching {url[:100]!r} failed ({exc}).") from None
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             conn.close()
     raise ImageInputError(f"{where}: more than {max_redirects} redirects.")
+
+
+def _cut(sock) -> None:
+    """Wake a receive blocked on `sock` (shutdown does; close alone may not)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _resolve(host: str, port: int, allow_private: bool, where: str) -> str:
@@ -109,6 +132,9 @@ def _read_limited(response, max_bytes: int, deadline: float, timeout: float,
             raise ImageInputError(f"{where}: fetching the image took longer than {timeout} s.")
         chunk = response.read(64 * 1024)
         if not chunk:
+            if time.monotonic() >= deadline:  # the watchdog ended it, not the server
+                raise ImageInputError(f"{where}: fetching the image took longer than "
+                                      f"{timeout} s.")
             return b"".join(chunks)
         size += len(chunk)
         if size > max_bytes:

@@ -201,3 +201,18 @@ def _decode_data_url(url: str, limits: MediaLimits, where: str) -> bytes:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise ImageInputError(f"{where}: the data URL's base64 payload is invalid.") from None
+
+
+def read_data_url(url: str, index: int = 0, *, limits: MediaLimits = DEFAULT_LIMITS,
+                  field: str = "inputs") -> bytes:
+    """The encoded image bytes of a 'data:image/<type>;base64,' URL (a server decodes them
+    itself, on its media threads)."""
+    return _decode_data_url(url, limits, f"{field}[{index}]")
+
+
+def read_image_file(path: str | os.PathLike, index: int = 0, *,
+                    limits: MediaLimits = DEFAULT_LIMITS,
+                    allowed_dir: str | os.PathLike | None = None,
+                    field: str = "inputs") -> bytes:
+    """The bytes of an image file, refused outside `allowed_dir` or over the byte limit."""
+    return _read_file(Path(path), limits, allowed_dir, f"{field}[{index}]")

@@ -55,6 +55,9 @@ def create_app(engine, settings: ServerSettings | None = None, *,
     state = ServerState(engine, settings, metrics)
     metrics.add_peer_metrics(state.model_name, engine.model_config.max_model_len)
     tracer = _add_request_observers(metrics, settings, state.model_name)
+    if callable(getattr(engine, "image_cache_stats", None)) and \
+            engine.image_cache_stats() is not None:
+        metrics.add_image_cache_metrics(engine.image_cache_stats)
 
     def scrape() -> tuple[bytes, str]:
         metrics.observe_engine(engine)
@@ -90,6 +93,7 @@ def create_app(engine, settings: ServerSettings | None = None, *,
             # cancelled engine call and ends within one poll.
             state.executor.shutdown(wait=False, cancel_futures=True)
             state.tokenizer_executor.shutdown(wait=False, cancel_futures=True)
+            state.media.shutdown()
 
     app = FastAPI(title="pooler", version=_version(), lifespan=lifespan,
                   description="Embeddings, reranking, classification, NER and sparse vectors "

@@ -88,7 +88,7 @@ _TOKENS_PER_LABEL = 60
 
 # Fields the handlers refuse when they are empty lists.
 _NON_EMPTY = {"input", "inputs", "documents", "texts", "queries", "text_1", "text_2", "tokens",
-              "ids", "messages", "sentences", "items", "data_1", "data_2"}
+              "ids", "messages", "sentences", "items", "data_1", "data_2", "images", "content"}
 # Fields that carry token ids (alone or among texts).
 _TOKEN_ID_FIELDS = {"input", "inputs", "tokens", "ids", "queries", "documents", "text_1",
                     "text_2", "query"}
@@ -305,6 +305,9 @@ def _model_facts(engine) -> dict:
     return {"tasks": sorted(engine.supported_tasks),
             "default_task": getattr(engine, "default_task", None),
             "chat": chat,
+            # The Engine's image side (pooler/server/media.py: takes_images).
+            "images": getattr(engine, "image_side", getattr(engine, "images", None))
+            is not None,
             "max_len": engine.model_config.max_model_len,
             "colbert": engine.model_config.colbert is not None,
             "scores_in_windows": _scores_in_windows(engine),
@@ -413,13 +416,20 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             # tie it to, the spec promises the default and true.
             properties[name] = {"anyOf": [{"type": "boolean", "enum": [True]},
                                           {"type": "null"}], "default": None}
-        elif name == "content":  # Cohere inputs: text parts only (others are a 400)
+        elif name == "content":
+            # Content parts (chat messages, Cohere inputs, vLLM's {"content": [...]}): the
+            # typed text parts, and image parts where the model embeds images; any other
+            # object is a 400 naming the part.
+            typed = ("/CohereTextContent", "/TextPart") + (
+                ("/ImageURLPart",) if facts["images"] else ())
             for node in _walk(prop):
-                text = [o for o in node.get("anyOf", [])
-                        if str(o.get("$ref", "")).endswith("/CohereTextContent")]
-                if text:
-                    node["anyOf"] = text
-        elif name == "messages" and not facts["chat"]:
+                kept = [o for o in node.get("anyOf", [])
+                        if str(o.get("$ref", "")).endswith(typed)]
+                if kept:
+                    node["anyOf"] = kept
+        elif name == "images" and not facts["images"]:
+            _set_null(prop)  # Cohere's images: only for a model that embeds images
+        elif name == "messages" and not facts["chat"] and not facts["images"]:
             _set_null(prop)  # no chat template in the model: chats need one
         elif name in ("document", "input"):  # /embed_chunks; vLLM refuses an empty prompt
             for node in _walk(prop):
@@ -507,12 +517,20 @@ def _narrow_node(schema: dict, facts: dict) -> None:
         return
     # The score request takes queries/documents or text_1/text_2: one of each pair is needed.
     needs = [pair for pair in (("queries", "text_1"), ("documents", "text_2"),
-                               ("texts", "inputs"))
+                               ("texts", "inputs", "images") if "images" in properties
+                               else ("texts", "inputs"))
              if set(pair) <= set(properties)]
+    # Cohere's input_type "image" goes with images (or inputs), not with texts.
+    if {"texts", "input_type", "images"} <= set(properties):
+        schema.setdefault("allOf", []).append({"anyOf": [
+            {"not": {"required": ["texts"]}}, {"properties": {"texts": {"type": "null"}}},
+            {"properties": {"input_type": {"not": {"enum": ["image"]}}}}]})
     # Flags the handlers refuse together: add_generation_prompt and continue_final_message
     # both true; Cohere's texts and inputs both given (one kind of input per request).
     for a, b, unset in (("add_generation_prompt", "continue_final_message", {"enum": [False]}),
-                        ("texts", "inputs", {"type": "null"})):
+                        ("texts", "inputs", {"type": "null"}),
+                        ("texts", "images", {"type": "null"}),
+                        ("images", "inputs", {"type": "null"})):
         if {a, b} <= set(properties):
             schema.setdefault("allOf", []).append({"anyOf": [
                 {"not": {"required": [a]}}, {"not": {"required": [b]}},

@@ -64,6 +64,39 @@ class _TruncationFields(_Request):
     truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
 
 
+# ---- content parts (images; pooler/server/media.py) -------------------------------------------
+_IMAGE_URL = ("A data:image/<type>;base64,... URL; http(s):// URLs and file:// URLs as the "
+              "server's media flags allow (--allow-private-media-urls, "
+              "--allowed-local-media-path).")
+
+
+class TextPart(_Request):
+    """{"type": "text", "text": ...} (OpenAI's chat content part)."""
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ImageURL(_Request):
+    url: StrictStr = Field(description=_IMAGE_URL)
+
+
+class ImageURLPart(_Request):
+    """{"type": "image_url", "image_url": {"url": ...}}: on a model that embeds images (CLIP,
+    SigLIP) the image; a text-only model answers 400 naming the part."""
+    type: Literal["image_url"]
+    image_url: Union[ImageURL, StrictStr]
+
+
+# A content part: typed text and image parts (what the spec declares), or any other object,
+# which the handlers refuse with a 400 naming the part and the forms taken.
+ContentPart = Union[TextPart, ImageURLPart, dict[str, Any]]
+
+
+def part_dicts(parts: list) -> list[dict]:
+    """Content parts as plain dicts (the typed ones dumped), as handlers read them."""
+    return [p.model_dump(exclude_none=True) if isinstance(p, BaseModel) else p for p in parts]
+
+
 # ---- errors ---------------------------------------------------------------------------------
 class ErrorInfo(BaseModel):
     message: str

@@ -40,11 +40,20 @@ class ServerSettings:
     otlp_endpoint: str | None = None
     otlp_service_name: str = "pooler"
     log_requests: bool = False           # one log record per request (--log-format json)
+    # Images in requests (pooler/server/media.py): data: URLs always; http(s) URLs within these
+    # limits, never to private/loopback/link-local hosts unless allowed; file:// URLs only under
+    # allowed_local_media_path (vLLM's --allowed-local-media-path).
+    max_image_bytes: int = 20 * 2**20    # encoded size of one image
+    media_fetch_timeout: float = 10.0    # s to fetch one image URL, redirects included
+    allow_private_media_urls: bool = False
+    allowed_local_media_path: str | None = None
+    media_workers: int = 8               # threads fetching and decoding images
 
     def __post_init__(self):
         for name in ("max_input_items", "max_payload_bytes", "max_queue", "max_workers",
                      "header_timeout", "body_timeout", "keep_alive_timeout",
-                     "max_connections", "max_queue_seconds", "small_request_inputs"):
+                     "max_connections", "max_queue_seconds", "small_request_inputs",
+                     "max_image_bytes", "media_fetch_timeout", "media_workers"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
         if self.max_queue_tokens is not None and self.max_queue_tokens <= 0:
@@ -56,6 +65,12 @@ class ServerSettings:
             raise ValueError(f"long_input must be 'truncate' or 'chunk', got {self.long_input!r}.")
         if self.graceful_timeout < 0:
             raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}.")
+        if self.allowed_local_media_path is not None:
+            from pathlib import Path
+
+            if not Path(self.allowed_local_media_path).is_dir():
+                raise ValueError("allowed_local_media_path must be an existing folder, got "
+                                 f"{self.allowed_local_media_path!r}.")
         for name in ("prometheus_port", "grpc_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:

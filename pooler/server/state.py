@@ -28,6 +28,7 @@ from pooler.params import PoolingParams
 from pooler.server.edges.limits import Admission, Reservation, TokenAdmission
 from pooler.server.edges.shutdown import ShutdownGate
 from pooler.server.errors import APIError, bad_request, unsupported
+from pooler.server.media import MediaResolver, resolve_items
 from pooler.server.observability.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
 
@@ -39,6 +40,10 @@ TOKENIZER_WORKERS = 4
 # handler and read by respond() in the same request's task: every route that checks `model`
 # runs its engine calls with that adapter, without an argument through each handler.
 _request_lora: ContextVar[str | None] = ContextVar("pooler_request_lora", default=None)
+# Bytes of the request body that were image URLs (data: URLs mostly), set by resolve_images:
+# respond() leaves them out of the body-size token estimate (an image costs its patches, known
+# once processed, not a token per 4 bytes of base64).
+_request_media_bytes: ContextVar[int] = ContextVar("pooler_request_media_bytes", default=0)
 
 
 class ServerState:
@@ -69,6 +74,8 @@ class ServerState:
         # never wait behind model calls for a thread, nor count against the model's queue.
         self.tokenizer_executor = ThreadPoolExecutor(TOKENIZER_WORKERS,
                                                      thread_name_prefix="pooler-tokenize")
+        # Images named in requests: fetched and decoded on threads of their own (media.py).
+        self.media = MediaResolver(settings)
         self.ready = False
         self.started_at = time.time()
         self.shutdown = ShutdownGate()
@@ -196,6 +203,18 @@ class ServerState:
                 raise unsupported(f"the option '{key}' on {method}", param=key)
         return fn(*args, **final)
 
+    async def resolve_images(self, items: list) -> tuple[list, dict]:
+        """`items` with their images (media.ImageRef) fetched and decoded, off the event loop;
+        a bad image is a 400 naming it."""
+        if len(items) > self.settings.max_input_items:  # before fetching anything
+            raise APIError(413, f"The request holds {len(items)} inputs, more than this "
+                           f"server's limit of {self.settings.max_input_items} per request "
+                           "(--max-input-items); split it into several requests.",
+                           code="too_many_inputs")
+        items, resolved = await resolve_items(self.media, items)
+        _request_media_bytes.set(sum(len(ref.url) for ref in resolved))
+        return items, resolved
+
     # ---- running work -------------------------------------------------------------------
     async def respond(self, request: Request, num_items: int, field: str,
                       compute: Callable[[], Any], model_step: bool = True) -> Response:
@@ -210,8 +229,9 @@ class ServerState:
         if not model_step:
             return await self._respond_tokenizer_only(compute)
         body_bytes = request.headers.get("content-length", "0")
+        body_bytes = int(body_bytes) if body_bytes.isdigit() else 0
         tokens = Reservation(self.token_admission,
-                             int(body_bytes) if body_bytes.isdigit() else 0,
+                             max(0, body_bytes - _request_media_bytes.get()),
                              small=num_items <= self.settings.small_request_inputs)
         try:
             self.admission.admit(num_items, field)

@@ -40,8 +40,10 @@ SERVER_IMPORTS = {
     "multi_model": {"asgi_call", "observability"},
     "grpc": {"dialects", "asgi_call"},
     "openapi_spec": {"dialects"},
-    "dialects": {"state", "errors", "protocol"},
-    "state": {"edges", "observability", "errors", "settings"},
+    "dialects": {"state", "errors", "protocol", "media"},
+    "state": {"edges", "observability", "errors", "settings", "media"},
+    # Images named in requests: fetched and decoded off the event loop (media.py).
+    "media": {"errors", "settings"},
     "edges": {"dialects", "errors"},
     "observability": {"errors"},
     **{core: set() for core in SERVER_CORE},

@@ -7,8 +7,9 @@ fixed ranges, so a vector's codes do not depend on its batch), not Cohere's own 
 `model` may be any name (the server serves one model); a task adapter's name picks it, and
 on a model that carries task adapters (jina-embeddings-v3) `input_type` picks the one made
 for it (search_query -> retrieval.query, search_document -> retrieval.passage,
-classification -> classification, clustering -> separation). `texts` or `inputs` (text parts only),
-not both, as Cohere takes one kind of input per request. `truncate`:
+classification -> classification, clustering -> separation). `texts`, `images` (data URIs) or
+`inputs` (text parts, or one image_url part each), one of them, as Cohere takes one kind of
+input per request; images need a model that embeds them (pooler/server/media.py). `truncate`:
 END (default) / START cut an over-long text on that side, NONE makes it a 400. Errors are
 Cohere's {"message": ...}.
 """
@@ -29,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.server.dialects import quantized
 from pooler.server.errors import ERROR_RESPONSES, APIError, bad_request, validation_message
-from pooler.server.protocol import NullMeansUnset
+from pooler.server.media import ImageRef, content_item, takes_images, text_only_refusal
+from pooler.server.protocol import ImageURLPart, NullMeansUnset, part_dicts
 from pooler.server.state import ServerState
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
@@ -52,12 +54,18 @@ class CohereTextContent(_Request):
 
 
 class CohereInput(_Request):
-    content: list[Union[CohereTextContent, dict[str, Any]]]
+    content: list[Union[CohereTextContent, ImageURLPart, dict[str, Any]]]
 
 
 class CohereEmbedRequest(_Request):
     texts: Optional[list[StrictStr]] = None
-    inputs: Optional[list[CohereInput]] = None
+    images: Optional[list[StrictStr]] = Field(None, description=(
+        "Images as data URIs ('data:image/png;base64,...'); an image-text model (CLIP, "
+        "SigLIP) embeds each one. http(s):// and file:// URLs as the server's media flags "
+        "allow."))
+    inputs: Optional[list[CohereInput]] = Field(None, description=(
+        "Each input's content: text parts ({type: text, text}) joined by spaces, or one "
+        "image part ({type: image_url, image_url: {url}})."))
     model: Optional[StrictStr] = None
     input_type: Optional[StrictStr] = None
     embedding_types: Optional[list[EmbeddingType]] = None
@@ -109,29 +117,37 @@ router = APIRouter(tags=["Cohere"], route_class=CohereRoute)
 
 
 # ---- the embed call ---------------------------------------------------------------------------
-def _texts(body: CohereEmbedRequest) -> list[str]:
-    if body.inputs is not None and not body.inputs:
-        raise bad_request("'inputs' is empty: pass at least one input, or leave it out.",
-                          "inputs")
-    # Cohere takes one kind of input per request (texts, images or inputs): both would leave
+def _items(state: ServerState, body: CohereEmbedRequest) -> tuple[list, list[str] | None]:
+    """The Engine items of a request (texts, and media.ImageRef for images, fetched later)
+    and the `texts` its answer echoes (None: the request holds images)."""
+    given = [name for name in ("texts", "images", "inputs") if getattr(body, name) is not None]
+    # Cohere takes one kind of input per request (texts, images or inputs): two would leave
     # one of them silently unembedded.
-    if body.texts is not None and body.inputs is not None:
-        raise bad_request("Pass either 'texts' or 'inputs', not both.", "inputs")
-    if body.texts is not None:
-        texts = list(body.texts)
-    elif body.inputs is not None:
-        texts = []
-        for i, item in enumerate(body.inputs):
-            parts = [c.text for c in item.content if isinstance(c, CohereTextContent)]
-            if len(parts) != len(item.content):
-                raise bad_request(f"inputs[{i}] has non-text content: this server embeds "
-                                  "text only.", "inputs")
-            texts.append(" ".join(parts))
-    else:
-        raise bad_request("Pass 'texts' (a list of strings) or 'inputs'.", "texts")
-    if not texts:
-        raise bad_request("'texts' is empty: pass at least one text.", "texts")
-    return texts
+    if len(given) > 1:
+        raise bad_request(f"Pass one of 'texts', 'images' or 'inputs', not {' and '.join(given)}.",
+                          given[-1])
+    if not given:
+        raise bad_request("Pass 'texts' (a list of strings), 'images' (data URIs) or 'inputs'.",
+                          "texts")
+    name = given[0]
+    if not getattr(body, name):
+        raise bad_request(f"'{name}' is empty: pass at least one item, or leave it out.", name)
+    if body.input_type == "image" and name == "texts":
+        raise bad_request("input_type 'image' embeds images: send them in 'images' (data URIs) "
+                          "or 'inputs', or pick a text input_type.", "input_type")
+    if name == "texts":
+        return list(body.texts), list(body.texts)
+    if name == "images":
+        refs = [ImageRef(url, "images", i) for i, url in enumerate(body.images)]
+        if not takes_images(state.engine):
+            raise text_only_refusal(state.engine, refs[0])
+        return refs, None
+    items = []
+    for i, item in enumerate(body.inputs):
+        items.append(content_item(state.engine, part_dicts(item.content),
+                                  f"inputs[{i}].content", separator=" "))
+    texts = items if all(isinstance(x, str) for x in items) else None
+    return items, texts
 
 
 def _prompt_name(state: ServerState, input_type: str | None) -> str | None:
@@ -161,7 +177,7 @@ def _by_type(matrix: np.ndarray, types: list[str]) -> dict[str, Any]:
 async def _embed(body: CohereEmbedRequest, request: Request, version: str):
     state: ServerState = request.app.state.pooler
     state.require("embed", "embed", "embeddings")
-    texts = _texts(body)
+    items, texts = _items(state, body)
     state.check_dimensions(body.output_dimension)
     types = list(dict.fromkeys(body.embedding_types or ["float"]))
     truncation = {"truncate": body.truncate != "NONE",
@@ -172,27 +188,34 @@ async def _embed(body: CohereEmbedRequest, request: Request, version: str):
                               "keeps its special tokens plus one), got "
                               f"{body.max_tokens}.", "max_tokens")
         truncation["truncate_prompt_tokens"] = body.max_tokens
-    prompt_name = _prompt_name(state, body.input_type)
+    prompt_name = _prompt_name(state, body.input_type) if texts is not None else None
     task = _TASK_ADAPTERS.get(body.input_type or "")
     adapter = {"task": task} if task in getattr(state.engine, "task_adapters", ()) else {}
+    state.pick_lora(body.model)  # any name is accepted; an adapter's name picks it
+    items, resolved = await state.resolve_images(items)  # off the event loop; 400 if bad
 
     def compute():
-        outputs = state.engine.embed(texts, dimensions=body.output_dimension,
+        outputs = state.engine.embed(items, dimensions=body.output_dimension,
                                      prompt_name=prompt_name, use_tqdm=False, **truncation,
                                      **adapter)
         matrix = np.stack([o.embedding for o in outputs])  # [n, dim] float32
         tokens = sum(o.num_tokens for o in outputs)
         meta = {"api_version": {"version": version},
                 "billed_units": {"input_tokens": tokens}}
-        common = {"id": str(uuid.uuid4()), "texts": texts, "meta": meta}
+        common: dict[str, Any] = {"id": str(uuid.uuid4()), "meta": meta}
+        if texts is not None:
+            common["texts"] = texts
+        if body.images is not None:  # Cohere describes each image it embedded
+            common["images"] = [{"width": r.width, "height": r.height, "format": r.format,
+                                 "bit_depth": r.bit_depth} for r in resolved.values()]
         if version == "1" and body.embedding_types is None:
             return {"response_type": "embeddings_floats", "embeddings": matrix.tolist(),
                     **common}
         return {"response_type": "embeddings_by_type", "embeddings": _by_type(matrix, types),
                 **common}
 
-    state.pick_lora(body.model)  # any name is accepted; an adapter's name picks it
-    return await state.respond(request, len(texts), "texts", compute)
+    return await state.respond(request, len(items), "texts" if texts is not None else
+                               "images" if body.images is not None else "inputs", compute)
 
 
 @router.post("/v2/embed", responses=ERROR_RESPONSES)

@@ -10,6 +10,10 @@ Gauges read at each scrape (`observe_engine`), for operators and for admission c
 - pooler_late_interaction_cached_queries, _pending_docs, _cached_bytes: the ColBERT query
   cache (queries cached for documents still to score, documents registered and not yet
   scored, bytes of cached query vectors). Zero when idle: anything else is a leak.
+- pooler_image_cache_* {cache="mm"|"encoder"}: an image-text model's two caches
+  (Engine.image_cache_stats()): hits, misses and evictions since start, entries, bytes held and
+  the byte bound; the multimodal input cache holds preprocessed pixels, the encoder cache
+  vision-tower outputs. Absent for text models.
 Connections (see edges/connection_limits.py): open connections, connections refused at the cap,
 clients cut for sending headers or body too slowly.
 
@@ -26,6 +30,8 @@ from typing import Any, Callable
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
                                Histogram)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from pooler.server.errors import CLIENT_CLOSED_REQUEST
 from pooler.server.observability.peer_metrics import PeerMetrics, is_inference_route, render_text
@@ -130,6 +136,10 @@ class ServerMetrics:
                               "1 while the server shuts down (stopped accepting work)",
                               registry=r)
 
+    def add_image_cache_metrics(self, read_stats: Callable[[], dict | None]) -> None:
+        """Export an image-text model's caches; `read_stats` is Engine.image_cache_stats."""
+        self.registry.register(ImageCacheCollector(read_stats))
+
     def add_peer_metrics(self, model_name: str, max_model_len: int) -> PeerMetrics:
         """Register TEI's and vLLM's names (once) and count inference requests under them."""
         if self.peer is None:
@@ -184,6 +194,45 @@ class ServerMetrics:
 
     def render(self) -> tuple[bytes, str]:
         return render_text(self.registry), CONTENT_TYPE_LATEST
+
+
+class ImageCacheCollector(Collector):
+    """The multimodal input cache's and the encoder cache's counters, read at each scrape
+    (they count inside the engine: totals since start, never reset by a cache reset)."""
+
+    _COUNTERS = (("hits", "lookups that found their entry"),
+                 ("misses", "lookups that did not"),
+                 ("evictions", "entries dropped to stay within the byte bound"))
+    _GAUGES = (("entries", "entries held"), ("bytes", "bytes held"),
+               ("capacity_bytes", "the byte bound"))
+
+    def __init__(self, read_stats: Callable[[], dict | None]):
+        self._read = read_stats
+
+    def describe(self):
+        return []  # read at scrape time only: nothing to check at registration
+
+    def collect(self):
+        stats = self._read() or {}
+        what = {"mm": "multimodal input cache (preprocessed images)",
+                "encoder": "encoder cache (vision-tower outputs)"}
+        families = []
+        for name, doc in self._COUNTERS:
+            family = CounterMetricFamily(f"pooler_image_cache_{name}",
+                                         f"image caches: {doc} ({', '.join(what.values())})",
+                                         labels=["cache"])
+            for cache, s in stats.items():
+                if s is not None:  # no encoder cache where transformers runs the tower
+                    family.add_metric([cache], getattr(s, name))
+            families.append(family)
+        for name, doc in self._GAUGES:
+            family = GaugeMetricFamily(f"pooler_image_cache_{name}", f"image caches: {doc}",
+                                       labels=["cache"])
+            for cache, s in stats.items():
+                if s is not None:
+                    family.add_metric([cache], getattr(s, name))
+            families.append(family)
+        return families
 
 
 class MetricsMiddleware:

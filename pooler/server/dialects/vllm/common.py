@@ -12,6 +12,8 @@ from fastapi import Request
 from pooler.pooling.activation import labels_of
 from pooler.server.dialects.vllm.chat import ChatTemplateError, model_chat_template, render_chat
 from pooler.server.errors import APIError, bad_request
+from pooler.server.media import ImageRef, content_item, takes_images
+from pooler.server.protocol import part_dicts
 from pooler.server.state import ServerState
 
 
@@ -115,8 +117,13 @@ def prompt_inputs(state: ServerState, body) -> tuple[list, bool]:
     """Engine inputs of an input-or-messages body, and add_special_tokens for text inputs.
     A chat becomes token ids here (special tokens only if asked: vLLM's default for chat)."""
     if body.messages is not None:
-        return [chat_token_ids(state, body, bool(body.add_special_tokens), chat)
-                for chat in body.conversations()], True
+        batch = isinstance(body.messages[0], list)
+        items = []
+        for c, chat in enumerate(body.conversations()):
+            item = chat_media_item(state, body, chat, f"messages[{c}]" if batch else "messages")
+            items.append(item if item is not None else
+                         chat_token_ids(state, body, bool(body.add_special_tokens), chat))
+        return items, True
     add_special = body.add_special_tokens is not False
     items = state.inputs(body.input, "input")
     empty = next((i for i, item in enumerate(items) if isinstance(item, str) and not item), None)
@@ -125,3 +132,37 @@ def prompt_inputs(state: ServerState, body) -> tuple[list, bool]:
         raise bad_request(f"{where} is an empty string: pass text to embed (an empty prompt "
                           "has no tokens to pool).", "input")
     return items, add_special
+
+
+def chat_media_item(state: ServerState, body, chat, prefix: str):
+    """A chat as one Engine item on a model that takes images (vLLM serves CLIP and SigLIP
+    this way): its text (the contents in order, as vLLM's template_basic.jinja renders them)
+    or its one image (a media.ImageRef, fetched later), or both in vLLM's offline form for
+    the Engine to accept or refuse. None on a text-only model whose chat is all text (it goes
+    through the chat template); an image there is a 400 naming its part."""
+    engine = state.engine
+    pieces = []
+    for i, message in enumerate(chat):
+        if isinstance(message.content, list):
+            pieces.append(content_item(engine, part_dicts(message.content),
+                                       f"{prefix}[{i}].content"))
+        else:
+            pieces.append(message.content or "")
+    if not takes_images(engine):
+        return None
+    if body.chat_template is not None:
+        raise bad_request("chat_template does not apply to this model: it embeds a chat's text "
+                          "or image as they are (no template); leave chat_template unset.",
+                          "chat_template")
+    images = [p if isinstance(p, ImageRef) else p["multi_modal_data"]["image"]
+              for p in pieces if not isinstance(p, str)]
+    text = "".join(p if isinstance(p, str) else p.get("prompt", "") for p in pieces
+                   if not isinstance(p, ImageRef))
+    if len(images) > 1:
+        raise bad_request(f"{prefix} holds {len(images)} images; a chat is embedded as one "
+                          "item, which takes one image: send one chat per image.", "messages")
+    if not images:
+        if not text:
+            raise bad_request(f"{prefix} has no text and no image to embed.", "messages")
+        return text
+    return {"prompt": text, "multi_modal_data": {"image": images[0]}} if text else images[0]

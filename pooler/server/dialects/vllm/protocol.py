@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from pooler.server.dialects.vllm.encoding import EmbedDType, EncodingFormat, Endianness
-from pooler.server.protocol import (Inputs, Precision, StrictInt, TextInputs,  # JSON integers
+from pooler.server.protocol import (ContentPart, Inputs, Precision, StrictInt,  # JSON integers
                                     _TruncationFields)
 
 
@@ -28,7 +28,7 @@ class FieldError(ValueError):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: StrictStr
-    content: Union[StrictStr, list[dict[str, Any]], None] = None
+    content: Union[StrictStr, list[ContentPart], None] = None
 
 
 class _VLLMRequest(_TruncationFields):
@@ -172,6 +172,22 @@ class _LongDocuments(BaseModel):
         "default) or \"mean\". ColBERT models score MaxSim over all windows' tokens."))
 
 
+class ScoreMultiModal(BaseModel):
+    """vLLM's ScoreMultiModalParam: one query or document as content parts, text
+    ({"type": "text", "text": ...}) and image ({"type": "image_url", "image_url": {"url":
+    ...}}) parts; on an image-text model one image part is the image, text parts the text."""
+    model_config = ConfigDict(extra="ignore")
+    content: list[ContentPart]
+
+
+# A side of /score: a text, a ScoreMultiModalParam, or a list of either (vLLM's ScoreInputs).
+ScoreInputs = Union[StrictStr, ScoreMultiModal, list[Union[StrictStr, ScoreMultiModal]]]
+
+
+def _side_length(value) -> int:
+    return len(value) if isinstance(value, list) else 1
+
+
 class _Scoring(_VLLMRequest, _ActivationAlias, _LongDocuments):
     max_tokens_per_doc: Optional[StrictInt] = None
     # None: an over-long pair is an error unless truncate_prompt_tokens is given (vLLM).
@@ -188,13 +204,13 @@ _QUERY_SIDE = ("One query (a string or a one-item list) scored against every tex
 class ScoreRequest(_Scoring):
     """vLLM's four spellings of the two sides: queries/documents, queries/items,
     data_1/data_2, text_1/text_2."""
-    queries: Optional[TextInputs] = Field(None, description=_QUERY_SIDE)
-    documents: Optional[TextInputs] = None
-    items: Optional[TextInputs] = None
-    data_1: Optional[TextInputs] = Field(None, description=_QUERY_SIDE)
-    data_2: Optional[TextInputs] = None
-    text_1: Optional[TextInputs] = Field(None, description=_QUERY_SIDE)
-    text_2: Optional[TextInputs] = None
+    queries: Optional[ScoreInputs] = Field(None, description=_QUERY_SIDE)
+    documents: Optional[ScoreInputs] = None
+    items: Optional[ScoreInputs] = None
+    data_1: Optional[ScoreInputs] = Field(None, description=_QUERY_SIDE)
+    data_2: Optional[ScoreInputs] = None
+    text_1: Optional[ScoreInputs] = Field(None, description=_QUERY_SIDE)
+    text_2: Optional[ScoreInputs] = None
 
     @model_validator(mode="after")
     def _one_spelling(self):
@@ -212,8 +228,7 @@ class ScoreRequest(_Scoring):
         # 1:1, 1:N or N:N (vLLM), checked for every spelling given, not only the one scored:
         # a second pair is never silently dropped when it could not have been scored.
         for a, b in given:
-            n_a, n_b = (1 if isinstance(v, str) else len(v)
-                        for v in (getattr(self, a), getattr(self, b)))
+            n_a, n_b = (_side_length(v) for v in (getattr(self, a), getattr(self, b)))
             if n_a > 1 and n_a != n_b:
                 raise FieldError(f"Got {n_a} {a} and {n_b} {b}: pass one query with any number "
                                  f"of {b}, or as many {a} as {b} (scored pairwise).", b)
@@ -229,8 +244,11 @@ class ScoreRequest(_Scoring):
 
 class RerankRequest(_Scoring):
     """vLLM's, Jina's and Cohere's rerank body. top_n 0 (the default) means every document."""
-    query: StrictStr
-    documents: Union[StrictStr, list[Union[StrictStr, dict[str, Any]]]]
+    query: Union[StrictStr, ScoreMultiModal]
+    # Strings, Cohere v1's {"text": ...} objects, or vLLM's {"content": [parts]} (one document
+    # each; a single {"content": ...} is one document).
+    documents: Union[StrictStr, ScoreMultiModal,
+                     list[Union[StrictStr, ScoreMultiModal, dict[str, Any]]]]
     top_n: StrictInt = Field(0, ge=0)
     return_documents: Optional[StrictBool] = None  # Cohere/Jina; vLLM always returns them
 
@@ -338,6 +356,7 @@ class ScoreResponse(BaseModel):
 
 class RerankDocument(BaseModel):
     text: Optional[str] = None
+    multi_modal: Optional[list[dict[str, Any]]] = None  # a {"content": [...]} document's parts
 
 
 class RerankResult(BaseModel):

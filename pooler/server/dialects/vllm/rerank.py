@@ -22,10 +22,11 @@ from pooler.server.dialects.long_documents import long_document_options, with_wi
 from pooler.server.dialects.vllm.common import (TRUNCATION_TOO_BIG, check_priority, envelope,
                                                 get_state, response_id, scoring_unavailable_reason)
 from pooler.server.dialects.vllm.errors import VLLMRoute, use_tei_errors, vllm_error
-from pooler.server.dialects.vllm.protocol import (RerankRequest, RerankResponse, ScoreRequest,
-                                                  ScoreResponse)
+from pooler.server.dialects.vllm.protocol import (RerankRequest, RerankResponse,
+                                                  ScoreMultiModal, ScoreRequest, ScoreResponse)
 from pooler.server.errors import ERROR_RESPONSES, bad_request
-from pooler.server.protocol import TEIRerankRequest
+from pooler.server.media import content_item
+from pooler.server.protocol import TEIRerankRequest, part_dicts
 from pooler.server.state import ServerState
 
 router = APIRouter(tags=["Rerank (vLLM, Cohere, Jina)"], route_class=VLLMRoute)
@@ -74,9 +75,17 @@ def _scoring_options(state: ServerState, body) -> dict[str, Any]:
     return options
 
 
-def _texts(value, field: str) -> list[str] | str:
+def _side(state: ServerState, value, field: str):
+    """One side of /score as Engine items: a string stays a string; a ScoreMultiModalParam
+    ({"content": [parts]}) becomes its text, its image (a media.ImageRef) or both
+    (pooler/server/media.py: content_item)."""
     if isinstance(value, list) and not value:
         raise bad_request(f"'{field}' is empty: pass at least one text.", field)
+    if isinstance(value, ScoreMultiModal):
+        return [content_item(state.engine, part_dicts(value.content), f"{field}.content")]
+    if isinstance(value, list):
+        return [content_item(state.engine, part_dicts(v.content), f"{field}[{i}].content")
+                if isinstance(v, ScoreMultiModal) else v for i, v in enumerate(value)]
     return value
 
 
@@ -88,11 +97,18 @@ async def score(body: ScoreRequest, request: Request):
     if not_served is not None:
         return not_served
     queries, documents, doc_field = body.sides()
-    queries, documents = _texts(queries, "queries"), _texts(documents, doc_field)
+    queries, documents = _side(state, queries, "queries"), _side(state, documents, doc_field)
     # The 1:1 / 1:N / N:N shape is checked with the request (ScoreRequest._one_spelling).
     n_q = 1 if isinstance(queries, str) else len(queries)
     n_d = 1 if isinstance(documents, str) else len(documents)
     options = _scoring_options(state, body)
+    if not isinstance(queries, str) or not isinstance(documents, str):
+        # Both sides' images fetched and decoded together, in parallel.
+        q_list = [queries] if isinstance(queries, str) else queries
+        d_list = [documents] if isinstance(documents, str) else documents
+        both, _ = await state.resolve_images(q_list + d_list)
+        queries = queries if isinstance(queries, str) else both[:len(q_list)]
+        documents = documents if isinstance(documents, str) else both[len(q_list):]
 
     def compute():
         outputs = state.call("score", queries, documents, use_tqdm=False, **options)
@@ -103,20 +119,36 @@ async def score(body: ScoreRequest, request: Request):
     return await state.respond(request, n_q + n_d, doc_field, compute)
 
 
-def _document_texts(documents) -> list[str]:
-    """A string, or a list of strings / Cohere v1's {"text": ...} objects."""
+def _documents(state: ServerState, documents) -> tuple[list, list[dict]]:
+    """Engine items and the `document` each result echoes: a string, Cohere v1's {"text": ...}
+    ({"text": ...}), or vLLM's {"content": [parts]} (its item from media.content_item;
+    {"multi_modal": parts})."""
     if isinstance(documents, str):
-        return [documents]
-    texts = []
+        return [documents], [{"text": documents}]
+    if isinstance(documents, ScoreMultiModal):
+        parts = part_dicts(documents.content)
+        return ([content_item(state.engine, parts, "documents.content")],
+                [{"multi_modal": parts}])
+    items, echoes = [], []
     for i, doc in enumerate(documents):
         if isinstance(doc, str):
-            texts.append(doc)
+            items.append(doc)
+            echoes.append({"text": doc})
+        elif isinstance(doc, ScoreMultiModal):
+            parts = part_dicts(doc.content)
+            items.append(content_item(state.engine, parts, f"documents[{i}].content"))
+            echoes.append({"multi_modal": parts})
+        elif isinstance(doc.get("content"), list):
+            items.append(content_item(state.engine, doc["content"], f"documents[{i}].content"))
+            echoes.append({"multi_modal": doc["content"]})
         elif isinstance(doc.get("text"), str):
-            texts.append(doc["text"])
+            items.append(doc["text"])
+            echoes.append({"text": doc["text"]})
         else:
-            raise bad_request(f"documents[{i}] must be a string or an object with a string "
-                              "'text' field.", "documents")
-    return texts
+            raise bad_request(f"documents[{i}] must be a string, an object with a string "
+                              "'text' field, or {'content': [parts]} (text and image_url "
+                              "parts).", "documents")
+    return items, echoes
 
 
 async def rerank_vllm(body: RerankRequest, request: Request):
@@ -129,20 +161,25 @@ async def rerank_vllm(body: RerankRequest, request: Request):
     not_served = _not_served(state, request.url.path)
     if not_served is not None:
         return not_served
-    documents = _document_texts(body.documents)
+    documents, echoes = _documents(state, body.documents)
     if not documents:
         raise bad_request("'documents' is empty: pass at least one document.", "documents")
     top_n = body.top_n if 0 < body.top_n < len(documents) else len(documents)
     options = _scoring_options(state, body)
+    query = body.query if isinstance(body.query, str) else \
+        content_item(state.engine, part_dicts(body.query.content), "query.content")
+    # The query's and the documents' images fetched and decoded together, in parallel.
+    resolved, _ = await state.resolve_images([query] + documents)
+    query, documents = resolved[0], resolved[1:]
 
     def compute():
-        outputs = state.call("score", body.query, documents, use_tqdm=False, **options)
+        outputs = state.call("score", query, documents, use_tqdm=False, **options)
         ranked = sorted(outputs, key=lambda o: (-o.score, o.document_index))[:top_n]
         results = []
         for o in ranked:
             item: dict[str, Any] = {"index": int(o.document_index)}
             if body.return_documents is not False:
-                item["document"] = {"text": documents[o.document_index]}
+                item["document"] = echoes[o.document_index]
             item["relevance_score"] = float(o.score)
             results.append(with_windows(item, o))
         tokens = sum(o.num_tokens for o in outputs)

@@ -84,6 +84,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
         raise bad_request("long_input 'chunk' puts the model's special tokens around every "
                           "window: it needs add_special_tokens true (or unset).",
                           "add_special_tokens")
+    items, _ = await state.resolve_images(items)  # off the event loop, 400 naming a bad one
 
     def compute():
         outputs = state.engine.embed(items, dimensions=body.dimensions, normalize=body.normalize,
@@ -141,6 +142,7 @@ async def pooling(body: PoolingRequest, request: Request):
     quantized.check_request(body.precision, body.encoding_format, body.ranges,
                             (body.dimensions or state.engine.embedding_size)
                             if task == "embed" else None)
+    items, _ = await state.resolve_images(items)
 
     def compute():
         outputs = state.engine.encode(items, params, add_special_tokens=add_special,
@@ -174,6 +176,7 @@ async def classify(body: ClassificationRequest, request: Request):
     if truncation.pop("truncation_direction") != "right":
         raise bad_request("/classify truncates from the right only; leave truncation_side "
                           "unset.", "truncation_side")
+    items, _ = await state.resolve_images(items)
 
     def compute():
         outputs = state.call("classify", items, use_activation=body.use_activation,
