@@ -116,6 +116,8 @@ def test_spec_lists_the_options(reranker):
         assert {"long_input", "chunk_overlap", "chunk_aggregate"} <= set(props)
         enums = [o.get("enum") for o in props["chunk_aggregate"]["anyOf"] if "enum" in o]
         assert enums == [["max", "mean"]]
+        modes = [o.get("enum") for o in props["long_input"]["anyOf"] if "enum" in o]
+        assert modes == [["truncate", "chunk"]]
         overlap = next(o for o in props["chunk_overlap"]["anyOf"] if o.get("type") == "integer")
         assert overlap["minimum"] == 0 and overlap["maximum"] < MAX_LEN
     assert "num_windows" in schemas["RerankResult"]["properties"]
