@@ -153,3 +153,33 @@ def test_colbert_rerank_chunk_and_its_spec(tmp_path_factory, serve_app):
                                             "long_input": "chunk",
                                             "chunk_overlap": overlap["maximum"]})
         assert r.status_code == 200, r.text
+
+
+def test_image_text_models_offer_only_truncate(tmp_path_factory, serve_app):
+    """An image-text model scores by cosine of whole inputs: its spec keeps long_input to
+    "truncate" and the server refuses "chunk" with a 400 naming it."""
+    from tests.models.image_text_folders import save_tiny_clip
+    engine = Engine(str(save_tiny_clip(tmp_path_factory.mktemp("long_clip") / "clip")),
+                    device="cpu")
+    with serve_app(engine, owns_engine=True) as (url, _), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        props = client.get("/openapi.json").json()["components"]["schemas"][
+            "RerankRequest"]["properties"]
+        assert [o["enum"] for o in props["long_input"]["anyOf"] if "enum" in o] == \
+            [["truncate"]]
+        r = client.post("/v1/rerank", json={"query": "a cat", "documents": ["a dog"],
+                                            "long_input": "chunk"})
+        assert r.status_code == 400 and "long_input" in r.json()["error"]["message"]
+
+
+def test_bi_encoder_score_route_chunk(client, engine):
+    """The MiniLM bi-encoder server: window cosines, as Engine.score answers."""
+    doc = " ".join(LONG.split() * 3)  # ~430 tokens, MiniLM takes 256
+    r = client.post("/v1/score", json={"queries": QUERY, "documents": [doc, DOCS[0]],
+                                       "long_input": "chunk", "chunk_aggregate": "mean"})
+    assert r.status_code == 200, r.text
+    want = engine.score(QUERY, [doc, DOCS[0]], long_input="chunk", chunk_aggregate="mean")
+    data = r.json()["data"]
+    assert [d["num_windows"] for d in data] == [o.num_windows for o in want]
+    assert want[0].num_windows == 2
+    assert [d["score"] for d in data] == pytest.approx([o.score for o in want], abs=1e-6)
