@@ -169,7 +169,8 @@ class TextTokenizer:
                             ) -> tuple[list[TokenizedInput], int]:
         """A (query, document) pair whose document is cut into windows that each fit beside
         the whole query within `max_length` (special tokens counted), consecutive windows
-        sharing `overlap` document tokens (None: a quarter of a window). A pair that fits is
+        sharing `overlap` document tokens (None: a quarter of a window, at most half). A pair
+        that fits is
         one window, the same tokens as encode_batch([text], [pair]). Returns the windows and
         the document tokens one window holds. max_pair_tokens: the document is first cut to
         that many tokens (vLLM's max_tokens_per_doc). ValueError when the query leaves no room or
@@ -191,10 +192,11 @@ class TextTokenizer:
             overlap = room // 4
         if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
             raise ValueError(f"chunk_overlap must be a non-negative integer, got {overlap!r}.")
-        if overlap >= room:
-            raise ValueError(f"chunk_overlap={overlap} must be smaller than the document tokens "
-                             f"a window holds beside this query ({room} = {max_length} - "
-                             f"{len(first.ids)} query tokens - {num_special} special tokens).")
+        if overlap > room // 2:  # windows move by half a window at least: <= 2x the tokens
+            raise ValueError(f"chunk_overlap={overlap} must be at most half the document "
+                             f"tokens a window holds beside this query ({room // 2}: {room} = "
+                             f"{max_length} - {len(first.ids)} query tokens - {num_special} "
+                             "special tokens).")
         if len(second.ids) > room:
             # The tokenizers library's overflow: windows of `room` tokens, `overlap` shared.
             second.truncate(room, stride=overlap, direction="right")

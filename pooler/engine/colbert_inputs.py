@@ -59,10 +59,11 @@ class ColBERTInputBuilder:
                                overlap: int | None) -> list[ProcessedInput]:
         """A document as windows of at most the document length, each built as `build`
         builds a document ([CLS], marker, its slice of the text's tokens, [SEP]), consecutive
-        windows sharing `overlap` tokens (None: a quarter of a window). A document that fits
+        windows sharing `overlap` tokens (None: a quarter of a window; at most half). A
+        document that fits
         is one window, the same input as build([text], "document"); token-id inputs are
         taken as they are (one window)."""
-        from pooler.engine.long_inputs import split_into_windows
+        from pooler.engine.long_inputs import scoring_overlap, split_into_windows
 
         if not isinstance(text, str):
             return self.build([text], "document")
@@ -79,8 +80,8 @@ class ColBERTInputBuilder:
             windows = [whole]
         else:
             room = length - sum(special)
-            windows = split_into_windows(whole, length, room // 4 if overlap is None
-                                         else overlap).inputs
+            windows = split_into_windows(whole, length,
+                                         scoring_overlap(overlap, room)).inputs
         for window in windows:
             window.extra = {UNATTENDED_KEY: 0}
         return windows

@@ -118,6 +118,18 @@ def check_long_input(long_input, chunk_aggregate=None) -> None:
                          f"got {chunk_aggregate!r}.")
 
 
+def scoring_overlap(overlap: int | None, room: int) -> int:
+    """score/rerank's chunk_overlap for windows of `room` document tokens: a quarter of a
+    window when unset, at most half of one, so a document costs at most about twice its
+    tokens however the overlap is set."""
+    if overlap is None:
+        return room // 4
+    if overlap > room // 2:
+        raise ValueError(f"chunk_overlap={overlap} must be at most half the document tokens a "
+                         f"window holds ({room // 2} of {room}).")
+    return overlap
+
+
 def aggregate(scores: list[float], how: str) -> float:
     """A document's window scores -> its score: the best window ("max") or their mean."""
     return float(max(scores)) if how == "max" else float(np.mean(np.asarray(scores, np.float64)))

@@ -387,8 +387,8 @@ def _narrow_node(schema: dict, facts: dict) -> None:
             for node in _integer_nodes(prop):
                 node["minimum"] = 0
                 window = facts["colbert_document_length"] or facts["max_len"]
-                if window:
-                    node["maximum"] = window - facts["min_truncation"] - 1
+                if window:  # at most half the document tokens of a window
+                    node["maximum"] = (window - facts["min_truncation"] - 1) // 2
         elif name == "long_input" and "chunk_aggregate" in properties \
                 and not facts["scores_in_windows"]:
             _set_enum(prop, ["truncate"])  # see _scores_in_windows

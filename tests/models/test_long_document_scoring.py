@@ -53,7 +53,7 @@ def _windows(tokenizer, query: str, doc: str, limit: int, overlap: int | None):
 
 
 @pytest.mark.parametrize("aggregate", ["max", "mean"])
-@pytest.mark.parametrize("overlap", [None, 0, 5])
+@pytest.mark.parametrize("overlap", [None, 0, 5, 12])  # 12: half of the 25-token room
 def test_cross_encoder_windows_match_cross_encoder_predict(cross_encoder, aggregate, overlap):
     engine, reference = cross_encoder
     windows = _windows(reference.tokenizer, QUERY, LONG, LIMIT, overlap)
@@ -149,11 +149,13 @@ def test_bad_options_are_named(cross_encoder):
                           ({"long_input": "chunk", "chunk_aggregate": "sum"}, "chunk_aggregate"),
                           ({"chunk_aggregate": "max"}, "chunk_aggregate"),
                           ({"long_input": "chunk", "chunk_overlap": -1}, "chunk_overlap"),
-                          ({"long_input": "chunk", "chunk_overlap": 40,
+                          ({"long_input": "chunk", "chunk_overlap": 13,  # > 25 // 2
                             "truncate_prompt_tokens": LIMIT}, "chunk_overlap"),
 ]:
         with pytest.raises(ValueError, match=field):
             engine.score(QUERY, [LONG], **kwargs)
+    with pytest.raises(ValueError, match="chunk_overlap=200 must be at most half"):
+        engine.score(QUERY, [" ".join(WORDS * 20)], long_input="chunk", chunk_overlap=200)
     with pytest.raises(ValueError, match="Shorten the query"):
         engine.score(" ".join(WORDS * 2), [LONG], long_input="chunk", truncate_prompt_tokens=LIMIT)
 
@@ -193,6 +195,8 @@ def test_bi_encoder_windows_are_cosines_of_window_embeddings(minilm_engine):
     cos2 = [float(q.embedding @ v / np.linalg.norm(q.embedding) / np.linalg.norm(v))
             for v in (o.embedding for o in engine.embed(split))]
     assert cut.num_windows == 2 and cut.score == pytest.approx(max(cos2), abs=1e-5)
+    with pytest.raises(ValueError, match=r"chunk_overlap=128 must be at most half .*127 of 254"):
+        engine.score(QUERY, [doc], long_input="chunk", chunk_overlap=128)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ bodies whose texts surely fit: at most one token per character plus the special 
 the WordPiece tokenizers fuzzed here). Limits come from the test: POOLER_FUZZ_MAX_LEN (the
 model's maximum) and POOLER_FUZZ_SPECIALS (its special tokens per text).
 
-Scoring with long_input "chunk" likewise: a window holds the whole query beside more document
-tokens than chunk_overlap (a cross-encoder refuses a query or an overlap that leave no room);
+Scoring with long_input "chunk" likewise: a window holds the whole query beside at least twice
+chunk_overlap document tokens (a cross-encoder refuses a query or an overlap that leave no room);
 only bodies whose query surely leaves that room are sent.
 """
 from __future__ import annotations
@@ -40,13 +40,15 @@ _QUERY_FIELDS = ("query", "queries", "text_1", "data_1")  # the scoring bodies' 
 
 def _chunked_windows_fit(body: dict) -> bool:
     """Scoring with long_input "chunk": each window holds the whole query, the pair's special
-    tokens and more document tokens than chunk_overlap (the field's description states it)."""
+    tokens and at least twice chunk_overlap document tokens (the field's description states
+    it)."""
     queries = next((body[k] for k in _QUERY_FIELDS if k in body), "")
     queries = [queries] if isinstance(queries, str) else queries
     longest = max((len(q) for q in queries if isinstance(q, str)), default=0)
     overlap = body.get("chunk_overlap")
     overlap = overlap if isinstance(overlap, int) and not isinstance(overlap, bool) else 0
-    return longest + _SPECIALS + 1 + overlap + 1 <= _MAX_LEN
+    room = _MAX_LEN - longest - _SPECIALS - 1  # a cross-encoder window's document tokens
+    return room >= 1 and overlap <= room // 2
 
 
 @schemathesis.hook

@@ -2,7 +2,8 @@
 takes is scored window by window instead of being cut or refused.
 
 - Cross-encoder: the document is split into windows that each fit beside the whole query
-  (consecutive windows share `chunk_overlap` document tokens, default a quarter of a window);
+  (consecutive windows share `chunk_overlap` document tokens: default a quarter of a window,
+  at most half, so a document costs at most about twice its tokens);
   every (query, window) pair of the call runs in the same packed engine batches, and the
   document's score is its windows' scores aggregated by `chunk_aggregate`: "max" (MaxP, the
   default: the best passage decides) or "mean".
@@ -98,7 +99,7 @@ def bi_encoder_window_scores(engine: TaskEngine, request: ScoreRequest,
     for doc in documents:
         num_special = sum(doc.special_tokens_mask or [])
         room = limit - num_special
-        step_overlap = room // 4 if overlap is None else overlap
+        step_overlap = long_inputs.scoring_overlap(overlap, room)
         groups.append(long_inputs.split_into_windows(doc, limit, step_overlap).inputs
                       if len(doc.prompt_token_ids) > limit else [doc])
     flat = queries + [w for group in groups for w in group]

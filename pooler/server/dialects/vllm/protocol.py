@@ -164,9 +164,9 @@ class _LongDocuments(BaseModel):
         "beside the query) instead of being cut or refused; each result then carries "
         "num_windows. Unset: \"truncate\"."))
     chunk_overlap: Optional[StrictInt] = Field(None, ge=0, description=(
-        "Document tokens consecutive windows share; unset: a quarter of a window. Fewer "
-        "than a window holds: on a cross-encoder the max length less the query's tokens and "
-        "the special tokens."))
+        "Document tokens consecutive windows share; unset: a quarter of a window. At most "
+        "half the document tokens a window holds: on a cross-encoder the max length less the "
+        "query's tokens and the special tokens."))
     chunk_aggregate: Optional[Literal["max", "mean"]] = Field(None, description=(
         "How a document's window scores combine: \"max\" (the best window, MaxP; the "
         "default) or \"mean\". ColBERT models score MaxSim over all windows' tokens."))
