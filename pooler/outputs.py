@@ -146,6 +146,9 @@ class ScoreOutput:
     # Tokens the model ran for this pair; a query shared by many pairs counts once, on its
     # first pair, so the sum over a call is the tokens it computed.
     num_tokens: int = 0
+    # long_input="chunk": the windows the document was scored in (1 when it fits); None
+    # when documents were not chunked.
+    num_windows: int | None = None
 
 
 @dataclass
@@ -154,6 +157,7 @@ class RerankResult:
     index: int
     score: float
     document: str | None = None
+    num_windows: int | None = None  # as ScoreOutput.num_windows
 
 
 def as_numpy(data) -> np.ndarray:

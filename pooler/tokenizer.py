@@ -164,6 +164,48 @@ class TextTokenizer:
             out.append(_to_input(joined))
         return out
 
+    def encode_pair_windows(self, text: str, pair: str, max_length: int,
+                            overlap: int | None, max_pair_tokens: int | None = None
+                            ) -> tuple[list[TokenizedInput], int]:
+        """A (query, document) pair whose document is cut into windows that each fit beside
+        the whole query within `max_length` (special tokens counted), consecutive windows
+        sharing `overlap` document tokens (None: a quarter of a window, at most half). A pair
+        that fits is
+        one window, the same tokens as encode_batch([text], [pair]). Returns the windows and
+        the document tokens one window holds. max_pair_tokens: the document is first cut to
+        that many tokens (vLLM's max_tokens_per_doc). ValueError when the query leaves no room or
+        the overlap does not fit in a window (the message names chunk_overlap)."""
+        if self._lowercase:
+            text, pair = text.lower(), pair.lower()
+        first = self._base.encode(text, add_special_tokens=False)
+        second = self._base.encode(pair, add_special_tokens=False)
+        if max_pair_tokens is not None:
+            second.truncate(max_pair_tokens, direction="right")
+        num_special = self.num_special_tokens_to_add(pair=True)
+        room = max_length - num_special - len(first.ids)
+        if room <= 0:
+            raise ValueError(
+                f"The query has {len(first.ids)} tokens: with the {num_special} special tokens "
+                f"it leaves no room for a document window within {max_length} tokens. "
+                "Shorten the query (long_input='chunk' windows the documents only).")
+        if overlap is None:
+            overlap = room // 4
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
+            raise ValueError(f"chunk_overlap must be a non-negative integer, got {overlap!r}.")
+        if overlap > room // 2:  # windows move by half a window at least: <= 2x the tokens
+            raise ValueError(f"chunk_overlap={overlap} must be at most half the document "
+                             f"tokens a window holds beside this query ({room // 2}: {room} = "
+                             f"{max_length} - {len(first.ids)} query tokens - {num_special} "
+                             "special tokens).")
+        if len(second.ids) > room:
+            # The tokenizers library's overflow: windows of `room` tokens, `overlap` shared.
+            second.truncate(room, stride=overlap, direction="right")
+            pieces = [second] + list(second.overflowing)
+        else:
+            pieces = [second]
+        return [_to_input(self._base.post_process(first, piece, add_special_tokens=True))
+                for piece in pieces], room
+
 
 def _longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
     """Tokens kept of each text of a pair, as `tokenizers` truncates with longest_first: the

@@ -45,6 +45,15 @@ def _common(parser) -> None:
     parser.add_argument("--pool-factor", type=float, default=None,
                         help="ColBERT and page retrieval: pool each document's vectors to "
                              "about 1/N of them before MaxSim (hierarchical token pooling)")
+    parser.add_argument("--long-input", default="truncate", choices=["truncate", "chunk"],
+                        help="chunk: score a document longer than the model takes in windows "
+                             "(each record then has num_windows)")
+    parser.add_argument("--chunk-overlap", type=int, default=None,
+                        help="with --long-input chunk: document tokens consecutive windows "
+                             "share (default a quarter of a window)")
+    parser.add_argument("--chunk-aggregate", default=None, choices=["max", "mean"],
+                        help="with --long-input chunk: the best window's score (max, the "
+                             "default) or the mean of the windows' scores")
     parser.add_argument("--output", "-o", default="-", help="'-' for stdout, or a .jsonl path")
 
 
@@ -59,7 +68,17 @@ def _documents(args) -> tuple[list, list[str]]:
 
 
 def _options(args) -> dict:
-    return {} if args.pool_factor is None else {"pool_factor": args.pool_factor}
+    options = {} if args.pool_factor is None else {"pool_factor": args.pool_factor}
+    if args.long_input != "truncate":
+        options.update(long_input=args.long_input, chunk_overlap=args.chunk_overlap,
+                       chunk_aggregate=args.chunk_aggregate)
+    return options
+
+
+def _windows(record: dict, output) -> dict:
+    if output.num_windows is not None:  # --long-input chunk
+        record["num_windows"] = output.num_windows
+    return record
 
 
 def run_score(args) -> int:
@@ -67,8 +86,9 @@ def run_score(args) -> int:
     engine = engine_from_args(args)
     queries = args.query[0] if len(args.query) == 1 else args.query
     outputs = engine.score(queries, documents, **_options(args))
-    _write(args.output, ({"query_index": o.query_index, "document_index": o.document_index,
-                          "score": round(o.score, 6)} for o in outputs))
+    _write(args.output, (_windows({"query_index": o.query_index,
+                                   "document_index": o.document_index,
+                                   "score": round(o.score, 6)}, o) for o in outputs))
     return 0
 
 
@@ -77,8 +97,8 @@ def run_rerank(args) -> int:
     engine = engine_from_args(args)
     results = engine.rerank(args.query, documents, top_n=args.top_n, **_options(args))
     # "document": the text, or the image file's path as given
-    _write(args.output, ({"index": r.index, "score": round(r.score, 6),
-                          "document": labels[r.index]} for r in results))
+    _write(args.output, (_windows({"index": r.index, "score": round(r.score, 6),
+                                   "document": labels[r.index]}, r) for r in results))
     return 0
 
 

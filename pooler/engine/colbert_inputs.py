@@ -54,3 +54,34 @@ class ColBERTInputBuilder:
                                       special_tokens_mask=special, text=item,
                                       extra={UNATTENDED_KEY: unattended}))
         return out
+
+    def build_document_windows(self, text: str | list[int],
+                               overlap: int | None) -> list[ProcessedInput]:
+        """A document as windows of at most the document length, each built as `build`
+        builds a document ([CLS], marker, its slice of the text's tokens, [SEP]), consecutive
+        windows sharing `overlap` tokens (None: a quarter of a window; at most half). A
+        document that fits
+        is one window, the same input as build([text], "document"); token-id inputs are
+        taken as they are (one window)."""
+        from pooler.engine.long_inputs import scoring_overlap, split_into_windows
+
+        if not isinstance(text, str):
+            return self.build([text], "document")
+        length = min(self.config.document_length or self.max_model_len, self.max_model_len)
+        [enc] = self.tokenizer.encode_batch([text])
+        ids, special = list(enc.input_ids), list(enc.special_tokens_mask)
+        marker = self.tokens.document_marker_id
+        if marker is not None:  # right after [CLS], a special token of every window
+            ids.insert(1, marker)
+            special.insert(1, 1)
+        whole = ProcessedInput(prompt_token_ids=ids, token_type_ids=[0] * len(ids),
+                               special_tokens_mask=special, text=text)
+        if len(ids) <= length:
+            windows = [whole]
+        else:
+            room = length - sum(special)
+            windows = split_into_windows(whole, length,
+                                         scoring_overlap(overlap, room)).inputs
+        for window in windows:
+            window.extra = {UNATTENDED_KEY: 0}
+        return windows

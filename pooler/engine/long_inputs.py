@@ -22,6 +22,9 @@ import numpy as np
 from pooler.engine.input_processor import ProcessedInput
 
 LONG_INPUT_MODES = ("truncate", "chunk")
+# How score/rerank combine a long document's window scores (pooler/engine/tasks/long_scoring.py):
+# "max" is MaxP (the best passage decides, Dai & Callan 2019), "mean" averages every window.
+CHUNK_AGGREGATES = ("max", "mean")
 
 
 @dataclass
@@ -80,11 +83,56 @@ def split_into_windows(item: ProcessedInput, max_length: int, overlap: int,
         start = end - overlap
 
 
+def cut_content(item: ProcessedInput, max_tokens: int) -> ProcessedInput:
+    """The input cut to `max_tokens` tokens, its leading and trailing special tokens kept
+    (vLLM's max_tokens_per_doc on a document encoded alone)."""
+    ids = item.prompt_token_ids
+    if len(ids) <= max_tokens:
+        return item
+    special = item.special_tokens_mask or [0] * len(ids)
+    suffix = 0
+    while suffix < len(ids) and special[len(ids) - 1 - suffix]:
+        suffix += 1
+    keep = list(range(max(max_tokens - suffix, 0))) + list(range(len(ids) - suffix, len(ids)))
+
+    def pick(values):
+        return None if values is None else [values[i] for i in keep]
+    return ProcessedInput(prompt_token_ids=pick(ids), token_type_ids=pick(item.token_type_ids),
+                          special_tokens_mask=pick(special), text=item.text)
+
+
 def weighted_mean(vectors: list[np.ndarray], weights: list[int]) -> np.ndarray:
     """Token-weighted mean of window vectors: [num_windows, dim] -> [dim]."""
     stacked = np.stack(vectors).astype(np.float64)  # [num_windows, dim]
     w = np.asarray(weights, dtype=np.float64)[:, None]
     return (stacked * w).sum(0) / w.sum()
+
+
+def check_long_input(long_input, chunk_aggregate=None) -> None:
+    """The options every long-input call takes, checked before any work."""
+    if long_input not in LONG_INPUT_MODES:
+        raise ValueError(f"long_input must be one of {list(LONG_INPUT_MODES)}, "
+                         f"got {long_input!r}.")
+    if chunk_aggregate is not None and chunk_aggregate not in CHUNK_AGGREGATES:
+        raise ValueError(f"chunk_aggregate must be one of {list(CHUNK_AGGREGATES)}, "
+                         f"got {chunk_aggregate!r}.")
+
+
+def scoring_overlap(overlap: int | None, room: int) -> int:
+    """score/rerank's chunk_overlap for windows of `room` document tokens: a quarter of a
+    window when unset, at most half of one, so a document costs at most about twice its
+    tokens however the overlap is set."""
+    if overlap is None:
+        return room // 4
+    if overlap > room // 2:
+        raise ValueError(f"chunk_overlap={overlap} must be at most half the document tokens a "
+                         f"window holds ({room // 2} of {room}).")
+    return overlap
+
+
+def aggregate(scores: list[float], how: str) -> float:
+    """A document's window scores -> its score: the best window ("max") or their mean."""
+    return float(max(scores)) if how == "max" else float(np.mean(np.asarray(scores, np.float64)))
 
 
 def finalize(vector: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:

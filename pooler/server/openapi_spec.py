@@ -310,6 +310,8 @@ def _model_facts(engine) -> dict:
             is not None,
             "max_len": engine.model_config.max_model_len,
             "colbert": engine.model_config.colbert is not None,
+            "scores_in_windows": _scores_in_windows(engine),
+            "colbert_document_length": _colbert_document_length(engine),
             "min_truncation": specials + 1,
             "specials": specials,
             "score_directions": "truncation_direction" in score_params,
@@ -320,6 +322,23 @@ def _model_facts(engine) -> dict:
             "dimensions": _safe_size(engine),
             "gliner": getattr(engine.model_config, "gliner", None) is not None,
             "vocab": int(vocab) if vocab else None}
+
+
+def _scores_in_windows(engine) -> bool:
+    """Whether score/rerank take long_input "chunk" (pooler/engine/tasks/long_scoring.py):
+    not BGE-M3's combined scores, LM rerankers' prompts, page or image-text models."""
+    return not (_is_bge_m3(engine)
+                or getattr(engine.model_config, "rerank_prompt", None) is not None
+                or getattr(engine, "images", None) is not None
+                or getattr(engine, "pages", None) is not None)
+
+
+def _colbert_document_length(engine) -> int | None:
+    """A ColBERT document's window: its document length, at most the max length."""
+    colbert = engine.model_config.colbert
+    if colbert is None or not getattr(colbert, "document_length", None):
+        return None
+    return min(colbert.document_length, engine.model_config.max_model_len)
 
 
 def _safe_size(engine) -> int | None:
@@ -360,6 +379,19 @@ def _narrow_node(schema: dict, facts: dict) -> None:
                 node["minimum"] = 1
                 if facts["dimensions"]:
                     node["maximum"] = facts["dimensions"]
+        elif name == "chunk_aggregate" and facts["colbert"]:
+            _set_enum(prop, ["max"])  # ColBERT: MaxSim over all windows' tokens
+        elif name == "chunk_overlap" and "chunk_aggregate" in properties:
+            # Scoring's windows hold fewer document tokens than the max length (the query's
+            # take the rest, which the description states; the fuzz hooks keep to it).
+            for node in _integer_nodes(prop):
+                node["minimum"] = 0
+                window = facts["colbert_document_length"] or facts["max_len"]
+                if window:  # at most half the document tokens of a window
+                    node["maximum"] = (window - facts["min_truncation"] - 1) // 2
+        elif name == "long_input" and "chunk_aggregate" in properties \
+                and not facts["scores_in_windows"]:
+            _set_enum(prop, ["truncate"])  # see _scores_in_windows
         elif name == "max_tokens_per_doc" and facts["colbert"]:
             _set_null(prop)  # ColBERT documents keep the model's own document length
         elif name == "max_tokens_per_doc":

@@ -167,12 +167,17 @@ class TEIRerankRequest(_TEITruncation):
     texts: list[StrictStr]
     raw_scores: StrictBool = False
     return_text: StrictBool = False
+    # pooler's addition: long texts scored in windows (Engine.rerank long_input)
+    long_input: Optional[Literal["truncate", "chunk"]] = None
+    chunk_overlap: Optional[StrictInt] = Field(None, ge=0)
+    chunk_aggregate: Optional[Literal["max", "mean"]] = None
 
 
 class TEIRank(BaseModel):
     index: int
     score: float
     text: Optional[str] = None
+    num_windows: Optional[int] = None  # pooler's addition: long_input "chunk" only
 
 
 class TEIPredictRequest(_TEITruncation):

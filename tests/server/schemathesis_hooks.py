@@ -7,6 +7,10 @@ notion, so the spec states the rule in those fields' descriptions and the fuzzer
 bodies whose texts surely fit: at most one token per character plus the special tokens (true of
 the WordPiece tokenizers fuzzed here). Limits come from the test: POOLER_FUZZ_MAX_LEN (the
 model's maximum) and POOLER_FUZZ_SPECIALS (its special tokens per text).
+
+Scoring with long_input "chunk" likewise: a window holds the whole query beside at least twice
+chunk_overlap document tokens (a cross-encoder refuses a query or an overlap that leave no room);
+only bodies whose query surely leaves that room are sent.
 """
 from __future__ import annotations
 
@@ -31,8 +35,28 @@ def _cohere_texts(body: dict) -> list[str]:
     return texts
 
 
+_QUERY_FIELDS = ("query", "queries", "text_1", "data_1")  # the scoring bodies' query side
+
+
+def _chunked_windows_fit(body: dict) -> bool:
+    """Scoring with long_input "chunk": each window holds the whole query, the pair's special
+    tokens and at least twice chunk_overlap document tokens (the field's description states
+    it)."""
+    queries = next((body[k] for k in _QUERY_FIELDS if k in body), "")
+    queries = [queries] if isinstance(queries, str) else queries
+    longest = max((len(q) for q in queries if isinstance(q, str)), default=0)
+    overlap = body.get("chunk_overlap")
+    overlap = overlap if isinstance(overlap, int) and not isinstance(overlap, bool) else 0
+    room = _MAX_LEN - longest - _SPECIALS - 1  # a cross-encoder window's document tokens
+    return room >= 1 and overlap <= room // 2
+
+
 @schemathesis.hook
 def filter_body(context, body) -> bool:
+    scoring = isinstance(body, dict) and any(k in body for k in _QUERY_FIELDS)
+    if scoring and body.get("long_input") == "chunk" and _MAX_LEN \
+            and not _chunked_windows_fit(body):
+        return False
     if not isinstance(body, dict) or body.get("truncate") != "NONE":
         return True
     limit = body.get("max_tokens")

@@ -9,12 +9,12 @@ import threading
 from typing import Any, Sequence
 
 from pooler.bge_m3_layout import SCORE_MODES
-from pooler.engine import image_inputs
+from pooler.engine import image_inputs, long_inputs
 from pooler.engine.input_processor import TruncationOptions, normalize_inputs
 from pooler.engine.lora import with_lora
 from pooler.engine.tasks.bge_m3 import bge_m3_scores
 from pooler.engine.tasks.classification import cross_encoder_scores
-from pooler.engine.tasks import page_retrieval
+from pooler.engine.tasks import long_scoring, page_retrieval
 from pooler.engine.tasks.common import TaskEngine
 from pooler.engine.tasks.embedding import bi_encoder_scores
 from pooler.engine.tasks.late_interaction import late_interaction_scores
@@ -47,7 +47,9 @@ def score(engine: TaskEngine, queries: str | Sequence, documents: str | Sequence
           use_activation: bool | None = None, bge_m3_mode: str | None = None,
           bge_m3_weights: Sequence[float] | None = None,
           max_tokens_per_doc: int | None = None,
-          pool_factor: float | None = None) -> list[ScoreOutput]:
+          pool_factor: float | None = None, long_input: str = "truncate",
+          chunk_overlap: int | None = None,
+          chunk_aggregate: str | None = None) -> list[ScoreOutput]:
     """Score (query, document) pairs: 1 query x N documents, or N x N pairwise.
     max_tokens_per_doc: cut each document to that many tokens first (vLLM's option).
 
@@ -62,14 +64,25 @@ def score(engine: TaskEngine, queries: str | Sequence, documents: str | Sequence
     Page retrieval models (ColModernVBert): text queries against page images (PIL image,
     path, bytes, data URL, {"image": ...}) or texts, by MaxSim.
     pool_factor (ColBERT and page retrieval): hierarchical token pooling of each document's
-    vectors before MaxSim (PyLate's pool_factor)."""
+    vectors before MaxSim (PyLate's pool_factor).
+    long_input="chunk": a document longer than the model takes is scored in windows that
+    share `chunk_overlap` tokens (default a quarter of a window) instead of being cut or
+    refused; a cross-encoder's or bi-encoder's window scores are aggregated by
+    `chunk_aggregate` ("max", the default, or "mean"), a ColBERT model scores MaxSim over all
+    windows' token vectors (pooler/engine/tasks/long_scoring.py). Each output's num_windows
+    says how many windows its document took (None without chunking)."""
+    chunked = _check_long_input(long_input, chunk_overlap, chunk_aggregate)
     if page_retrieval.is_page_model(engine):
         _refuse_options(engine, use_activation=use_activation, bge_m3_mode=bge_m3_mode,
-                        bge_m3_weights=bge_m3_weights, max_tokens_per_doc=max_tokens_per_doc)
+                        bge_m3_weights=bge_m3_weights, max_tokens_per_doc=max_tokens_per_doc,
+                        long_input="chunk" if chunked else None)
         return page_retrieval.scores(engine, queries, documents, pool_factor=pool_factor,
                                      use_tqdm=use_tqdm, priority=priority, cancel=cancel)
     page_retrieval.pool_factor_extra(engine, pool_factor)  # refused where it cannot apply
     if image_inputs.handles(engine, queries, documents):  # texts and images: cosine
+        if chunked:
+            raise ValueError("long_input='chunk' applies to text scoring (cross-encoders, "
+                             "bi-encoders, ColBERT), not to image-text models.")
         return image_inputs.score(engine, queries, documents, truncation=TruncationOptions(
             truncate, truncate_prompt_tokens, truncation_direction), use_tqdm=use_tqdm,
             priority=priority, cancel=cancel)
@@ -90,6 +103,10 @@ def score(engine: TaskEngine, queries: str | Sequence, documents: str | Sequence
             raise ValueError("max_tokens_per_doc does not apply to ColBERT models: their "
                              "documents are cut to the model's own document length.")
     truncation = TruncationOptions(truncate, truncate_prompt_tokens, truncation_direction)
+    if chunked:
+        return _score_chunked(engine, request, kind, truncation, chunk_overlap,
+                              chunk_aggregate, use_activation, max_tokens_per_doc,
+                              pool_factor, use_tqdm, priority, cancel)
     if kind == "bge_m3":
         mode = bge_m3_mode or "colbert+sparse+dense"
         if mode not in SCORE_MODES:
@@ -120,7 +137,9 @@ def rerank(engine: TaskEngine, query: str | Sequence[int], documents: Sequence, 
            use_activation: bool | None = None, bge_m3_mode: str | None = None,
            bge_m3_weights: Sequence[float] | None = None,
            max_tokens_per_doc: int | None = None,
-           pool_factor: float | None = None) -> list[RerankResult]:
+           pool_factor: float | None = None, long_input: str = "truncate",
+           chunk_overlap: int | None = None,
+           chunk_aggregate: str | None = None) -> list[RerankResult]:
     """Documents sorted by score, best first (ties keep input order); `top_n` keeps the
     best n. The other options are score()'s (named here, so callers can see which)."""
     if isinstance(query, (list, tuple)) and query and not isinstance(query[0], int):
@@ -138,11 +157,60 @@ def rerank(engine: TaskEngine, query: str | Sequence[int], documents: Sequence, 
                     truncation_direction=truncation_direction, use_tqdm=use_tqdm,
                     priority=priority, cancel=cancel, use_activation=use_activation,
                     bge_m3_mode=bge_m3_mode, bge_m3_weights=bge_m3_weights,
-                    max_tokens_per_doc=max_tokens_per_doc, pool_factor=pool_factor)
+                    max_tokens_per_doc=max_tokens_per_doc, pool_factor=pool_factor,
+                    long_input=long_input, chunk_overlap=chunk_overlap,
+                    chunk_aggregate=chunk_aggregate)
     ranked = sorted(outputs, key=lambda o: (-o.score, o.document_index))[:top_n]
     return [RerankResult(o.document_index, o.score,
-                         _as_text(docs[o.document_index]) if return_documents else None)
+                         _as_text(docs[o.document_index]) if return_documents else None,
+                         o.num_windows)
             for o in ranked]
+
+
+def _check_long_input(long_input, chunk_overlap, chunk_aggregate) -> bool:
+    """True when documents are to be chunked; the chunk options need long_input='chunk'."""
+    long_inputs.check_long_input(long_input, chunk_aggregate)
+    if long_input != "chunk":
+        for name, value in (("chunk_overlap", chunk_overlap),
+                            ("chunk_aggregate", chunk_aggregate)):
+            if value is not None:
+                raise ValueError(f"{name} applies with long_input='chunk'; pass "
+                                 "long_input='chunk' or leave it unset.")
+        return False
+    if chunk_overlap is not None and (isinstance(chunk_overlap, bool)
+                                      or not isinstance(chunk_overlap, int)
+                                      or chunk_overlap < 0):
+        raise ValueError(f"chunk_overlap must be a non-negative integer, got "
+                         f"{chunk_overlap!r}.")
+    return True
+
+
+def _score_chunked(engine: TaskEngine, request, kind: str, truncation: TruncationOptions,
+                   overlap: int | None, aggregate: str | None, use_activation,
+                   max_tokens_per_doc, pool_factor, use_tqdm, priority,
+                   cancel) -> list[ScoreOutput]:
+    if kind == "bge_m3":
+        raise ValueError("long_input='chunk' applies to cross-encoders, bi-encoders and "
+                         "ColBERT models, not to BGE-M3's combined scores.")
+    if kind == "late_interaction":
+        if aggregate not in (None, "max"):
+            raise ValueError("chunk_aggregate does not apply to ColBERT models: a long "
+                             "document is scored by MaxSim over all its windows' token "
+                             "vectors (each query token's best match anywhere).")
+        if pool_factor is not None:
+            raise ValueError("pool_factor does not apply with long_input='chunk' (yet).")
+        scores, tokens, windows = long_scoring.late_interaction_window_scores(
+            engine, request, overlap, use_tqdm, priority, cancel)
+    elif kind == "bi_encoder":
+        scores, tokens, windows = long_scoring.bi_encoder_window_scores(
+            engine, request, truncation, overlap, aggregate or "max", use_tqdm, priority,
+            cancel, max_tokens_per_doc)
+    else:
+        scores, tokens, windows = long_scoring.cross_encoder_window_scores(
+            engine, request, truncation, overlap, aggregate or "max", use_activation,
+            use_tqdm, priority, cancel, max_tokens_per_doc)
+    return [ScoreOutput(float(s), qi, di, n, w)
+            for s, n, w, (qi, di) in zip(scores, tokens, windows, request.pairs)]
 
 
 def _refuse_options(engine: TaskEngine, **options) -> None:

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from pooler.engine.engine_loop import RequestCancelled
 from pooler.server.dialects import cohere, quantized
+from pooler.server.dialects.long_documents import long_document_options
 from pooler.server.errors import APIError, bad_request, validation_message
 from pooler.server.protocol import (TEIDecodeRequest, TEIEmbedAllRequest, TEIEmbedRequest,
                                     TEIPredictRequest, TEIRerankRequest, TEISimilarityRequest,
@@ -294,11 +295,12 @@ async def _rerank(body: TEIRerankRequest, request: Request):
         raise TEIError("Backend", "model is not a re-ranker model: /rerank needs a "
                                   "cross-encoder (a sequence classifier with one label).")
     kwargs = truncation(body)
+    long_documents = long_document_options(body)  # pooler's addition
 
     def compute():
         results = state.call("rerank", body.query, list(body.texts),
                              use_activation=False if body.raw_scores else None,
-                             use_tqdm=False, **kwargs)
+                             use_tqdm=False, **kwargs, **long_documents)
         # TEI sorts ascending and reverses: of two equal scores the later text comes first.
         ranked = sorted(results, key=lambda r: float(r.score))[::-1]
         out = []
@@ -307,6 +309,8 @@ async def _rerank(body: TEIRerankRequest, request: Request):
             if body.return_text:
                 item["text"] = body.texts[r.index]
             item["score"] = float(r.score)
+            if r.num_windows is not None:  # pooler's addition, long_input "chunk" only
+                item["num_windows"] = int(r.num_windows)
             out.append(item)
         return out
 

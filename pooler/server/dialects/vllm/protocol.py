@@ -156,6 +156,22 @@ class ClassificationRequest(_InputOrChat, _ActivationAlias):
     pass
 
 
+class _LongDocuments(BaseModel):
+    """pooler's addition: long documents scored in windows (Engine.score long_input), for
+    every scoring body (vLLM's, Cohere's, Jina's, TEI's)."""
+    long_input: Optional[Literal["truncate", "chunk"]] = Field(None, description=(
+        "\"chunk\": a document longer than the model takes is scored in windows (each fits "
+        "beside the query) instead of being cut or refused; each result then carries "
+        "num_windows. Unset: \"truncate\"."))
+    chunk_overlap: Optional[StrictInt] = Field(None, ge=0, description=(
+        "Document tokens consecutive windows share; unset: a quarter of a window. At most "
+        "half the document tokens a window holds: on a cross-encoder the max length less the "
+        "query's tokens and the special tokens."))
+    chunk_aggregate: Optional[Literal["max", "mean"]] = Field(None, description=(
+        "How a document's window scores combine: \"max\" (the best window, MaxP; the "
+        "default) or \"mean\". ColBERT models score MaxSim over all windows' tokens."))
+
+
 class ScoreMultiModal(BaseModel):
     """vLLM's ScoreMultiModalParam: one query or document as content parts, text
     ({"type": "text", "text": ...}) and image ({"type": "image_url", "image_url": {"url":
@@ -172,7 +188,7 @@ def _side_length(value) -> int:
     return len(value) if isinstance(value, list) else 1
 
 
-class _Scoring(_VLLMRequest, _ActivationAlias):
+class _Scoring(_VLLMRequest, _ActivationAlias, _LongDocuments):
     max_tokens_per_doc: Optional[StrictInt] = None
     # None: an over-long pair is an error unless truncate_prompt_tokens is given (vLLM).
     truncate: Optional[StrictBool] = None
@@ -325,6 +341,8 @@ class ScoreData(BaseModel):
     index: int
     object: str = "score"
     score: float
+    # pooler's addition: the windows the document was scored in (long_input "chunk" only)
+    num_windows: Optional[int] = None
 
 
 class ScoreResponse(BaseModel):
@@ -345,6 +363,8 @@ class RerankResult(BaseModel):
     index: int
     document: Optional[RerankDocument] = None  # left out only when return_documents=false
     relevance_score: float
+    # pooler's addition: the windows the document was scored in (long_input "chunk" only)
+    num_windows: Optional[int] = None
 
 
 class RerankUsage(BaseModel):

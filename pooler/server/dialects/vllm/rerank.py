@@ -18,6 +18,7 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
 from pooler.server.dialects import tei
+from pooler.server.dialects.long_documents import long_document_options, with_windows
 from pooler.server.dialects.vllm.common import (TRUNCATION_TOO_BIG, check_priority, envelope,
                                                 get_state, response_id, scoring_unavailable_reason)
 from pooler.server.dialects.vllm.errors import VLLMRoute, use_tei_errors, vllm_error
@@ -70,6 +71,7 @@ def _scoring_options(state: ServerState, body) -> dict[str, Any]:
         options["use_activation"] = body.use_activation
     if body.max_tokens_per_doc is not None:
         options["max_tokens_per_doc"] = body.max_tokens_per_doc
+    options.update(long_document_options(body))
     return options
 
 
@@ -110,7 +112,7 @@ async def score(body: ScoreRequest, request: Request):
 
     def compute():
         outputs = state.call("score", queries, documents, use_tqdm=False, **options)
-        data = [{"index": i, "object": "score", "score": float(o.score)}
+        data = [with_windows({"index": i, "object": "score", "score": float(o.score)}, o)
                 for i, o in enumerate(outputs)]
         return envelope("score", state, body, data, sum(o.num_tokens for o in outputs))
 
@@ -179,7 +181,7 @@ async def rerank_vllm(body: RerankRequest, request: Request):
             if body.return_documents is not False:
                 item["document"] = echoes[o.document_index]
             item["relevance_score"] = float(o.score)
-            results.append(item)
+            results.append(with_windows(item, o))
         tokens = sum(o.num_tokens for o in outputs)
         return {"id": response_id("rerank", body), "model": state.model_name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
