@@ -240,9 +240,10 @@ def report_lines(rows) -> list[str]:
         if pooler is None or peer is None or not peer.rounds_per_s:
             continue
         per_round = [a / b for a, b in zip(pooler.rounds_per_s, peer.rounds_per_s)]
+        rates = ", ".join(f"{r.side.split()[-1]} {r.texts_per_s:.3g}" for r in (pooler, peer))
         line = (f"visual_retrieval: {pooler.side} vs {peer.side}: "
-                f"{statistics.median(per_round):.2f}x {what} (median of {len(per_round)} "
-                "alternating round(s) in one process: "
+                f"{statistics.median(per_round):.2f}x {what} ({rates}; median of "
+                f"{len(per_round)} alternating round(s) in one process: "
                 + ", ".join(f"{x:.2f}" for x in per_round) + ")")
         if kind == "query" and pooler.p50_ms and peer.p50_ms:
             line += (f"; p50 {pooler.p50_ms:.1f} vs {peer.p50_ms:.1f} ms, "
