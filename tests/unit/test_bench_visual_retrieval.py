@@ -48,8 +48,8 @@ def test_vision_flops_per_tile_at_the_real_shape():
     assert vision_flops_per_tile(config) == expected
 
 
-# Slow (builds a tiny folder, loads pooler and transformers: 4 s alone, 15 s under load on the 2-core
-# machine): make test runs it, make test-quick leaves it out.
+# Slow (builds a tiny folder, loads pooler and transformers: 4 s alone, 15 s under load on
+# the 2-core machine): make test runs it, make test-quick leaves it out.
 @pytest.mark.slow
 def test_quick_run_reports_index_and_query_rows(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
