@@ -98,3 +98,27 @@ def bench_captions(count: int, seed: int = 1) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(CAPTION_WORDS, int(rng.integers(5, 17))))
             for _ in range(count)]
+
+
+def bench_pages(count: int, seed: int = 0, tiny: bool = False) -> list[bytes]:
+    """`count` page-like PNGs (letter / A4 sizes at 100-150 dpi and a screenshot, cycling):
+    the documents of the visual retrieval workload."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        sizes = TINY_SIZES if tiny else PAGE_SIZES
+        buffer = io.BytesIO()
+        _page(rng, *sizes[i % len(sizes)]).save(buffer, format="PNG")
+        out.append(buffer.getvalue())
+    return out
+
+
+QUERY_WORDS = ("which page shows the quarterly revenue chart table of operating costs by region "
+               "invoice total for march board members risk factors cash flow summary").split()
+
+
+def bench_queries(count: int, seed: int = 2) -> list[str]:
+    """Short search queries of 4-10 words (what users ask a page index)."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(QUERY_WORDS, int(rng.integers(4, 11))))
+            for _ in range(count)]
