@@ -28,7 +28,7 @@ from pooler.params import PoolingParams
 from pooler.server.edges.limits import Admission, Reservation, TokenAdmission
 from pooler.server.edges.shutdown import ShutdownGate
 from pooler.server.errors import APIError, bad_request, unsupported
-from pooler.server.media import MediaResolver, resolve_items
+from pooler.server.media import MediaResolver, refs_in, resolve_items
 from pooler.server.observability.metrics import ServerMetrics
 from pooler.server.settings import ServerSettings
 
@@ -206,11 +206,8 @@ class ServerState:
     async def resolve_images(self, items: list) -> tuple[list, dict]:
         """`items` with their images (media.ImageRef) fetched and decoded, off the event loop;
         a bad image is a 400 naming it."""
-        if len(items) > self.settings.max_input_items:  # before fetching anything
-            raise APIError(413, f"The request holds {len(items)} inputs, more than this "
-                           f"server's limit of {self.settings.max_input_items} per request "
-                           "(--max-input-items); split it into several requests.",
-                           code="too_many_inputs")
+        if refs_in(items):  # before fetching anything (text-only bodies: admit names the field)
+            self.admission.check_count(len(items), None)
         items, resolved = await resolve_items(self.media, items)
         _request_media_bytes.set(sum(len(ref.url) for ref in resolved))
         return items, resolved

@@ -92,12 +92,17 @@ class Admission:
         self.max_queue = max_queue
         self.in_flight = 0
 
-    def admit(self, num_items: int, field: str) -> None:
+    def check_count(self, num_items: int, field: str | None) -> None:
+        """A 413 when one request holds more inputs than --max-input-items."""
         if num_items > self.max_input_items:
-            raise APIError(413, f"'{field}' has {num_items} items, more than this server's "
+            where = f"'{field}' has" if field else "The request holds"
+            raise APIError(413, f"{where} {num_items} items, more than this server's "
                            f"limit of {self.max_input_items} per request (--max-input-items); "
                            "split it into several requests.", param=field,
                            code="too_many_inputs")
+
+    def admit(self, num_items: int, field: str) -> None:
+        self.check_count(num_items, field)
         if self.in_flight + num_items > self.max_queue:
             raise APIError(503, f"The server is busy: {self.in_flight} inputs are queued and "
                            f"the limit is {self.max_queue} (--max-queue). Retry shortly.",
