@@ -20,6 +20,7 @@ import numpy as np
 
 from pooler.engine.input_processor import ProcessedInput, TruncationOptions, normalize_inputs
 from pooler.engine.request import RequestOutput
+from pooler.engine.tasks.pairs import pairing
 from pooler.multimodal.cache import ByteLRUCache, CacheStats
 from pooler.multimodal.image_processing import ImageProcessorSpec
 from pooler.multimodal.inputs import ImageRequestData
@@ -166,13 +167,7 @@ def score(engine, queries: Any, documents: Any, *, truncation: TruncationOptions
     """Cosine similarity of (query, document) pairs, any of them texts or images: 1 query x
     N documents, or N x N pairwise (Engine.score's pairing)."""
     qs, ds = _items(queries), _items(documents)
-    if len(qs) == 1:
-        pairs = [(0, j) for j in range(len(ds))]
-    elif len(qs) == len(ds):
-        pairs = [(i, i) for i in range(len(ds))]
-    else:
-        raise ValueError(f"score takes 1 query and N documents, or N queries and N documents "
-                         f"(scored pairwise); got {len(qs)} queries and {len(ds)} documents.")
+    pairs = pairing(len(qs), len(ds))
     params = PoolingParams(task="embed", normalize=True)
     q_out = encode(engine, qs, params, truncation, use_tqdm, priority, cancel=cancel,
                    field="queries")

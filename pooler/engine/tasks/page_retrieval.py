@@ -18,7 +18,7 @@ import threading
 from typing import Any, Sequence
 
 from pooler.engine.tasks.common import TaskEngine
-from pooler.engine.tasks.pairs import ScoreRequest
+from pooler.engine.tasks.pairs import ScoreRequest, pairing
 from pooler.engine.tasks.two_stage import two_stage
 from pooler.outputs import ScoreOutput, TokenEmbeddingOutput, as_numpy
 from pooler.params import LateInteractionParams, PoolingParams
@@ -87,13 +87,7 @@ def scores(engine: TaskEngine, queries: str | Sequence, documents: Any, *,
     """MaxSim of (query, document) pairs: 1 query x N documents, or N x N pairwise."""
     qs = [queries] if isinstance(queries, str) else items_of(queries, "queries")
     ds = items_of(documents, "documents")
-    if len(qs) == 1:
-        pairs = [(0, j) for j in range(len(ds))]
-    elif len(qs) == len(ds):
-        pairs = [(i, i) for i in range(len(ds))]
-    else:
-        raise ValueError(f"score takes 1 query and N documents, or N queries and N documents "
-                         f"(scored pairwise); got {len(qs)} queries and {len(ds)} documents.")
+    pairs = pairing(len(qs), len(ds))
     for i, q in enumerate(qs):
         if not isinstance(q, str):
             raise ValueError(f"queries[{i}] must be a text: "

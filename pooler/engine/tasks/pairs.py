@@ -15,18 +15,23 @@ class ScoreRequest:
     pairs: list[tuple[int, int]]  # (query index, document index) per output
 
 
+def pairing(num_queries: int, num_documents: int) -> list[tuple[int, int]]:
+    """(query index, document index) per score: 1 query x N documents, or N x N pairwise;
+    anything else is an error."""
+    if num_queries == 1:
+        return [(0, j) for j in range(num_documents)]
+    if num_queries == num_documents:
+        return [(i, i) for i in range(num_documents)]
+    raise ValueError(f"score takes 1 query and N documents, or N queries and N documents "
+                     f"(scored pairwise); got {num_queries} queries and {num_documents} "
+                     "documents.")
+
+
 def pair_inputs(queries: Any, documents: Any) -> ScoreRequest:
     """1:1, 1:N (one query, many documents) or N:N (zipped); anything else is an error."""
     qs = normalize_inputs(queries, "queries")
     ds = normalize_inputs(documents, "documents")
-    if len(qs) == 1:
-        pairs = [(0, j) for j in range(len(ds))]
-    elif len(qs) == len(ds):
-        pairs = [(i, i) for i in range(len(ds))]
-    else:
-        raise ValueError(f"score takes 1 query and N documents, or N queries and N documents "
-                         f"(scored pairwise); got {len(qs)} queries and {len(ds)} documents.")
-    return ScoreRequest(qs, ds, pairs)
+    return ScoreRequest(qs, ds, pairing(len(qs), len(ds)))
 
 
 def pair_tokens(pairs: list[tuple[int, int]], doc_tokens: list[int], query_tokens,
