@@ -18,6 +18,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
+from pooler.multimodal.media import require_rgb
+
 IMAGENET_STANDARD_MEAN = (0.5, 0.5, 0.5)
 IMAGENET_STANDARD_STD = (0.5, 0.5, 0.5)
 DEFAULT_TILE_SIDE = 364
@@ -133,16 +135,10 @@ def _config(preprocessor_config: Mapping[str, Any] | Idefics3ImageConfig) -> Ide
     return Idefics3ImageConfig.from_preprocessor_config(preprocessor_config)
 
 
-def _check_rgb(image: Image.Image) -> None:
-    if not isinstance(image, Image.Image) or image.mode != "RGB":
-        kind = f"a PIL image in mode {image.mode!r}" if isinstance(image, Image.Image) else type(image).__name__
-        raise ValueError(f"image must be an RGB PIL image, got {kind}: convert it first (image.convert('RGB'))")
-
-
 def process_image(image: Image.Image,
                   preprocessor_config: Mapping[str, Any] | Idefics3ImageConfig) -> Idefics3Image:
     """One RGB image -> its tiles (and global image), rescaled and normalized."""
-    _check_rgb(image)
+    require_rgb(image)
     config = _config(preprocessor_config)
     tile, resample = config.tile_side, config.resample
     if config.do_resize:

@@ -85,6 +85,16 @@ def to_rgb(image):
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+def require_rgb(image) -> None:
+    """ValueError unless `image` is a PIL image in mode RGB (what the processors take)."""
+    Image = _pil()
+    if not isinstance(image, Image.Image) or image.mode != "RGB":
+        kind = (f"a PIL image in mode {image.mode!r}" if isinstance(image, Image.Image)
+                else type(image).__name__)
+        raise ValueError(f"image must be an RGB PIL image, got {kind}: convert it first "
+                         "(image.convert('RGB'))")
+
+
 def content_hash(rgb_image) -> str:
     # sha256: the SHA extensions of every CPU kind pooler is measured on (Zen 3, Zen 4,
     # Sapphire Rapids) make it ~4x faster than blake2b on a page's pixels (16 vs 62 ms for

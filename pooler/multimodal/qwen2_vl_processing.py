@@ -17,6 +17,8 @@ from typing import Any, Mapping
 import numpy as np
 from PIL import Image
 
+from pooler.multimodal.media import require_rgb
+
 # The defaults of transformers' Qwen2VLImageProcessor, used where a config leaves a key out.
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -114,16 +116,10 @@ def _config(preprocessor_config: Mapping[str, Any] | Qwen2VLImageConfig) -> Qwen
     return Qwen2VLImageConfig.from_preprocessor_config(preprocessor_config)
 
 
-def _check_rgb(image: Image.Image) -> None:
-    if not isinstance(image, Image.Image) or image.mode != "RGB":
-        kind = f"a PIL image in mode {image.mode!r}" if isinstance(image, Image.Image) else type(image).__name__
-        raise ValueError(f"image must be an RGB PIL image, got {kind}: convert it first (image.convert('RGB'))")
-
-
 def process_image(image: Image.Image,
                   preprocessor_config: Mapping[str, Any] | Qwen2VLImageConfig) -> Qwen2VLImage:
     """One RGB image -> flattened patches and grid, as Qwen2-VL's vision tower takes them."""
-    _check_rgb(image)
+    require_rgb(image)
     config = _config(preprocessor_config)
     patch, merge, temporal = config.patch_size, config.merge_size, config.temporal_patch_size
     if config.do_resize:
