@@ -15,7 +15,6 @@ cache still keeps each page's processed tensors).
 from __future__ import annotations
 
 import logging
-import traceback
 
 import torch
 from torch import nn
@@ -74,29 +73,21 @@ class ColVisionRunner(ModelRunnerBase):
         self.pooler.check_params(params)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        self.finish_requests(scheduler_output)
-        reqs = scheduler_output.scheduled_new_reqs
-        if not reqs:
-            return ModelRunnerOutput()
-        req_ids = [r.req_id for r in reqs]
-        try:
-            self.add_requests(reqs)
-            with torch.inference_mode():
-                vectors = [self._embed(r) for r in reqs]  # [num_tokens_i, dim] each
-                lens = [v.shape[0] for v in vectors]
-                starts = [sum(lens[:i]) for i in range(len(lens))]
-                metadata = PoolingMetadata(
-                    req_ids=req_ids, seq_lens=lens, seq_starts=starts,
-                    num_prompt_tokens=[0] * len(reqs),
-                    pooling_params=[r.pooling_params for r in reqs],
-                    special_tokens_masks=[None] * len(reqs))
-                outputs, errors = self.pooling_runner.pool(
-                    torch.cat(vectors), metadata, finished_mask=[True] * len(reqs))
-            outputs = [None if o is None else o.detach().to("cpu", copy=True) for o in outputs]
-        except Exception as exc:  # isolate: the scheduler retries the batch in halves
-            logger.debug("batch of %d failed: %s", len(reqs), traceback.format_exc())
-            return ModelRunnerOutput(req_ids=req_ids, batch_error=f"{type(exc).__name__}: {exc}")
-        return ModelRunnerOutput(req_ids=req_ids, pooler_outputs=outputs, errors=errors)
+        return self.run_step(scheduler_output, self._forward)
+
+    def _forward(self, reqs: list[NewRequestData]) -> tuple[list, dict[str, str]]:
+        with torch.inference_mode():
+            vectors = [self._embed(r) for r in reqs]  # [num_tokens_i, dim] each
+            lens = [v.shape[0] for v in vectors]
+            starts = [sum(lens[:i]) for i in range(len(lens))]
+            metadata = PoolingMetadata(
+                req_ids=[r.req_id for r in reqs], seq_lens=lens, seq_starts=starts,
+                num_prompt_tokens=[0] * len(reqs),
+                pooling_params=[r.pooling_params for r in reqs],
+                special_tokens_masks=[None] * len(reqs))
+            outputs, errors = self.pooling_runner.pool(
+                torch.cat(vectors), metadata, finished_mask=[True] * len(reqs))
+        return [None if o is None else o.detach().to("cpu", copy=True) for o in outputs], errors
 
     def _embed(self, req: NewRequestData) -> torch.Tensor:
         """One item alone through transformers -> [num_tokens, dim] (every token attended)."""

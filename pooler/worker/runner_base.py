@@ -13,7 +13,13 @@ The encoder cache (vision-tower outputs of two-tower models, `image_runner`) is 
 """
 from __future__ import annotations
 
-from pooler.step_contract import NewRequestData, SchedulerOutput
+import logging
+import traceback
+from typing import Callable
+
+from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
+
+logger = logging.getLogger(__name__)
 
 
 class ModelRunnerBase:
@@ -42,6 +48,26 @@ class ModelRunnerBase:
         for req in new_reqs:
             self.pooling_runner.add_request(req.req_id, req.pooling_params)
             self.requests[req.req_id] = req
+
+    def run_step(self, scheduler_output: SchedulerOutput,
+                 forward: Callable[[list[NewRequestData]], tuple[list, dict[str, str]]]
+                 ) -> ModelRunnerOutput:
+        """One step of a runner whose forward takes the new requests as they are: finished
+        requests out, new ones in, `forward(reqs) -> (outputs on the host, per-request
+        errors)`. An exception fails the step as a whole (`batch_error`): the scheduler then
+        retries the batch in halves."""
+        self.finish_requests(scheduler_output)
+        reqs = scheduler_output.scheduled_new_reqs
+        if not reqs:
+            return ModelRunnerOutput()
+        req_ids = [r.req_id for r in reqs]
+        try:
+            self.add_requests(reqs)
+            outputs, errors = forward(reqs)
+        except Exception as exc:  # isolate: the scheduler retries the batch in halves
+            logger.debug("batch of %d failed: %s", len(reqs), traceback.format_exc())
+            return ModelRunnerOutput(req_ids=req_ids, batch_error=f"{type(exc).__name__}: {exc}")
+        return ModelRunnerOutput(req_ids=req_ids, pooler_outputs=outputs, errors=errors)
 
     # ---- weights and the caches derived from them ---------------------------------------
     def reload_weights(self) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import traceback
 
 import torch
 
@@ -176,21 +175,12 @@ class TransformersRunner(ModelRunnerBase):
 
     # ---- one step -----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        self.finish_requests(scheduler_output)
-        reqs = scheduler_output.scheduled_new_reqs
-        if not reqs:
-            return ModelRunnerOutput()
-        req_ids = [r.req_id for r in reqs]
-        try:
-            self.add_requests(reqs)
-            with torch.inference_mode():
-                outputs = self._run(reqs)
-            outputs = [o.detach().to("cpu", copy=True) for o in outputs]
-        except Exception as exc:  # isolate: the scheduler retries the batch in halves
-            logger.debug("batch of %d failed: %s", len(reqs), traceback.format_exc())
-            return ModelRunnerOutput(req_ids=req_ids,
-                                     batch_error=f"{type(exc).__name__}: {exc}")
-        return ModelRunnerOutput(req_ids=req_ids, pooler_outputs=outputs)
+        return self.run_step(scheduler_output, self._forward)
+
+    def _forward(self, reqs: list[NewRequestData]) -> tuple[list[torch.Tensor], dict]:
+        with torch.inference_mode():
+            outputs = self._run(reqs)
+        return [o.detach().to("cpu", copy=True) for o in outputs], {}
 
     def _run(self, reqs: list[NewRequestData]) -> list[torch.Tensor]:
         head = self.model_config.head
