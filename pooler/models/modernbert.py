@@ -99,6 +99,20 @@ class ModernBertEmbeddings(nn.Module):
         return self.norm(self.tok_embeddings(input_ids) if inputs_embeds is None else inputs_embeds)
 
 
+def _project(layer: nn.Module, x: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
+    """layer(x). bf16 and int8 layers through linear_act (keep_bf16: a bf16 result where the
+    caller takes one); a plain fp32 nn.Linear through its own forward (MKL on the weight as
+    loaded): linear_act's oneDNN path would keep a packed copy of every weight, ~440 MB more
+    peak RSS for ModernBERT-base (measured +37-47 MB for 3 of its 22 layers at 2k-8k tokens) for a few percent
+    of a long document's time, which attention dominates."""
+    return layer(x) if type(layer) is nn.Linear else linear_act(layer, x, keep_bf16=keep_bf16)
+
+
+def _project_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """layer(x) + residual (an int8 layer adds it in its C epilogue: linear_add)."""
+    return residual + layer(x) if type(layer) is nn.Linear else linear_add(layer, x, residual)
+
+
 class ModernBertAttention(nn.Module):
     # attention may round fp32 q/k/v to bf16 for its products (pooler/kernels/attention_bf16.c,
     # where the CPU has AVX512_BF16): int8 engines set it (apply_quantization), as for BERT
@@ -117,8 +131,8 @@ class ModernBertAttention(nn.Module):
         # kernel takes them (rotated in fp32, rounded back), so a long document's attention,
         # 60% of a ModernBERT-base layer at 8k tokens, runs VDPBF16PS products instead of fp32
         # ones (docs/models/precision.md, "Long documents"). An fp32 engine is unaffected.
-        qkv = linear_act(self.Wqkv, x, keep_bf16=not self.attention_bf16_products
-                         or bf16_kernel_takes(self.head_dim))
+        qkv = _project(self.Wqkv, x, keep_bf16=not self.attention_bf16_products
+                       or bf16_kernel_takes(self.head_dim))
         qkv = qkv.view(x.shape[0], 3, self.num_heads, self.head_dim)
         cos, sin = rotary
         qk = apply_rotary_fp32(qkv[:, :2], cos, sin)  # [num_tokens, 2, heads, head_dim]
@@ -131,7 +145,7 @@ class ModernBertAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 inputs: ModelInputs) -> torch.Tensor:
-        return linear_act(self.Wo, self.attend(x, rotary, inputs))
+        return _project(self.Wo, self.attend(x, rotary, inputs))
 
 
 class ModernBertMLP(nn.Module):
@@ -145,7 +159,7 @@ class ModernBertMLP(nn.Module):
         self.act_postop = onednn_postop(cfg.hidden_activation)
 
     def inner(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, intermediate]
-        hidden, gate = linear_act(self.Wi, x).chunk(2, dim=-1)  # [num_tokens, inter] views
+        hidden, gate = _project(self.Wi, x).chunk(2, dim=-1)  # [num_tokens, inter] views
         # the activation in place on Wi's own output where it has an in-place form: one
         # [num_tokens, intermediate] buffer fewer to allocate and fault in
         if self.act_postop is not None and hidden.dtype == torch.float32:
@@ -153,7 +167,7 @@ class ModernBertMLP(nn.Module):
         return self.act(hidden).mul_(gate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        return linear_act(self.Wo, self.inner(x))
+        return _project(self.Wo, self.inner(x))
 
 
 class ModernBertLayer(nn.Module):
@@ -169,9 +183,8 @@ class ModernBertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 inputs: ModelInputs) -> torch.Tensor:
-        # the residual adds in the output GEMMs' epilogues (linear_add)
-        x = linear_add(self.attn.Wo, self.attn.attend(self.attn_norm(x), rotary, inputs), x)
-        return linear_add(self.mlp.Wo, self.mlp.inner(self.mlp_norm(x)), x)
+        x = _project_add(self.attn.Wo, self.attn.attend(self.attn_norm(x), rotary, inputs), x)
+        return _project_add(self.mlp.Wo, self.mlp.inner(self.mlp_norm(x)), x)
 
 
 class ModernBertModel(nn.Module):
