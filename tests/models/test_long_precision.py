@@ -114,12 +114,15 @@ def test_long_document_close_to_fp32(folders, family, build, precision, monkeypa
     assert _cosine(np.asarray(expected), np.asarray(got)) >= bar
 
 
-def test_long_document_packs_with_short_ones(folders):
+@pytest.mark.parametrize("family", ["modernbert", "gte"])
+@pytest.mark.parametrize("precision", ["fp32", "int8", "bf16"])
+def test_long_document_packs_with_short_ones(folders, family, precision):
     """One ~2k-token document and short texts in one step (no padding): each vector equals the
-    document's or text's own, alone, on the int8 engine (what the long path must not mix up)."""
-    folder = folders["modernbert"]
-    engine = Engine(str(folder), device="cpu", max_model_len=MAX_LEN, quantization="int8",
-                    precision_check="off", max_num_batched_tokens=MAX_LEN)
+    document's or text's own, alone (what the long paths must not mix up)."""
+    options = {"fp32": {}, "int8": dict(quantization="int8", precision_check="off"),
+               "bf16": dict(dtype="bfloat16", precision_check="off")}[precision]
+    engine = Engine(str(folders[family]), device="cpu", max_model_len=MAX_LEN,
+                    max_num_batched_tokens=MAX_LEN, **options)
     texts = [CORPUS[1], _document(), CORPUS[0], CORPUS[3]]
     backbone = engine.core.model_runner.model.backbone
     steps = []
