@@ -16,8 +16,9 @@ Taken by packed_attention when all of these hold, else its torch paths run:
 - fp32 or bf16 q/k/v on the CPU, head size a multiple of the build's vector (16 floats on
   AVX-512, 8 on AVX2), each head's dims contiguous, no autograd;
 - decoder-style attention (a causal mask, alone or with a sliding window: Qwen3, Mistral,
-  Gemma3's causal layers; k/v with fewer heads than q: GQA, Gemma3/EmbeddingGemma, Qwen3, Llama)
-  runs the fp32 kernel's masked entry point (attention.h; bf16 q/k/v widened, no score bias);
+  Gemma3's causal layers; k/v with fewer heads than q, GQA: Gemma3/EmbeddingGemma, Qwen3, Llama,
+  when causal or windowed) runs the fp32 kernel's masked entry point (attention.h; bf16 q/k/v
+  widened, no score bias); bidirectional global GQA keeps torch's SDPA (faster there);
 - otherwise bidirectional: an unattended suffix (ColBERT), an additive fp32 score bias
   per length (MPNet) and local attention (`half_window`: ModernBERT's local layers, query i
   seeing keys |i - j| <= half_window) are handled. Local attention scores only each query
@@ -160,7 +161,11 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     num_tokens, heads, head_dim = q.shape
     kv_heads = k.shape[1]
     decoder = causal or kv_heads != heads  # the masked entry point (attention.h)
-    if decoder and position_bias is not None:
+    if decoder and (position_bias is not None or not causal and half_window is None):
+        # bidirectional global GQA (EmbeddingGemma's global layers, 3 q heads x 256 per k/v
+        # head) stays on torch's SDPA: the kernel measured 0.66-0.77x its speed at 512-2,048
+        # tokens and 1.04x at 8k, where causal GQA ran 1.19-1.86x and a 256-key window
+        # 1.03-2.5x faster on the kernel (interleaved, shared Xeon, docs/dev/journal.md)
         return None
     lib = encoder_kernels()
     if lib is None or head_dim % lib.vector_floats or num_tokens == 0:
