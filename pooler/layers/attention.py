@@ -4,8 +4,8 @@ CPU, fp32 or bf16 q/k/v, head size a multiple of 16 (8 on AVX2): one C call over
 sequences (pooler/kernels/attention_cpu.py: fp32, or bf16 dot products for bf16 q/k/v and, with
 `bf16_products`, for an int8 engine's), bias, unattended keys and local attention
 (`half_window`: only each query block's band of keys is scored) included; causal masks, causal
-sliding windows and windowed or causal GQA (decoder embedders) on the fp32 kernel. On the long mix's steps it
-takes 1.5-1.9x less CPU time than the torch paths below (5-8x less wall time at 2 threads on a
+sliding windows and windowed or causal GQA (decoder embedders) on the fp32 kernel. On the long
+mix's steps it takes 1.5-1.9x less CPU time than the torch paths below (5-8x less wall time at 2 threads on a
 loaded machine, where their many small parallel ops wait on each other); whole MiniLM jobs
 6-15% faster in fp32 and bf16 (docs/dev/journal.md, "Attention in one C call"). Where it does
 not apply (other head sizes, a score bias with GQA or a causal mask, no compiler,

@@ -103,8 +103,8 @@ def _project(layer: nn.Module, x: torch.Tensor, keep_bf16: bool = False) -> torc
     """layer(x). bf16 and int8 layers through linear_act (keep_bf16: a bf16 result where the
     caller takes one); a plain fp32 nn.Linear through its own forward (MKL on the weight as
     loaded): linear_act's oneDNN path would keep a packed copy of every weight, ~440 MB more
-    peak RSS for ModernBERT-base (measured +37-47 MB for 3 of its 22 layers at 2k-8k tokens) for a few percent
-    of a long document's time, which attention dominates."""
+    peak RSS for ModernBERT-base (measured +37-47 MB for 3 of its 22 layers at 2k-8k tokens)
+    for a few percent of a long document's time, which attention dominates."""
     return layer(x) if type(layer) is nn.Linear else linear_act(layer, x, keep_bf16=keep_bf16)
 
 
