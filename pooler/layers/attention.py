@@ -5,11 +5,12 @@ sequences (pooler/kernels/attention_cpu.py: fp32, or bf16 dot products for bf16 
 `bf16_products`, for an int8 engine's), bias, unattended keys and local attention
 (`half_window`: only each query block's band of keys is scored) included; causal masks, causal
 sliding windows and windowed or causal GQA (decoder embedders) on the fp32 kernel. On the long
-mix's steps it takes 1.5-1.9x less CPU time than the torch paths below (5-8x less wall time at 2 threads on a
-loaded machine, where their many small parallel ops wait on each other); whole MiniLM jobs
-6-15% faster in fp32 and bf16 (docs/dev/journal.md, "Attention in one C call"). Where it does
-not apply (other head sizes, a score bias with GQA or a causal mask, no compiler,
-`POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length share one call.
+mix's steps it takes 1.5-1.9x less CPU time than the torch paths below (5-8x less wall time at
+2 threads on a loaded machine, where their many small parallel ops wait on each other); whole
+MiniLM jobs 6-15% faster in fp32 and bf16 (docs/dev/journal.md, "Attention in one C call").
+Where it does not apply (other head sizes, bidirectional global GQA, a score bias with GQA or a
+causal mask, no compiler, `POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length
+share one call.
 Long sequences there (pooler/layers/attention_long.py) never build an [L, L] mask or score
 matrix: local attention runs in blocks of queries over their band's keys, global attention in
 chunks of queries. In fp32, sequences up to _MATH_MAX_LEN tokens run as two batched matmuls and
