@@ -1,14 +1,17 @@
 """int8 and bf16 on long documents (issue 42): a ~2k-token document through the
-`quantization="int8"` and `dtype="bfloat16"` engines of ModernBERT and GTE (tiny seeded models,
+`quantization="int8"` and `dtype="bfloat16"` engines of ModernBERT, GTE and NomicBert (tiny seeded models,
 long max_position_embeddings, ModernBERT's real 128-token local window), against the same folder
 in fp32: the long attention paths (the C kernel's band and global attention, or the torch
 blocked band and query chunks with the kernel off) under the int8 and bf16 linears, on the
 AVX-512 build, the forced AVX2 build and the torch path. precision_check="off": the load-time
 gate's choice is not what these check (docs/models/precision.md, "Long documents").
 
-Bars: int8 min cosine 0.99 (the issue's bar; a random backbone's peaked attention magnifies
-rounding, the real-model int8 bar in test_int8.py is 0.997), bf16 0.999 (test_bf16_parity.py's
-0.9999 is on MiniLM's trained weights; these random ones measured 0.9996-0.99995)."""
+The weights are drawn at initializer_range 0.2 so that attention matters: with the default
+0.02 the residual stream carries the embeddings through, and an engine whose attention gave
+zeros still measured cosine 0.998 to fp32; at 0.2 that drops to 0.65 (ModernBERT) and 0.14 (GTE)
+pooled, while int8 measured min 0.9977 per token and bf16 0.9997 (AVX-512 build, 2026-12-06).
+Bars, per token vector of the document (`token_embed`): int8 min cosine 0.99 (the issue's
+bar), bf16 0.999."""
 from __future__ import annotations
 
 import collections
@@ -28,6 +31,7 @@ from tests.models.rotary_folders import build_family
 MAX_LEN = 4096
 INT8_MIN_COSINE = 0.99
 BF16_MIN_COSINE = 0.999
+INIT = 0.2  # weights' scale: attention must matter (module docstring)
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +40,17 @@ def folders(tmp_path_factory):
     modernbert = tmp_path_factory.mktemp("modernbert_long_precision")
     build_modernbert(modernbert, "ModernBertModel", seed=1, hidden_size=64,
                      intermediate_size=96, num_hidden_layers=3, num_attention_heads=2,
-                     local_attention=128, max_position_embeddings=MAX_LEN)
+                     local_attention=128, max_position_embeddings=MAX_LEN,
+                     initializer_range=INIT)
     save_tokenizer(modernbert, model_max_length=MAX_LEN)
     made["modernbert"] = modernbert
-    gte = tmp_path_factory.mktemp("gte_long_precision")
-    build_family(gte, "gte", seed=1, hidden_size=64, intermediate_size=96,
-                 num_attention_heads=4, max_position_embeddings=MAX_LEN)
-    save_tokenizer(gte, model_max_length=MAX_LEN)
-    made["gte"] = gte
+    for family in ("gte", "nomic_bert"):  # GeGLU and SwiGLU gated MLPs
+        folder = tmp_path_factory.mktemp(f"{family}_long_precision")
+        build_family(folder, family, seed=1, hidden_size=64, intermediate_size=96,
+                     num_attention_heads=4, max_position_embeddings=MAX_LEN,
+                     initializer_range=INIT)
+        save_tokenizer(folder, model_max_length=MAX_LEN)
+        made[family] = folder
     return made
 
 
@@ -71,11 +78,12 @@ def _attention_calls(monkeypatch) -> collections.Counter:
     return calls
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """The least cosine between matching rows of a and b ([tokens, hidden])."""
+    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
 
 
-@pytest.mark.parametrize("family", ["modernbert", "gte"])
+@pytest.mark.parametrize("family", ["modernbert", "gte", "nomic_bert"])
 @pytest.mark.parametrize("build", ["best", "avx2", "torch"])
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 def test_long_document_close_to_fp32(folders, family, build, precision, monkeypatch):
@@ -102,16 +110,16 @@ def test_long_document_close_to_fp32(folders, family, build, precision, monkeypa
         assert any(name.endswith(kept) for name in linears)  # Wqkv / qkv_proj kept fp32
     text = _document()
     calls = _attention_calls(monkeypatch)
-    got = low.embed(text)[0].embedding
+    got = low.token_embed(text, normalize=False)[0].embeddings  # [tokens, hidden]
     long_calls = calls["banded_attention"] + calls["query_chunked_attention"]
     if build == "torch":
         assert long_calls > 0 and calls["kernel"] == 0, calls
     else:
         assert calls["kernel"] > 0 and long_calls == 0, calls
-    expected = fp32.embed(text)[0].embedding
-    assert len(low.core.model_runner.model.backbone.layers) >= 2
+    expected = fp32.token_embed(text, normalize=False)[0].embeddings
+    assert got.shape == expected.shape and got.shape[0] > 1500
     bar = INT8_MIN_COSINE if precision == "int8" else BF16_MIN_COSINE
-    assert _cosine(np.asarray(expected), np.asarray(got)) >= bar
+    assert _min_cosine(np.asarray(expected), np.asarray(got)) >= bar
 
 
 @pytest.mark.parametrize("family", ["modernbert", "gte"])
