@@ -5,6 +5,8 @@ poolers, model specifics in pooler/models.
 """
 from __future__ import annotations
 
+import copy
+
 import logging
 import traceback
 from dataclasses import dataclass
@@ -208,12 +210,16 @@ class ModelRunner(ModelRunnerBase):
         if self.precision_decision is not None and self.precision_decision.use_candidate:
             # Quantized layers cannot take fp32 checkpoint tensors: quantize a fresh copy and
             # copy its state over, keeping every module object (and reference to it) in place.
-            fresh = build_model(self.model_config)
+            fp32 = build_model(self.model_config, quantize=False)
+            fresh = copy.deepcopy(fp32)
+            apply_quantization(fresh, self.model_config, calibration_forward(self.model_config))
             self.model.load_state_dict(fresh.state_dict())
-            for mine, theirs in zip(self.model.modules(), fresh.modules()):
-                for name in ("fp32_weight", "fp32_bias"):  # the short-step copies (not state)
-                    if getattr(mine, name, None) is not None:
-                        getattr(mine, name).copy_(getattr(theirs, name))
+            twins = dict(fp32.named_modules())
+            for name, mine in self.model.named_modules():
+                # the short-step fp32 copies, where the load-time check kept them (not state)
+                for copy_name, source in (("fp32_weight", "weight"), ("fp32_bias", "bias")):
+                    if getattr(mine, copy_name, None) is not None:
+                        getattr(mine, copy_name).copy_(getattr(twins[name], source))
             return
         load_weights_into(self.model, self.model_config)
 
