@@ -10,7 +10,8 @@ Python per linear. See docs/models/precision.md for what each step size runs.
 Taken when all of these hold, else the caller tries the fp32 stack or the torch layers:
 - the families bert_cpu.py takes (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet with its
   relative position bias), at most `MAX_TOKENS` tokens in all, fp32 on the CPU, no autograd;
-- every one of the four linears of every layer is an Int8Linear on a C build ("avx512-vnni"
+- every one of the four linears of every layer (the model's own, or the int8 twin's layers an
+  fp32 model keeps for short steps, `SHORT_STEP_LAYERS`) is an Int8Linear on a C build ("avx512-vnni"
   or "avx2", all the same) that kept no fp32 copy: layers that kept one
   (`short_step_copy`) are the load-time check's way of saying short steps run the fp32 stack
   (pooler/worker/precision_check.py);
@@ -29,14 +30,23 @@ from pooler.kernels.int8_cpu import load_build
 from pooler.layers.quantization import Int8Linear
 
 MAX_TOKENS = 64
+# Set on an fp32 model (its __dict__) whose short steps run int8 while its large steps stay fp32
+# (where the load-time check timed int8 faster only for short steps): the BertLayers of its
+# int8 twin, in order, not registered as submodules (not in the state dict, not in modules()).
+SHORT_STEP_LAYERS = "_int8_short_step_layers"
 _STATE = "_int8_kernel_state"  # kept in the model's __dict__, like bert_cpu's packed weights
+
+
+def _bert_layers(model: nn.Module):
+    """The BertLayers a short step runs: the int8 twin's kept for short steps, or the model's."""
+    return model.__dict__.get(SHORT_STEP_LAYERS) or model._modules["layers"]
 
 
 def _int8_layers(model: nn.Module) -> list[list[Int8Linear]] | None:
     """The four Int8Linear layers of each BertLayer, or None when any layer does not qualify
     (see the module docstring)."""
     layers, path = [], None
-    for layer in model._modules["layers"]:
+    for layer in _bert_layers(model):
         modules = layer._modules
         linears = [modules.get(name) for name in _LINEARS]
         if any(type(m) is not Int8Linear or m.path == "torch" or
@@ -69,7 +79,7 @@ class _Int8Params:
 
     def __init__(self, lib: ctypes.CDLL, model: nn.Module, layers: list[list[Int8Linear]]):
         self.keep, pointers, ratios = [], [], []
-        for layer, linears in zip(model._modules["layers"], layers):
+        for layer, linears in zip(_bert_layers(model), layers):
             for linear in linears:
                 d = linear._derived(lib)  # packed once per weight version, shared with forward
                 self.keep.append(d)
@@ -89,7 +99,7 @@ class _Int8Params:
         # the key's tensors, kept alive so that their ids stay unique while this state lives
         self.sources = [t for linears in layers for linear in linears
                         for t in linear._buffers.values() if t is not None] + \
-            [p for layer in model._modules["layers"] for name in _NORMS
+            [p for layer in _bert_layers(model) for name in _NORMS
              for p in layer._modules[name]._parameters.values()]
 
 
@@ -106,7 +116,7 @@ def _key(model: nn.Module, layers: list[list[Int8Linear]]) -> list:
                     for t in (buffers["weight_q"], buffers["w_scale"], buffers["bias"],
                               buffers["smooth"])]
             key.append(linear.outlier_ratio)
-    for layer in model._modules["layers"]:
+    for layer in _bert_layers(model):
         for name in _NORMS:
             params = layer._modules[name]._parameters
             key += [(id(params["weight"]), params["weight"]._version),

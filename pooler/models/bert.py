@@ -100,13 +100,14 @@ class BertLayer(nn.Module):
 def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
                position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
     """model.layers (BertLayers) over x [num_tokens, hidden]: a short step in one C call
-    (pooler/kernels/bert_cpu.py in fp32, bert_int8_cpu.py for int8 layers that kept no fp32
-    copy), anything else layer by layer. BERT, DistilBERT and MPNet. A step with LoRA adapters
-    goes layer by layer: the C stacks cannot add their updates."""
+    (pooler/kernels/bert_int8_cpu.py for int8 layers that kept no fp32 copy, or the int8 layers
+    an fp32 model keeps for short steps; else bert_cpu.py in fp32), anything else layer by
+    layer. BERT, DistilBERT and MPNet. A step with LoRA adapters goes layer by layer: the C
+    stacks cannot add their updates."""
     if not lora_active():
-        fused = bert_layers_on_cpu(model, x, inputs, position_bias)
+        fused = int8_bert_layers_on_cpu(model, x, inputs, position_bias)
         if fused is None:
-            fused = int8_bert_layers_on_cpu(model, x, inputs, position_bias)
+            fused = bert_layers_on_cpu(model, x, inputs, position_bias)
         if fused is not None:
             return fused
     for layer in model.layers:

@@ -16,7 +16,7 @@ import torch
 
 from pooler.config import DEFAULT_TOKEN_BUDGET, ModelConfig
 from pooler.layers.lora import LoraRows, lora_rows
-from pooler.layers.quantization import apply_quantization, check_quantization
+from pooler.layers.quantization import Int8Linear, apply_quantization, check_quantization
 from pooler.loader import build_model, load_weights_into
 from pooler.lora.manager import LoraManager, StepLora
 from pooler.models.inputs import ModelInputs
@@ -29,7 +29,7 @@ from pooler.worker.image_runner import DEFAULT_PAGE_ENCODER_CACHE_BYTES, ImageRu
 from pooler.worker.pooling_runner import PoolingRunner
 from pooler.worker.int8_calibration import calibration_forward
 from pooler.worker.layer_stack_check import LayerStackDecision, choose_large_step_path
-from pooler.worker.precision_check import choose_int8_or_fp32
+from pooler.worker.precision_check import choose_int8_or_fp32, refresh_int8_short_steps
 from pooler.worker.runner_base import ModelRunnerBase
 from pooler.worker.step_threads import StepThreads
 
@@ -207,7 +207,7 @@ class ModelRunner(ModelRunnerBase):
     def _swap_weights(self) -> None:
         """The folder's current weights into the model in place (reload_weights then clears
         what the old weights computed)."""
-        if self.precision_decision is not None and self.precision_decision.use_candidate:
+        if any(isinstance(m, Int8Linear) for m in self.model.modules()):
             # Quantized layers cannot take fp32 checkpoint tensors: quantize a fresh copy and
             # copy its state over, keeping every module object (and reference to it) in place.
             fp32 = build_model(self.model_config, quantize=False)
@@ -222,6 +222,8 @@ class ModelRunner(ModelRunnerBase):
                         getattr(mine, copy_name).copy_(getattr(twins[name], source))
             return
         load_weights_into(self.model, self.model_config)
+        # an fp32 model that runs short steps on int8 layers: those quantized again
+        refresh_int8_short_steps(self.model, lambda: build_model(self.model_config))
 
     def release_memory(self) -> None:
         """The engine went idle: return a burst's freed heap to the OS (memory.py)."""

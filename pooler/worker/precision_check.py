@@ -15,14 +15,13 @@ C layer stack: int8_bert_layers for int8, bert_layers for fp32): short steps (th
 shapes) take int8's C stack only where it is not slower than fp32's, large steps (the full
 step) int8's layers only where they are not slower than fp32's. The engine keeps what that
 needs: the int8 model if int8 won any size, with fp32 copies of its linears for the fp32 short
-stack only where fp32 won short steps; the fp32 model alone where fp32 won everything. Where
-int8 wins short steps only, the engine runs fp32 (a model holding both kinds of layers for
-large steps is not built). Other families: one choice for every step.
+stack only where fp32 won short steps; where int8 won short steps only, the fp32 model with its
+int8 twin's layers kept for short steps (bert_int8_cpu.SHORT_STEP_LAYERS); the fp32 model alone
+where fp32 won everything. Other families: one choice for every step.
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 import logging
 from functools import partial
 
@@ -31,6 +30,7 @@ from torch import nn
 
 from pooler.config import ModelConfig
 from pooler.kernels.bert_cpu import stack_config_ok
+from pooler.kernels.bert_int8_cpu import SHORT_STEP_LAYERS
 from pooler.kernels.build import encoder_kernels
 from pooler.kernels.int8_cpu import int8_path
 from pooler.layers.quantization import Int8Linear, keep_fp32_short_steps
@@ -116,10 +116,10 @@ def choose_int8_or_fp32(fp32_model: nn.Module, model_config: ModelConfig, token_
     decision = decide("int8", cases, on_slower=policy, measure=measure,  # may raise (refuse)
                       measure_pair=partial(interleaved_medians, rounds=TIMING_ROUNDS))
     if decision.use_candidate and not decision.candidate_for(LARGE_STEPS):
-        # int8 won short steps only: serve fp32 (see the module docstring)
-        decision = replace(decision, use_candidate=False,
-                           ranges=tuple((r, False) for r, _ in decision.ranges))
-        logger.warning("int8 won short steps only; running float32 for every step.")
+        # int8 won short steps only: fp32 serves, with int8's layers for short steps
+        keep_int8_short_steps(fp32_model, int8_model)
+        fp32_model.precision_path = f"float32, int8 short steps ({path})"
+        return fp32_model, decision
     if decision.use_candidate:
         if decision.reason.startswith("int8 faster"):
             logger.info("int8 path %s: %s", path, decision.reason)
@@ -129,3 +129,22 @@ def choose_int8_or_fp32(fp32_model: nn.Module, model_config: ModelConfig, token_
         return int8_model, decision
     fp32_model.precision_path = "float32 (int8 fallback)"
     return fp32_model, decision
+
+
+def keep_int8_short_steps(fp32_model: nn.Module, int8_model: nn.Module) -> None:
+    """fp32_model's short steps run int8_model's layers on the int8 C stack (the rest of
+    int8_model is dropped)."""
+    fp32_model.backbone.__dict__[SHORT_STEP_LAYERS] = list(int8_model.backbone.layers)
+
+
+def refresh_int8_short_steps(model: nn.Module, int8_model) -> None:
+    """After new weights were loaded into `model`: its int8 short-step layers, if it keeps any
+    (keep_int8_short_steps), take the state of int8_model() (the new weights, quantized)."""
+    backbone = getattr(model, "backbone", None)
+    layers = backbone.__dict__.get(SHORT_STEP_LAYERS) if backbone is not None else None
+    if not layers:
+        return
+    fresh = int8_model()
+    with torch.no_grad():
+        for mine, theirs in zip(layers, fresh.backbone.layers):
+            mine.load_state_dict(theirs.state_dict())

@@ -24,15 +24,18 @@ def step_paths(model: nn.Module | None, device: torch.device) -> dict[str, str]:
             not getattr(backbone, "short_steps_in_c", False) or \
             not bert_cpu.stack_config_ok(backbone):
         return {ALL_STEPS: layers}
-    int8 = bert_int8_cpu.int8_stack_path(backbone)
+    fp32_stack = f"fp32 C stack ({encoder_kernels().variant})"
+    if backbone.__dict__.get(bert_cpu.LARGE_STEPS):  # fp32 steps of any size in C
+        layers = fp32_stack
+    int8 = bert_int8_cpu.int8_stack_path(backbone)  # the model's int8 layers or those it keeps
     if int8 is not None:
         limit, short = bert_int8_cpu.MAX_TOKENS, f"int8 C stack ({int8})"
     elif all(bert_cpu._layer_tensors(layer) is not None for layer in backbone.layers):
-        limit, short = bert_cpu.MAX_TOKENS, f"fp32 C stack ({encoder_kernels().variant})"
-        if backbone.__dict__.get(bert_cpu.LARGE_STEPS):
-            return {ALL_STEPS: short}
+        limit, short = bert_cpu.MAX_TOKENS, fp32_stack
     else:
         return {ALL_STEPS: layers}
+    if short == layers:
+        return {ALL_STEPS: short}
     return {f"1-{limit} tokens": short, f"{limit + 1}+ tokens": layers}
 
 

@@ -110,13 +110,30 @@ def test_int8_slower_on_short_steps_keeps_int8_for_large_steps_only(stack_bert, 
 
 
 @pytest.mark.skipif(encoder_kernels() is None, reason="short steps run no C stack here")
-def test_int8_faster_on_short_steps_only_runs_fp32(stack_bert, monkeypatch):
+def test_int8_faster_on_short_steps_only_keeps_int8_layers_for_them(stack_bert, monkeypatch):
+    """fp32 layers for large steps, its int8 twin's layers (on the int8 C stack) for short
+    ones: what an AVX2-only CPU measures when oneDNN's fp32 GEMM beats the int8 layers."""
     from pooler import Engine
+    from pooler.kernels.bert_int8_cpu import MAX_TOKENS, SHORT_STEP_LAYERS
 
     monkeypatch.setattr(precision_check, "interleaved_medians", _size_timer(0.001, 0.05))
-    runner = _runner(Engine(str(stack_bert), device="cpu", quantization="int8"))
-    assert runner.precision_decision.precision == "float32"
-    assert not _is_int8(runner.model.backbone)
+    engine = Engine(str(stack_bert), device="cpu", quantization="int8")
+    runner = _runner(engine)
+    assert runner.precision_decision.ranges == (("short steps", True), ("large steps", False))
+    assert not _is_int8(runner.model.backbone)  # the fp32 model serves
+    assert len(runner.model.backbone.__dict__[SHORT_STEP_LAYERS]) == 2
+    assert list(engine.step_paths())[0] == f"1-{MAX_TOKENS} tokens"
+    assert "int8 C stack" in engine.step_paths()[f"1-{MAX_TOKENS} tokens"]
+    int8 = Engine(str(stack_bert), device="cpu", quantization="int8", precision_check="off")
+    fp32 = Engine(str(stack_bert), device="cpu")
+    short, long_text = ["a short query"], ["word " * 100]
+    np.testing.assert_allclose(engine.embed(short)[0].embedding,
+                               int8.embed(short)[0].embedding, atol=1e-6)
+    np.testing.assert_allclose(engine.embed(long_text)[0].embedding,
+                               fp32.embed(long_text)[0].embedding, atol=1e-6)
+    engine.reload_weights()  # the int8 short-step layers are quantized again, not dropped
+    np.testing.assert_allclose(engine.embed(short)[0].embedding,
+                               int8.embed(short)[0].embedding, atol=1e-6)
 
 
 def test_faster_int8_is_kept(tiny_bert, monkeypatch):
