@@ -3,10 +3,11 @@ pooler/kernels/bert_int8_cpu.py) against the same model's int8 torch layers (Int
 kernel call per linear, which test_int8_kernels.py checks against an exact reference) and
 against fp32, on seeded tiny BERTs and MPNets, on every int8 build this CPU runs.
 
-The bar against the int8 torch layers is 1e-5: both run the same quantizer, GEMM, epilogue and
-residual pass code on the same packed weights, and the same fp32 attention (attention.h), so
-any difference is float rounding order; a real divergence (a wrong pointer, a skipped residual
-pass, a stale table) moves outputs by a quantization step, ~1e-2 here. The torch reference is
+The bar against the int8 torch layers is 1e-4: both run the same quantizer, GEMM, epilogue and
+residual pass code on the same packed weights, so with the same fp32 attention kernel
+(attention.h) they came out bit-equal; with torch's attention in the reference
+(POOLER_CPU_KERNELS=0) float order flipped one activation code, 1.2e-5. A real divergence moves
+outputs far more: the residual pass skipped moved them 6e-3 here. The torch reference is
 run with q/k/v kept in fp32 (an int8 engine's torch layers round them to bf16 for the bf16
 attention kernel, which the C stack does not). Against fp32 the bar is the int8 scheme's
 (cosine >= 0.997 per token)."""
@@ -91,7 +92,7 @@ def test_matches_int8_torch_layers_and_fp32(path, family, outlier_ratio, monkeyp
                                                           _bias(model, inputs))
             assert fused is not None, f"{lengths} should take the int8 C stack"
             torch.testing.assert_close(fused, _torch_int8_layers(model, inputs, monkeypatch),
-                                       rtol=1e-5, atol=1e-5)
+                                       rtol=1e-4, atol=1e-4)
             reference = fp32(inputs)
             assert F.cosine_similarity(fused, reference).min() >= 0.997, lengths
 
@@ -104,7 +105,7 @@ def test_unattended_suffix_matches_torch_layers(path, monkeypatch):
     with torch.inference_mode():
         fused = bert_int8_cpu.int8_bert_layers_on_cpu(model, model.embed(inputs), inputs)
         torch.testing.assert_close(fused, _torch_int8_layers(model, inputs, monkeypatch),
-                                   rtol=1e-5, atol=1e-5)
+                                   rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("path", PATHS)
