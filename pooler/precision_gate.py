@@ -10,7 +10,12 @@ What happens when the candidate is not faster is the caller's `on_slower` policy
 - "fallback" (default): run fp32 and log one line naming the CPU, its features and the timings.
   A user who asked for speed gets the fastest path there is, and is told why.
 - "refuse": raise ValueError with the same facts (for deployments that must not silently change
-  numerics, e.g. an index built with int8 embeddings).
+  numerics, e.g. an index built with int8 embeddings), also where the candidate lost only some
+  step sizes: it never serves a mix of precisions.
+Where the caller can run each range of step sizes at its own precision (ShapeCase.size_range:
+an int8 BERT-family model runs short steps on a C stack of its own, pooler/worker/
+precision_check.py), each range is decided alone: the candidate runs the ranges where it is not
+slower, fp32 the others, and one warning line says which and why ("fallback").
 - "off": skip the check and run what was asked (parity tests, memory-bound deployments).
 """
 from __future__ import annotations
@@ -32,10 +37,13 @@ ON_SLOWER_CHOICES: tuple[str, ...] = ("fallback", "refuse", "off")
 @dataclass(frozen=True)
 class ShapeCase:
     """One step shape to time: a name for the log ("1x12 tokens", "8x128 tokens") and the two
-    forward passes to compare, each a no-argument callable that runs one step."""
+    forward passes to compare, each a no-argument callable that runs one step. size_range: the
+    range of step sizes the shape stands for ("short steps", "large steps"), where the caller
+    can run each range at its own precision; "" (every case): one choice for every step."""
     name: str
     candidate: Callable[[], object]
     fp32: Callable[[], object]
+    size_range: str = ""
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,13 @@ class PrecisionDecision:
     reason: str                    # one line for the log / the error
     # (case name, candidate seconds, fp32 seconds) per timed shape; empty when not timed
     timings: tuple[tuple[str, float, float], ...] = field(default_factory=tuple)
+    # (size range, candidate kept there) per ShapeCase.size_range, in the cases' order; empty
+    # when the cases named no ranges (then use_candidate holds for every step)
+    ranges: tuple[tuple[str, bool], ...] = field(default_factory=tuple)
+
+    def candidate_for(self, size_range: str) -> bool:
+        """Whether steps of `size_range` run the requested precision."""
+        return dict(self.ranges).get(size_range, self.use_candidate)
 
     @property
     def precision(self) -> str:
@@ -102,7 +117,8 @@ def decide(requested: str, cases: Sequence[ShapeCase], *, on_slower: OnSlower = 
                                   tuple[float, float]] = interleaved_medians,
            margin: float = NOISE_MARGIN) -> PrecisionDecision:
     """Keep `requested` only if it is supported here and not slower than fp32 (beyond
-    `margin`) on every case.
+    `margin`) on every case; where the cases name size ranges, per range (see the module
+    docstring).
 
     `supported=False` (with `unsupported_why`) short-cuts the timing: the path cannot run on
     this CPU at all. Each case's two sides are timed together by `measure_pair(candidate,
@@ -123,20 +139,34 @@ def decide(requested: str, cases: Sequence[ShapeCase], *, on_slower: OnSlower = 
     timings = tuple((c.name, *measure_pair(c.candidate, c.fp32)) for c in cases)
     slower = [(n, a, b) for n, a, b in timings if a > b * (1 + margin)]
     shown = ", ".join(f"{n}: {a * 1e3:.2f} vs {b * 1e3:.2f} ms" for n, a, b in timings)
+    slower_names = {n for n, _, _ in slower}
+    names = list(dict.fromkeys(c.size_range for c in cases))
+    ranges = tuple((r, not any(c.name in slower_names for c in cases if c.size_range == r))
+                   for r in names) if any(names) else ()
     if not slower:
         return PrecisionDecision(requested, True,
-                                 f"{requested} faster than float32 on {where} ({shown})", timings)
+                                 f"{requested} faster than float32 on {where} ({shown})",
+                                 timings, ranges)
+    if ranges and any(won for _, won in ranges) and on_slower != "refuse":
+        # a range the candidate lost runs fp32, the others the candidate (never a path slower
+        # than fp32 at a size); "refuse" never mixes: it raises below, naming the sizes
+        chosen = "; ".join(f"{r}: {requested if won else 'float32'}" for r, won in ranges)
+        reason = (f"{requested} per step size on {where}: {chosen} ({shown}; {requested} vs "
+                  f"float32)")
+        log.warning("%s.", reason)
+        return PrecisionDecision(requested, True, reason, timings, ranges)
     reason = (f"{requested} is slower than float32 on {where} ({shown}; {requested} vs "
               f"float32)")
-    return _settle(requested, False, reason, timings, on_slower)
+    return _settle(requested, False, reason, timings, on_slower,
+                   tuple((r, False) for r, _ in ranges))
 
 
-def _settle(requested: str, ok: bool, reason: str, timings, on_slower: OnSlower
-            ) -> PrecisionDecision:
+def _settle(requested: str, ok: bool, reason: str, timings, on_slower: OnSlower,
+            ranges: tuple[tuple[str, bool], ...] = ()) -> PrecisionDecision:
     if on_slower == "refuse":
         raise ValueError(f"{reason}. Drop the {requested} option to run float32, or pass "
                          f"on_slower='off' (CLI: --precision-check off) to run {requested} "
                          f"anyway.")
     log.warning("%s; running float32 instead (on_slower='refuse' makes this an error, 'off' "
                 "runs %s anyway).", reason, requested)
-    return PrecisionDecision(requested, ok, reason, timings)
+    return PrecisionDecision(requested, ok, reason, timings, ranges)

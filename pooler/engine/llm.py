@@ -129,6 +129,12 @@ class Engine:
         model = getattr(self.core.model_runner, "model", None)
         return getattr(model, "precision_path", None) or self.model_config.dtype
 
+    def step_paths(self) -> dict[str, str]:
+        """What each range of step sizes runs, in order of size: {"1-64 tokens": "int8 C stack
+        (avx512-vnni)", "65+ tokens": "int8 layers (avx512-vnni)"}, {"1-48 tokens": "fp32 C
+        stack (avx512)", "49+ tokens": "fp32 layers (oneDNN)"}, or {"all steps": ...}."""
+        return self.core.model_runner.step_paths()
+
     @property
     def default_task(self) -> str:
         return self.core.model_runner.pooling_runner.selected_task

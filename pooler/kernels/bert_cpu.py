@@ -139,6 +139,15 @@ def _kernel_activation(cfg) -> int | None:
     return _ACTIVATIONS.get((getattr(cfg, "hidden_act", None) or "gelu").lower())
 
 
+def stack_config_ok(model: nn.Module) -> bool:
+    """Whether `model`'s config (sizes, activation) lets its steps take a C layer stack here
+    (this one, or bert_int8_cpu.py's) and the kernels are built: the layers are checked per
+    step."""
+    cfg = getattr(model, "config", None)
+    return cfg is not None and _kernel_activation(cfg) is not None and \
+        encoder_kernels() is not None
+
+
 def _weights_key(tensors: list[torch.Tensor]) -> list:
     # A reload copies into the same tensors (bumping _version) or swaps them (a new object;
     # the state keeps the old ones alive, so their ids are not reused).

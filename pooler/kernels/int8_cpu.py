@@ -110,6 +110,12 @@ def load_build(path: str) -> ctypes.CDLL | None:
     F = ctypes.c_float
     lib.int8_linear.argtypes = [P, P, I, I, P, P, P, P, P, P, I, I, I, F, P, P, F, P, I]
     lib.int8_linear.restype = None
+    lib.int8_bert_params_per_layer.argtypes = []
+    lib.int8_bert_params_per_layer.restype = I
+    lib.int8_bert_scratch_bytes.argtypes = [I, I, I, I, I]
+    lib.int8_bert_scratch_bytes.restype = ctypes.c_long
+    lib.int8_bert_layers.argtypes = [P, I, I, P, P, P, I, I, I, I, P, P, F, I, P, I]
+    lib.int8_bert_layers.restype = None
     lib.variant = path
     lib.levels = lib.int8_levels()
     log.debug("int8 kernels: the %s build", path)

@@ -98,8 +98,8 @@ int int8_levels(void) { return LEVELS; }
 /* The epilogue's optional activation (vector_math.h, shared with encoder_cpu.c) on one vector
  * of CW/2 floats. */
 #define VW (CW / 2)
-typedef float vf __attribute__((vector_size(VW * 4)));
-typedef int32_t vi __attribute__((vector_size(VW * 4)));
+typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));  /* any alignment */
+typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 
 #include "vector_math.h"
 
@@ -528,19 +528,30 @@ static int row_blocks(int m, int threads) {
     return nb < most ? nb : most;
 }
 
+/* LayerNorm of rows [0, m) of y [*, n] in place, rows shared among the team (implicit barrier),
+ * except the rows flagged in `skip` (see norm_rows). */
+static void norm_rows_team(float *y, int m, int n, const struct norm_args *norm) {
+#pragma omp for schedule(static)
+    for (int r = 0; r < m; r++) norm_rows(y, n, r, r + 1, norm->w, norm->b, norm->eps, norm->skip);
+}
+
 /* y[rows, n] = act(codes W^T rescaled + bias) (+ res), every row and panel, then LayerNorm
- * when norm->w (fp32 output). A task is a block of rows (row_blocks) times UNIT panels; the
- * VNNI build runs two whole panels with tile_pair, a lone or partial last panel with tile().
- * With a norm a task owns whole rows: every panel of its block, then the block's norm while
- * the block is still in cache. */
-static void gemm_rows(const uint8_t *q, const float *scale, const int32_t *zp, int m, int k4,
-                      const int8_t *packed, const int32_t *colsum, const float *wscale,
-                      const float *bias, const float *res, void *y, int n, int act,
-                      int out_bf16, const struct norm_args *norm, int threads) {
+ * when norm->w (fp32 output). Called by every thread of an enclosing parallel region, which
+ * shares the tasks out (implicit barrier at the end; outside a region it runs on one thread).
+ * A task is a block of rows (row_blocks) times UNIT panels; the VNNI build runs two whole
+ * panels with tile_pair, a lone or partial last panel with tile(). With a norm and at least a
+ * block per thread a task owns whole rows: every panel of its block, then the block's norm
+ * while the block is still in cache. With fewer blocks than threads (a short step: one block
+ * of up to 23 rows) whole-row tasks would leave all but one thread idle, so the panels are
+ * shared out and the norm is a pass of its own. */
+static void gemm_rows_team(const uint8_t *q, const float *scale, const int32_t *zp, int m,
+                           int k4, const int8_t *packed, const int32_t *colsum,
+                           const float *wscale, const float *bias, const float *res, void *y,
+                           int n, int act, int out_bf16, const struct norm_args *norm) {
     int panels = (n + NR - 1) / NR, units = (panels + UNIT - 1) / UNIT;
-    int blocks = row_blocks(m, threads);
-    if (norm && norm->w) {
-#pragma omp parallel for num_threads(threads) schedule(static)
+    int threads = omp_get_num_threads(), blocks = row_blocks(m, threads);
+    if (norm && norm->w && blocks >= threads) {
+#pragma omp for schedule(static)
         for (int b = 0; b < blocks; b++) {
             int m0 = (int)((long)b * m / blocks), m_end = (int)((long)(b + 1) * m / blocks);
             rows_times_units(q, scale, zp, m0, m_end, k4, packed, colsum, wscale, bias, res, y,
@@ -549,13 +560,14 @@ static void gemm_rows(const uint8_t *q, const float *scale, const int32_t *zp, i
         }
         return;
     }
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+#pragma omp for schedule(static) collapse(2)
     for (int b = 0; b < blocks; b++)
         for (int u = 0; u < units; u++) {
             int m0 = (int)((long)b * m / blocks), m_end = (int)((long)(b + 1) * m / blocks);
             rows_times_units(q, scale, zp, m0, m_end, k4, packed, colsum, wscale, bias, res, y,
                              n, act, out_bf16, u, u + 1);
         }
+    if (norm && norm->w) norm_rows_team((float *)y, m, n, norm);
 }
 
 /* d[0, k) = x / s minus the dequantized codes q: what the first pass's codes missed of a row */
@@ -575,6 +587,47 @@ static void residual_of(const float *x, const float *inv_smooth, const uint8_t *
     for (; i < k; i++) d[i] = x[i] * inv_smooth[i] - scale * (float)((int32_t)q[i] - zp);
 }
 
+/* The residual pass's buffers for up to `rows` outlier rows of a [*, k] x [n, k]^T call and
+ * `threads` threads (residual_buffers_bytes; zeros and ones are filled by residual_buffers). */
+struct residual_buffers {
+    int *rows;       /* [rows] the outlier rows' indices */
+    uint8_t *rq;     /* [2 rows][k4] codes */
+    float *rscale;   /* [2 rows] */
+    int32_t *rzp;    /* [2 rows] */
+    float *t;        /* [2 rows][npad] products */
+    float *zeros;    /* [npad] the second GEMM's bias */
+    float *ones;     /* [k] no smoothing: the residual is already divided */
+    float *d;        /* [threads][k] a residual row per thread */
+};
+
+static size_t residual_buffers_bytes(int rows, int k, int n, int threads) {
+    size_t k4 = (size_t)round_up4(k), npad = (size_t)(n + NR - 1) / NR * NR;
+    return 64 + sizeof(int) * rows + 2 * rows * (k4 + 8) + 64 +
+           sizeof(float) * (2 * rows * npad + npad + k + (size_t)threads * k) + 64;
+}
+
+/* Carves `bytes` (residual_buffers_bytes) into the buffers, 64-byte aligned pieces. */
+static struct residual_buffers residual_buffers(void *bytes, int rows, int k, int n,
+                                                int threads) {
+    size_t k4 = (size_t)round_up4(k), npad = (size_t)(n + NR - 1) / NR * NR;
+    uintptr_t at = ((uintptr_t)bytes + 63) & ~(uintptr_t)63;
+    struct residual_buffers b;
+    b.rows = (int *)at;
+    at += sizeof(int) * rows;
+    b.rq = (uint8_t *)at;
+    at += 2 * rows * k4;
+    b.rscale = (float *)at;
+    b.rzp = (int32_t *)(b.rscale + 2 * rows);
+    at = ((uintptr_t)(b.rzp + 2 * rows) + 63) & ~(uintptr_t)63;
+    b.t = (float *)at;
+    b.zeros = b.t + 2 * rows * npad;
+    b.ones = b.zeros + npad;
+    b.d = b.ones + k;
+    for (size_t i = 0; i < npad; i++) b.zeros[i] = 0.f;
+    for (int i = 0; i < k; i++) b.ones[i] = 1.f;
+    return b;
+}
+
 /* The second pass over the m_out rows flagged in `outlier` (see the header): each row's
  * residual (residual_of) is quantized on its own range, rows shared among the threads.
  * - No activation and an fp32 y (act 0, !out_bf16: QKV, o_proj, down_proj): the residual's
@@ -585,42 +638,38 @@ static void residual_of(const float *x, const float *inv_smooth, const uint8_t *
  *   sum, and a bf16 y has lost the bits to add to.
  * Then the norm, which the first pass left out for these rows. MiniLM's FFN-down input has
  * 6-8% outlier rows in its first four layers ([CLS], [SEP]); the serial, redone version of
- * this pass took 20-40% of those calls (Zen 4, 2 threads). */
-static void residual_pass(const float *x, const float *inv_smooth, int m, int k,
-                          const uint8_t *q, const float *scale, const int32_t *zp,
-                          const char *outlier, int m_out, const int8_t *packed,
-                          const int32_t *colsum, const float *wscale, const float *bias,
-                          const float *res, void *y, int n, int act, int out_bf16,
-                          const struct norm_args *norm, int threads) {
+ * this pass took 20-40% of those calls (Zen 4, 2 threads).
+ * Called by every thread of an enclosing parallel region (implicit barrier at the end). */
+static void residual_pass_team(const float *x, const float *inv_smooth, int m, int k,
+                               const uint8_t *q, const float *scale, const int32_t *zp,
+                               const char *outlier, int m_out, const int8_t *packed,
+                               const int32_t *colsum, const float *wscale, const float *bias,
+                               const float *res, void *y, int n, int act, int out_bf16,
+                               const struct norm_args *norm, const struct residual_buffers *buf) {
     int k4 = round_up4(k), npad = (n + NR - 1) / NR * NR;
     int direct = act == 0 && !out_bf16, nrows = direct ? m_out : 2 * m_out;
-    int *rows = malloc(sizeof(int) * m_out);
-    uint8_t *rq = malloc((size_t)nrows * k4 + (size_t)nrows * 8);
-    float *rscale = (float *)(rq + (size_t)nrows * k4);
-    int32_t *rzp = (int32_t *)(rscale + nrows);
-    /* t: [nrows][npad] products; zeros: the second GEMM's bias; ones: no smoothing (the
-     * residual is already divided); d: a residual row per thread */
-    float *t = malloc(sizeof(float) * ((size_t)nrows * npad + npad + k + (size_t)threads * k));
-    float *zeros = t + (size_t)nrows * npad, *ones = zeros + npad, *d = ones + k;
-    for (int i = 0; i < npad; i++) zeros[i] = 0.f;
-    for (int i = 0; i < k; i++) ones[i] = 1.f;
+    int *rows = buf->rows;
+    uint8_t *rq = buf->rq;
+    float *rscale = buf->rscale, *t = buf->t;
+    int32_t *rzp = buf->rzp;
+#pragma omp single
     for (int r = 0, j = 0; r < m; r++)
         if (outlier[r]) rows[j++] = r;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp for schedule(static)
     for (int j = 0; j < m_out; j++) {
         int r = rows[j], at = direct ? j : m_out + j;
-        float *dr = d + (size_t)omp_get_thread_num() * k;
+        float *dr = buf->d + (size_t)omp_get_thread_num() * k;
         residual_of(x + (size_t)r * k, inv_smooth, q + (size_t)r * k4, scale[r], zp[r], k, dr);
-        quantize_row(dr, ones, k, k4, rq + (size_t)at * k4, rscale + at, rzp + at, NULL);
+        quantize_row(dr, buf->ones, k, k4, rq + (size_t)at * k4, rscale + at, rzp + at, NULL);
         if (!direct) {
             memcpy(rq + (size_t)j * k4, q + (size_t)r * k4, k4);
             rscale[j] = scale[r];
             rzp[j] = zp[r];
         }
     }
-    gemm_rows(rq, rscale, rzp, nrows, k4, packed, colsum, wscale, zeros, NULL, t, npad, 0, 0,
-              NULL, threads);
-#pragma omp parallel for num_threads(threads) schedule(static)
+    gemm_rows_team(rq, rscale, rzp, nrows, k4, packed, colsum, wscale, buf->zeros, NULL, t,
+                   npad, 0, 0, NULL);
+#pragma omp for schedule(static)
     for (int j = 0; j < m_out; j++) {
         size_t at = (size_t)rows[j] * n;
         const float *a = t + (size_t)j * npad, *b = direct ? NULL : a + (size_t)m_out * npad;
@@ -646,9 +695,44 @@ static void residual_pass(const float *x, const float *inv_smooth, int m, int k,
         if (norm->w) norm_rows((float *)y, n, rows[j], rows[j] + 1, norm->w, norm->b, norm->eps,
                                NULL);
     }
-    free(t);
-    free(rq);
-    free(rows);
+}
+
+/* Quantizes rows [0, m) of x (quantize_row) and flags the outlier rows, rows shared among the
+ * team; returns the number of outlier rows (every thread gets it: after the loop's barrier
+ * each counts the shared flags itself). */
+static int quantize_rows_team(const float *x, const float *inv_smooth, int m, int k,
+                              uint8_t *q, float *scale, int32_t *zp, char *outlier,
+                              float outlier_ratio) {
+    int k4 = round_up4(k);
+#pragma omp for schedule(static)
+    for (int r = 0; r < m; r++) {
+        float sumsq;
+        quantize_row(x + (size_t)r * k, inv_smooth, k, k4, q + (size_t)r * k4, scale + r, zp + r,
+                     &sumsq);
+        /* the range [lo, hi] is scale * [-zp, LEVELS - zp]: its larger end is the peak */
+        float peak = scale[r] * (float)(zp[r] > LEVELS - zp[r] ? zp[r] : LEVELS - zp[r]);
+        outlier[r] = (char)is_outlier_row(sumsq, k, peak, outlier_ratio);
+    }
+    int m_out = 0;
+    for (int r = 0; r < m; r++) m_out += outlier[r];
+    return m_out;
+}
+
+/* One int8 linear layer (int8_linear's contract) by every thread of an enclosing region:
+ * q/scale/zp/outlier hold m rows' codes, buf has room for m outlier rows. */
+static void linear_team(const float *x, const float *inv_smooth, int m, int k,
+                        const int8_t *packed, const int32_t *colsum, const float *wscale,
+                        const float *bias, const float *res, void *y, int n, int act,
+                        int out_bf16, float outlier_ratio, const struct norm_args *norm_in,
+                        uint8_t *q, float *scale, int32_t *zp, char *outlier,
+                        const struct residual_buffers *buf) {
+    int m_out = quantize_rows_team(x, inv_smooth, m, k, q, scale, zp, outlier, outlier_ratio);
+    struct norm_args norm = {norm_in->w, norm_in->b, norm_in->eps, outlier};
+    gemm_rows_team(q, scale, zp, m, round_up4(k), packed, colsum, wscale, bias, res, y, n, act,
+                   out_bf16, &norm);
+    if (m_out > 0)
+        residual_pass_team(x, inv_smooth, m, k, q, scale, zp, outlier, m_out, packed, colsum,
+                           wscale, bias, res, y, n, act, out_bf16, &norm, buf);
 }
 
 void int8_linear(const float *x, const float *inv_smooth, int m, int k, const int8_t *packed,
@@ -661,22 +745,108 @@ void int8_linear(const float *x, const float *inv_smooth, int m, int k, const in
     int32_t *zp = (int32_t *)(scale + m);
     uint8_t *q = (uint8_t *)(zp + m);
     char *outlier = malloc((size_t)m);
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int r = 0; r < m; r++) {
-        float sumsq;
-        quantize_row(x + (size_t)r * k, inv_smooth, k, k4, q + (size_t)r * k4, scale + r, zp + r,
-                     &sumsq);
-        /* the range [lo, hi] is scale * [-zp, LEVELS - zp]: its larger end is the peak */
-        float peak = scale[r] * (float)(zp[r] > LEVELS - zp[r] ? zp[r] : LEVELS - zp[r]);
-        outlier[r] = (char)is_outlier_row(sumsq, k, peak, outlier_ratio);
-    }
+    if (!outlier) return;
     int m_out = 0;
-    for (int r = 0; r < m; r++) m_out += outlier[r];
+#pragma omp parallel num_threads(threads)
+    {
+        int count = quantize_rows_team(x, inv_smooth, m, k, q, scale, zp, outlier,
+                                       outlier_ratio);
+#pragma omp single
+        m_out = count;
+    }
     struct norm_args norm = {ln_w, ln_b, ln_eps, outlier};
-    gemm_rows(q, scale, zp, m, k4, packed, colsum, wscale, bias, res, y, n, act, out_bf16,
-              &norm, threads);
-    if (m_out > 0)
-        residual_pass(x, inv_smooth, m, k, q, scale, zp, outlier, m_out, packed, colsum, wscale,
-                      bias, res, y, n, act, out_bf16, &norm, threads);
+#pragma omp parallel num_threads(threads)
+    gemm_rows_team(q, scale, zp, m, k4, packed, colsum, wscale, bias, res, y, n, act, out_bf16,
+                   &norm);
+    if (m_out > 0) { /* the buffers for m_out rows only: a large step has few */
+        void *bytes = malloc(residual_buffers_bytes(m_out, k, n, threads));
+        if (bytes) {
+            struct residual_buffers buf = residual_buffers(bytes, m_out, k, n, threads);
+#pragma omp parallel num_threads(threads)
+            residual_pass_team(x, inv_smooth, m, k, q, scale, zp, outlier, m_out, packed,
+                               colsum, wscale, bias, res, y, n, act, out_bf16, &norm, &buf);
+            free(bytes);
+        }
+    }
     free(outlier);
+}
+
+/* ---- The BERT-family layer stack for a short step, every linear in int8 ------------------
+ * The same post-norm layer loop as encoder_cpu.c's bert_layers (fp32; its header says why a
+ * short step wants one C call), with each linear the int8 layer above: per-token codes, the
+ * fused bias / GELU / residual / LayerNorm epilogue, the outlier rows' residual pass. One
+ * OpenMP region for the whole stack: the team versions of the GEMM steps share their rows and
+ * panels out inside it, so a 12-token step pays one fork instead of ~4 per linear. The
+ * attention is fp32 (attention.h, as bert_layers), over q/k/v kept in fp32.
+ * pooler/kernels/bert_int8_cpu.py is the Python side: it passes the tensors the Int8Linear
+ * layers already hold (packed weights, column sums, scales, padded bias, 1 / smoothing). */
+#include "attention.h"
+
+/* The pointers per linear, and the linears and norms per layer, in params' order. */
+enum { L_PACKED, L_COLSUM, L_WSCALE, L_BIAS, L_INV_SMOOTH, L_PER_LINEAR };
+enum { Q_QKV, Q_O, Q_UP, Q_DOWN, Q_LINEARS };
+enum { N_LN1_W = Q_LINEARS * L_PER_LINEAR, N_LN1_B, N_LN2_W, N_LN2_B, I_PER_LAYER };
+
+int int8_bert_params_per_layer(void) { return I_PER_LAYER; }
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Bytes of int8_bert_layers' scratch for a step of m tokens. */
+long int8_bert_scratch_bytes(int m, int h, int inter, int heads, int threads) {
+    int kmax = h > inter ? h : inter, nmax = 3 * h > inter ? 3 * h : inter;
+    size_t floats = (size_t)m * (3 * h + h + h + inter) +
+                    (size_t)threads * attention_work_floats(m, h / heads);
+    return (long)(64 + align64(sizeof(float) * floats) + align64((size_t)m * round_up4(kmax)) +
+                  align64((size_t)m * 9) + residual_buffers_bytes(m, kmax, nmax, threads));
+}
+
+/* Runs `layers` post-norm BERT layers over x [m, h] in place: `seqs` sequences packed back to
+ * back (starts: seqs + 1 offsets; keys: attended keys per sequence; bias: NULL or a score
+ * bias per sequence; see attention.h). params: I_PER_LAYER pointers per layer (per linear:
+ * packed weight, column sums, weight scales and bias padded to whole panels, 1 / smoothing
+ * [in]; then the two norms' weight and bias); ratios: the outlier ratio of each linear
+ * (Q_LINEARS per layer). act: the FFN activation (ACT_*). scratch: int8_bert_scratch_bytes. */
+void int8_bert_layers(float *x, int m, int seqs, const int *starts, const int *keys,
+                      const float *const *bias, int h, int heads, int inter, int layers,
+                      const void *const *params, const float *ratios, float eps, int act,
+                      void *scratch, int threads) {
+    int kmax = h > inter ? h : inter, nmax = 3 * h > inter ? 3 * h : inter, d = h / heads;
+    char *at = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *qkv = (float *)at, *ctx = qkv + (size_t)m * 3 * h, *t = ctx + (size_t)m * h;
+    float *up = t + (size_t)m * h, *work = up + (size_t)m * inter;
+    long per_thread = attention_work_floats(m, d);
+    at += align64(sizeof(float) * ((size_t)m * (5 * h + inter) + (size_t)threads * per_thread));
+    uint8_t *q = (uint8_t *)at;
+    at += align64((size_t)m * round_up4(kmax));
+    float *scale = (float *)at;
+    int32_t *zp = (int32_t *)(scale + m);
+    char *outlier = (char *)(zp + m);
+    at += align64((size_t)m * 9);
+    struct residual_buffers buf = residual_buffers(at, m, kmax, nmax, threads);
+    int *task_starts = malloc(sizeof(int) * (seqs + 1));
+    if (!task_starts) return;
+    attention_tasks(seqs, starts, heads, task_starts);
+    struct attention_args a = {qkv, qkv + h, qkv + 2 * h, 3 * h, 3 * h, 3 * h, ctx, heads, d,
+                               seqs, starts, keys, bias, 1.f / sqrtf((float)d), task_starts,
+                               -1};
+#pragma omp parallel num_threads(threads)
+    for (int l = 0; l < layers; l++) {
+        const void *const *p = params + (size_t)l * I_PER_LAYER;
+        const float *r = ratios + (size_t)l * Q_LINEARS;
+        struct norm_args none = {NULL, NULL, 0.f, NULL};
+        struct norm_args ln1 = {p[N_LN1_W], p[N_LN1_B], eps, NULL};
+        struct norm_args ln2 = {p[N_LN2_W], p[N_LN2_B], eps, NULL};
+#define LINEAR(which, in, k, res, out, n, act_, norm)                                           \
+    linear_team(in, p[which * L_PER_LINEAR + L_INV_SMOOTH], m, k,                              \
+                p[which * L_PER_LINEAR + L_PACKED], p[which * L_PER_LINEAR + L_COLSUM],        \
+                p[which * L_PER_LINEAR + L_WSCALE], p[which * L_PER_LINEAR + L_BIAS], res,     \
+                out, n, act_, 0, r[which], norm, q, scale, zp, outlier, &buf)
+        LINEAR(Q_QKV, x, h, NULL, qkv, 3 * h, ACT_NONE, &none);
+        attention(&a, work, per_thread);
+        LINEAR(Q_O, ctx, h, x, t, h, ACT_NONE, &ln1);      /* t = LN(ctx Wo + b + x) */
+        LINEAR(Q_UP, t, h, NULL, up, inter, act, &none);
+        LINEAR(Q_DOWN, up, inter, t, x, h, ACT_NONE, &ln2); /* x = LN(up Wd + b + t) */
+#undef LINEAR
+    }
+    free(task_starts);
 }

@@ -39,7 +39,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pooler.kernels.build import encoder_kernels
 from pooler.kernels.int8_cpu import WEIGHT_LEVELS, int8_kernels, int8_path, load_build
 
 # Linear-layer name suffixes left in fp32 without smoothing (no calibration inputs): the fused
@@ -120,13 +119,19 @@ class Int8Linear(nn.Module):
         self.register_buffer("w_scale", w_scale)  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.register_buffer("smooth", None if smooth is None else smooth.detach().float().clone())
-        # The fp32 weights, kept for the fp32 C layer stack that runs short steps
-        # (pooler/kernels/bert_cpu.py): pooler has no int8 form of it, and below 48 tokens it
-        # beats the int8 layers run one torch op at a time. Not in the state dict.
-        self.register_buffer("fp32_weight", weight.detach() if short_step_copy else None,
-                             persistent=False)
-        self.register_buffer("fp32_bias", None if bias is None or not short_step_copy
-                             else bias.detach(), persistent=False)
+        # The fp32 weights, kept only where short steps run the fp32 C layer stack
+        # (pooler/kernels/bert_cpu.py): where the load-time check timed it faster than the
+        # int8 C stack for short steps (pooler/worker/precision_check.py). Without them short
+        # steps take the int8 stack (bert_int8_cpu.py). Not in the state dict.
+        self.register_buffer("fp32_weight", None, persistent=False)
+        self.register_buffer("fp32_bias", None, persistent=False)
+        if short_step_copy:
+            self.keep_fp32_copy(weight, bias)
+
+    def keep_fp32_copy(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Keep fp32 weights (the fp32 layer's own, not copied) for the fp32 short-step stack."""
+        self.fp32_weight = weight.detach().float()
+        self.fp32_bias = None if bias is None else bias.detach().float()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, path: str | None = None,
@@ -326,6 +331,16 @@ def check_quantization(model_config) -> None:
                          "quantized from fp32).")
 
 
+def keep_fp32_short_steps(int8_model: nn.Module, fp32_model: nn.Module) -> None:
+    """Give each Int8Linear of `int8_model` the fp32 weights of the same-named layer of
+    `fp32_model` (its unquantized twin), so that short steps run the fp32 C layer stack."""
+    fp32_linears = dict(fp32_model.named_modules())
+    for name, module in int8_model.named_modules():
+        if isinstance(module, Int8Linear):
+            twin = fp32_linears[name]
+            module.keep_fp32_copy(twin.weight, twin.bias)
+
+
 def keep_fp32_for(path: str, smoothed: bool) -> tuple[str, ...]:
     """The layers left in fp32 on this int8 path (see SMOOTHED_KEEP_FP32)."""
     return SMOOTHED_KEEP_FP32.get(path, DEFAULT_KEEP_FP32) if smoothed else DEFAULT_KEEP_FP32
@@ -338,10 +353,6 @@ def apply_quantization(model, model_config, calibrate=None) -> None:
     if model_config.quantization is None:
         return
     check_quantization(model_config)
-    # Families whose short steps run the fp32 C stack (BERT, DistilBERT, MPNet, ELECTRA) keep
-    # that path where it is built: it is faster than int8 layers below its 48-token limit.
-    short_steps_in_c = getattr(model.backbone, "short_steps_in_c", False) and \
-        encoder_kernels() is not None
     backbone = model.backbone
     ranges = None if calibrate is None else \
         record_input_ranges(backbone, lambda: calibrate(backbone))
@@ -349,8 +360,9 @@ def apply_quantization(model, model_config, calibrate=None) -> None:
     # (DeBERTa projects its relative positions with the QKV weight).
     keep = keep_fp32_for(int8_path(), bool(ranges)) + \
         tuple(getattr(backbone, "int8_keep_fp32", ()))
-    quantize_linears(backbone, keep,
-                     short_step_copy=short_steps_in_c, input_ranges=ranges or None)
+    # No fp32 copies: short steps of the BERT families take the int8 C stack
+    # (bert_int8_cpu.py), unless the load-time check keeps them (keep_fp32_short_steps).
+    quantize_linears(backbone, keep, input_ranges=ranges or None)
     # Layers that can let attention round its inputs to bf16 do so: int8's error dwarfs it
     for module in backbone.modules():
         if hasattr(module, "attention_bf16_products"):

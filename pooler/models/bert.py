@@ -17,6 +17,7 @@ from torch import nn
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.kernels.bert_cpu import bert_layers_on_cpu
+from pooler.kernels.bert_int8_cpu import int8_bert_layers_on_cpu
 from pooler.kernels.attention_cpu import bf16_kernel_takes
 from pooler.layers.linear import linear_act, linear_add_norm, onednn_postop, takes_bf16
 from pooler.layers.lora import lora_active
@@ -99,11 +100,16 @@ class BertLayer(nn.Module):
 def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
                position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
     """model.layers (BertLayers) over x [num_tokens, hidden]: a short step in one C call
-    (pooler/kernels/bert_cpu.py), anything else layer by layer. BERT, DistilBERT and MPNet.
-    A step with LoRA adapters goes layer by layer: the C stack cannot add their updates."""
-    fused = None if lora_active() else bert_layers_on_cpu(model, x, inputs, position_bias)
-    if fused is not None:
-        return fused
+    (pooler/kernels/bert_int8_cpu.py for int8 layers that kept no fp32 copy, or the int8 layers
+    an fp32 model keeps for short steps; else bert_cpu.py in fp32), anything else layer by
+    layer. BERT, DistilBERT and MPNet. A step with LoRA adapters goes layer by layer: the C
+    stacks cannot add their updates."""
+    if not lora_active():
+        fused = int8_bert_layers_on_cpu(model, x, inputs, position_bias)
+        if fused is None:
+            fused = bert_layers_on_cpu(model, x, inputs, position_bias)
+        if fused is not None:
+            return fused
     for layer in model.layers:
         x = layer(x, inputs, position_bias)
     return x

@@ -5,6 +5,8 @@ poolers, model specifics in pooler/models.
 """
 from __future__ import annotations
 
+import copy
+
 import logging
 import traceback
 from dataclasses import dataclass
@@ -14,7 +16,7 @@ import torch
 
 from pooler.config import DEFAULT_TOKEN_BUDGET, ModelConfig
 from pooler.layers.lora import LoraRows, lora_rows
-from pooler.layers.quantization import apply_quantization, check_quantization
+from pooler.layers.quantization import Int8Linear, apply_quantization, check_quantization
 from pooler.loader import build_model, load_weights_into
 from pooler.lora.manager import LoraManager, StepLora
 from pooler.models.inputs import ModelInputs
@@ -27,7 +29,7 @@ from pooler.worker.image_runner import DEFAULT_PAGE_ENCODER_CACHE_BYTES, ImageRu
 from pooler.worker.pooling_runner import PoolingRunner
 from pooler.worker.int8_calibration import calibration_forward
 from pooler.worker.layer_stack_check import LayerStackDecision, choose_large_step_path
-from pooler.worker.precision_check import choose_int8_or_fp32
+from pooler.worker.precision_check import choose_int8_or_fp32, refresh_int8_short_steps
 from pooler.worker.runner_base import ModelRunnerBase
 from pooler.worker.step_threads import StepThreads
 
@@ -205,17 +207,23 @@ class ModelRunner(ModelRunnerBase):
     def _swap_weights(self) -> None:
         """The folder's current weights into the model in place (reload_weights then clears
         what the old weights computed)."""
-        if self.precision_decision is not None and self.precision_decision.use_candidate:
+        if any(isinstance(m, Int8Linear) for m in self.model.modules()):
             # Quantized layers cannot take fp32 checkpoint tensors: quantize a fresh copy and
             # copy its state over, keeping every module object (and reference to it) in place.
-            fresh = build_model(self.model_config)
+            fp32 = build_model(self.model_config, quantize=False)
+            fresh = copy.deepcopy(fp32)
+            apply_quantization(fresh, self.model_config, calibration_forward(self.model_config))
             self.model.load_state_dict(fresh.state_dict())
-            for mine, theirs in zip(self.model.modules(), fresh.modules()):
-                for name in ("fp32_weight", "fp32_bias"):  # the short-step copies (not state)
-                    if getattr(mine, name, None) is not None:
-                        getattr(mine, name).copy_(getattr(theirs, name))
+            twins = dict(fp32.named_modules())
+            for name, mine in self.model.named_modules():
+                # the short-step fp32 copies, where the load-time check kept them (not state)
+                for copy_name, source in (("fp32_weight", "weight"), ("fp32_bias", "bias")):
+                    if getattr(mine, copy_name, None) is not None:
+                        getattr(mine, copy_name).copy_(getattr(twins[name], source))
             return
         load_weights_into(self.model, self.model_config)
+        # an fp32 model that runs short steps on int8 layers: those quantized again
+        refresh_int8_short_steps(self.model, lambda: build_model(self.model_config))
 
     def release_memory(self) -> None:
         """The engine went idle: return a burst's freed heap to the OS (memory.py)."""

@@ -17,7 +17,10 @@ import logging
 import traceback
 from typing import Callable
 
+import torch
+
 from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pooler.worker.step_paths import step_paths
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +36,11 @@ class ModelRunnerBase:
     mm_cache = None
     # Two-tower models' image path with its encoder cache (pooler/worker/image_runner.py).
     image_runner = None
+
+    def step_paths(self) -> dict[str, str]:
+        """Each range of step sizes -> the path it takes (pooler/worker/step_paths.py)."""
+        return step_paths(getattr(self, "model", None),
+                          getattr(self, "device", None) or torch.device("cpu"))
 
     def finish_requests(self, scheduler_output: SchedulerOutput) -> None:
         # Finished ids go to the pooling runner *before* preempted ids join the removal set:

@@ -109,3 +109,40 @@ def test_interleaved_timing_cancels_a_drift_that_sequential_timing_pins_on_one_s
     assert abs(cand - fp32) <= gate.NOISE_MARGIN * fp32
     d = gate.decide("int8", _cases("1x12"), cpu=AVX2)  # default: interleaved, real calls
     assert d.use_candidate and len(d.timings) == 1
+
+
+def _ranged(*pairs):
+    return [gate.ShapeCase(n, candidate=lambda n=n: ("cand", n), fp32=lambda n=n: ("fp32", n),
+                           size_range=r) for n, r in pairs]
+
+
+SIZED = (("1x12", "short"), ("4x12", "short"), ("16x128", "large"))
+
+
+def test_each_size_range_is_decided_alone(caplog):
+    times = {("cand", "1x12"): 0.004, ("fp32", "1x12"): 0.002,  # int8 loses one short shape
+             ("cand", "4x12"): 0.004, ("fp32", "4x12"): 0.008,
+             ("cand", "16x128"): 0.05, ("fp32", "16x128"): 0.1}
+    with caplog.at_level(logging.WARNING):
+        d = gate.decide("int8", _ranged(*SIZED), cpu=AVX2, measure=_fake(times))
+    assert d.use_candidate and d.ranges == (("short", False), ("large", True))
+    assert not d.candidate_for("short") and d.candidate_for("large")
+    [line] = [r.message for r in caplog.records]
+    assert "short: float32" in line and "large: int8" in line and "1x12: 4.00 vs 2.00" in line
+    # every range won: int8 everywhere, one info-level reason
+    times[("cand", "1x12")] = 0.001
+    d = gate.decide("int8", _ranged(*SIZED), cpu=AVX2, measure=_fake(times))
+    assert d.ranges == (("short", True), ("large", True)) and d.reason.startswith("int8 faster")
+    # every range lost: fp32 for all, as without ranges
+    slow = {k: (0.5 if k[0] == "cand" else 0.001) for k in times}
+    d = gate.decide("int8", _ranged(*SIZED), cpu=AVX2, measure=_fake(slow))
+    assert not d.use_candidate and d.ranges == (("short", False), ("large", False))
+
+
+def test_refuse_never_mixes_precisions():
+    times = {("cand", "1x12"): 0.004, ("fp32", "1x12"): 0.002,
+             ("cand", "4x12"): 0.001, ("fp32", "4x12"): 0.002,
+             ("cand", "16x128"): 0.05, ("fp32", "16x128"): 0.1}
+    with pytest.raises(ValueError, match="slower than float32.*1x12"):
+        gate.decide("int8", _ranged(*SIZED), cpu=AVX2, on_slower="refuse",
+                    measure=_fake(times))

@@ -1,0 +1,66 @@
+"""Engine.step_paths(): what each range of step sizes runs (pooler/worker/step_paths.py), for an
+fp32 engine, an int8 engine whose short steps take the int8 C stack, one that kept fp32 copies
+for the fp32 stack, and a model whose sizes no C stack takes."""
+from __future__ import annotations
+
+import pytest
+
+from pooler.kernels import bert_cpu
+from pooler.kernels.build import encoder_kernels
+from pooler.kernels.int8_cpu import int8_path, runnable_paths
+from pooler.layers.quantization import keep_fp32_short_steps
+from pooler.worker.step_paths import step_paths
+from tests.models.tiny import save_tiny_bert
+
+needs_stack = pytest.mark.skipif(encoder_kernels() is None or not runnable_paths(),
+                                 reason="no C layer stacks built on this CPU")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, minilm_path):
+    root = tmp_path_factory.mktemp("step-paths")
+    # head size 16 takes the C stacks; tiny's default 8 does not
+    return {"stack": save_tiny_bert(root / "stack", minilm_path, num_attention_heads=2),
+            "no stack": save_tiny_bert(root / "plain", minilm_path)}
+
+
+@needs_stack
+def test_fp32_engine_short_steps_on_the_fp32_stack(folders):
+    from pooler import Engine
+
+    engine = Engine(str(folders["stack"]), device="cpu")
+    stack = f"fp32 C stack ({encoder_kernels().variant})"
+    if engine.core.model_runner.model.backbone.__dict__.get(bert_cpu.LARGE_STEPS):
+        assert engine.step_paths() == {"all steps": stack}  # the load check kept it for all
+    else:
+        assert engine.step_paths() == {"1-48 tokens": stack, "49+ tokens": "fp32 layers (oneDNN)"}
+
+
+@needs_stack
+def test_int8_engine_short_steps_on_the_int8_stack_or_fp32_copies(folders):
+    from pooler import Engine
+
+    engine = Engine(str(folders["stack"]), device="cpu", quantization="int8",
+                    precision_check="off")
+    path = int8_path()
+    assert engine.step_paths() == {"1-64 tokens": f"int8 C stack ({path})",
+                                   "65+ tokens": f"int8 layers ({path})"}
+    # where the load check kept fp32 copies (fp32 won short steps): the fp32 stack up to 48
+    runner = engine.core.model_runner
+    fp32 = Engine(str(folders["stack"]), device="cpu").core.model_runner.model
+    keep_fp32_short_steps(runner.model, fp32)
+    assert engine.step_paths() == {"1-48 tokens": f"fp32 C stack ({encoder_kernels().variant})",
+                                   "49+ tokens": f"int8 layers ({path})"}
+
+
+def test_sizes_no_stack_takes_one_path_for_all_steps(folders):
+    from pooler import Engine
+
+    engine = Engine(str(folders["no stack"]), device="cpu")
+    assert engine.step_paths() == {"all steps": "fp32 layers (oneDNN)"}
+
+
+def test_without_a_model_one_entry():
+    import torch
+
+    assert list(step_paths(None, torch.device("cpu"))) == ["all steps"]
