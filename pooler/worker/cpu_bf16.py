@@ -6,9 +6,6 @@ on the bench corpus (the residual stream and the layer norms lose digits) and ba
 since torch's bf16 norms, softmax and casts are no faster than fp32 ones. Only the GEMMs gain
 from bf16 silicon, so only their inputs are rounded (pooler/layers/linear.py, Bf16Linear).
 
-Models that take documents over 1,024 tokens (max_model_len) are also timed on one
-1,536-token step (pooler/worker/long_step_shape.py), where the long attention paths run.
-
 Steps of at most 48 tokens (one short query) keep the fp32 C kernel
 (pooler/kernels/bert_cpu.py) where the model has one: it measured faster than the bf16 oneDNN
 layers there (a 12-token query is latency-bound, not GEMM-bound), so the check times larger
@@ -31,7 +28,6 @@ from pooler.cpu_features import CpuFeatures, cpu_features
 from pooler.layers.linear import BF16_ONEDNN, Bf16Swap
 from pooler.models.inputs import ModelInputs
 from pooler.precision_gate import PrecisionDecision, ShapeCase, decide
-from pooler.worker.long_step_shape import long_step_shape
 
 log = logging.getLogger(__name__)
 
@@ -68,24 +64,16 @@ def _step_inputs(backbone: nn.Module, count: int, length: int, device: torch.dev
 def _shape_cases(backbone: nn.Module, swap: Bf16Swap, model_config: ModelConfig
                  ) -> list[ShapeCase]:
     longest = model_config.max_model_len or 512
-    shapes = []
+    cases = []
     for count, length in CHECK_SHAPES:
         length = min(length, longest)
-        shapes.append((f"{count}x{length} tokens",
-                       _step_inputs(backbone, count, length, model_config.torch_device)))
-    # a model that takes long documents: one step on the long attention paths too
-    # (long_step_shape.py: short steps alone kept bf16 where 8k documents ran slower)
-    long_step = long_step_shape(model_config,
-                                backbone.get_input_embeddings().num_embeddings)
-    if long_step is not None:
-        shapes.append(long_step)
-    cases = []
-    for name, inputs in shapes:
+        inputs = _step_inputs(backbone, count, length, model_config.torch_device)
+
         def run(to_bf16: bool, inputs=inputs):
             swap.use(to_bf16)
             with torch.inference_mode():
                 return backbone(inputs)
-        cases.append(ShapeCase(name, lambda run=run: run(True),
+        cases.append(ShapeCase(f"{count}x{length} tokens", lambda run=run: run(True),
                                lambda run=run: run(False)))
     return cases
 
