@@ -17,6 +17,12 @@ def add_parser(sub) -> None:
         "--dtype bfloat16 on the CPU a bf16 pooler side runs beside pooler fp32 (the peers stay "
         "fp32).")
     add_engine_args(p)
+    from pooler.bench.shape_models import shape_names_line
+
+    for action in p._actions:  # the bench's --model also takes a shape name
+        if action.dest == "model":
+            action.help += (f"; or a model shape the bench builds with seeded weights "
+                            f"({shape_names_line()}; see --list), e.g. --model bert-base")
     p.add_argument("--workload", default="embed,single_query",
                    help="comma-separated workload names, or 'all' (see --list)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
@@ -57,12 +63,17 @@ def run(args) -> int:
     from pooler.bench.runner import (contention_lines, format_table, pooler_ratio_lines,
                                      report_to_dict, run_benchmarks, summary_lines,
                                      write_chart)
+    from pooler.bench.shape_models import SHAPE_MODELS, resolve_bench_model
     from pooler.cpu_threads import available_cpus
 
     workloads = load_workloads()
     if args.list:
         for name, w in sorted(workloads.items()):
             print(f"{name:14s} {w.description}")
+        print("\nmodel shapes for --model (seeded weights, built once under the bench cache; "
+              "--quick builds a tiny variant):")
+        for name, shape in SHAPE_MODELS.items():
+            print(f"{name:14s} {shape.description}")
         return 0
     names = sorted(workloads) if args.workload == "all" else \
         [n.strip() for n in args.workload.split(",") if n.strip()]
@@ -82,7 +93,7 @@ def run(args) -> int:
         raise ValueError("pooler bench runs the native runner with each workload's own task; "
                          "drop --runner/--task.")
     device = "cuda" if args.device == "cuda" else "cpu"
-    opts = BenchOptions(model=args.model, threads=args.threads or available_cpus(),
+    opts = BenchOptions(model=resolve_bench_model(args.model, tiny=args.quick), threads=args.threads or available_cpus(),
                         quick=args.quick, device=device, dtype=args.dtype,
                         quantization=args.quantization,
                         max_num_batched_tokens=args.max_num_batched_tokens,
