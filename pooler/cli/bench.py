@@ -45,9 +45,10 @@ def add_parser(sub) -> None:
                         "(quiet and loaded runs interleaved in this one invocation, pooler and "
                         "its peer under the same load)")
     p.add_argument("--interleaved-rounds", type=int, default=None, metavar="N",
-                   help="embed with --quantization int8 or --dtype bfloat16 (CPU): also time "
-                   "that variant against pooler fp32 in one process, N alternating rounds "
-                   "(default 3, 1 with --quick; 0: skip), for a ratio that drift between "
+                   help="embed and single_query with --quantization int8 or --dtype bfloat16 "
+                   "(CPU): also time that variant against pooler fp32 in one process, N "
+                   "alternating rounds (default 3, 1 with --quick; 0: skip), for a ratio that "
+                   "drift between "
                    "sides run one after another cannot skew; image_embed: its rounds of "
                    "pooler, transformers and sentence-transformers (default 3)")
     p.add_argument("--json", default=None, help="also write the raw results to this file")
@@ -60,9 +61,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from pooler.bench.peers import bench_install_command, check_chart_support, missing_peers
     from pooler.bench.registry import BenchOptions, load_workloads
-    from pooler.bench.runner import (contention_lines, format_table, pooler_ratio_lines,
-                                     report_to_dict, run_benchmarks, summary_lines,
-                                     write_chart)
+    from pooler.bench.runner import (contention_lines, format_table, latency_lines,
+                                     pooler_ratio_lines, report_to_dict, run_benchmarks,
+                                     summary_lines, write_chart)
     from pooler.bench.shape_models import SHAPE_MODELS, resolve_bench_model
     from pooler.cpu_threads import available_cpus
 
@@ -112,6 +113,7 @@ def run(args) -> int:
         out.append(f"run {i} of {len(report.runs)} ({bench_run.label}):")
         out.append(format_table(bench_run.rows))
         out.extend(pooler_ratio_lines(bench_run.rows))
+        out.extend(latency_lines(bench_run.rows))
     missing = missing_peers()
     if missing and any(row.skipped for r in report.runs for row in r.rows):
         out.extend(["", f"skipped: the sides that need {', '.join(missing)} (not installed); "
@@ -124,7 +126,7 @@ def run(args) -> int:
             for i, bench_run in enumerate(report.runs, 1):
                 f.write(f"\nRun {i} of {len(report.runs)} ({bench_run.label}):\n\n"
                         f"{format_table(bench_run.rows, markdown=True)}\n")
-                ratios = pooler_ratio_lines(bench_run.rows)
+                ratios = pooler_ratio_lines(bench_run.rows) + latency_lines(bench_run.rows)
                 if ratios:
                     f.write("\n" + "\n".join(f"- {line}" for line in ratios) + "\n")
     if args.json:
