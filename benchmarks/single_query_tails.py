@@ -21,6 +21,11 @@ timing; a bound, not an option). After the timed calls it prints what one full c
 costs with the loaded objects in the generations and after gc.freeze(): the stall a gen-2
 collection would add to the call it lands in.
 
+--http: the same queries through `POST /v1/embeddings` one at a time (the server in a thread of
+this process, pooler/bench/serve_thread.py; the client in a separate process, so only the
+server's collections are counted): per GC setting, the client's p50/p90/p99 and the server's
+collections by generation, with the calls they overlapped.
+
 Process CPU time per call at --threads 1 is the call's own work (no OpenMP peer spinning
 while it waits), so its p99/p50 is pooler's tail with the machine's other processes taken
 out; wall p99/p50 on a shared machine is mostly theirs. Findings: docs/dev/journal.md, "A
@@ -198,6 +203,77 @@ def report(mode: str, calls: list[dict]) -> None:
               f"{' (first at this length)' if c['first_at_length'] else ''}")
 
 
+_HTTP_CLIENT = """
+import httpx, json, sys, time
+url, model, texts = sys.argv[1], sys.argv[2], json.loads(sys.stdin.read())
+spans = []
+with httpx.Client(timeout=60) as client:
+    for text in texts:
+        start = time.time()
+        response = client.post(url + "/v1/embeddings", json={"input": text, "model": model})
+        spans.append((start, time.time()))
+        response.raise_for_status()
+print(json.dumps(spans))
+"""
+
+
+def run_http(engine, texts: list[str], modes: list[str], blocks: int, per_block: int) -> None:
+    """The --http mode (module docstring)."""
+    import json
+    import subprocess
+
+    import httpx
+
+    from pooler.bench.serve_thread import serve_in_thread
+
+    events: list[tuple[int, float, float]] = []  # (generation, start, end), time.time()
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.time()
+        else:
+            events.append((info["generation"], started[0], time.time()))
+
+    spans: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    with serve_in_thread(engine) as url:
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        client = [sys.executable, "-c", _HTTP_CLIENT, url, model]
+        subprocess.run(client, input=json.dumps(texts[:20]), text=True, check=True,
+                       capture_output=True)  # warm up
+        gc.callbacks.append(on_gc)
+        for block in range(blocks):
+            for mode in (modes if block % 2 == 0 else modes[::-1]):
+                if mode == "freeze":
+                    gc.collect()
+                    gc.freeze()
+                elif mode == "off":
+                    gc.disable()
+                chunk = [texts[(block * per_block + i) % len(texts)] for i in range(per_block)]
+                out = subprocess.run(client, input=json.dumps(chunk), text=True, check=True,
+                                     capture_output=True).stdout
+                spans[mode].extend(json.loads(out))
+                gc.unfreeze()
+                gc.enable()
+        gc.callbacks.remove(on_gc)
+    for mode in modes:
+        ms = np.array([(end - start) * 1e3 for start, end in spans[mode]])
+        p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+        print(f"\n[http, {mode}] {len(ms)} calls: p50 {p50:.2f}  p90 {p90:.2f}  p99 {p99:.2f}  "
+              f"max {ms.max():.2f} ms; p99/p50 {p99 / p50:.2f}")
+        outliers = [(i % per_block, float(x)) for i, x in enumerate(ms) if x > 5 * p50]
+        if outliers:  # position 0: a block's first call, after the client process started
+            print("  calls above 5x p50 (position in their block of "
+                  f"{per_block}, ms): " + ", ".join(f"{i}: {x:.1f}" for i, x in outliers[:10]))
+        for gen in (0, 1, 2):
+            inside = [(a, b) for g, a, b in events if g == gen]
+            hit = [max((e - s) * 1e3 for s, e in spans[mode] if s <= b and e >= a)
+                   for a, b in inside if any(s <= b and e >= a for s, e in spans[mode])]
+            if hit:
+                print(f"  server gen-{gen} collections during its calls: {len(hit)}; the calls "
+                      f"they overlapped took (ms): {', '.join(f'{h:.1f}' for h in hit[:10])}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None,
@@ -209,6 +285,8 @@ def main() -> int:
     parser.add_argument("--quantization", default=None)
     parser.add_argument("--warmup", type=int, default=10,
                         help="untimed calls first (the bench's single_query warms up with 10)")
+    parser.add_argument("--http", action="store_true",
+                        help="through POST /v1/embeddings (module docstring)")
     parser.add_argument("--gc", default="default,freeze",
                         help="comma-separated settings from default, freeze, off")
     args = parser.parse_args()
@@ -219,6 +297,13 @@ def main() -> int:
     from pooler.model_folder import DEFAULT_MODEL
 
     engine = _engine(args.model or DEFAULT_MODEL, args.threads, args.quantization)
+    if args.http:
+        texts = corpus.queries(max(200, args.calls // args.blocks), seed=7)
+        print(f"HTTP; threads {args.threads}; load average {os.getloadavg()}; model "
+              f"{args.model or DEFAULT_MODEL}; path {engine.precision_path}")
+        run_http(engine, texts, modes, args.blocks, args.calls // args.blocks)
+        print(f"load average after {os.getloadavg()}")
+        return 0
     trace = CallTrace()
     _instrument(engine, trace)
     gc.callbacks.append(trace.on_gc)
