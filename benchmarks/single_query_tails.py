@@ -2,7 +2,7 @@
 each call's parts and what happened during it.
 
     .venv/bin/python benchmarks/single_query_tails.py [--model FOLDER|bert-base] [--calls 2000]
-        [--threads 2] [--quantization int8] [--gc default,freeze]
+        [--threads 2] [--quantization int8] [--modes default,freeze,loop] [--http]
 
 Per call: wall time, and its parts by perf_counter (tokenize = the input processor, forward =
 the backbone, pool = the pooler, rest = scheduling, bookkeeping and output conversion); the
@@ -13,9 +13,10 @@ than 1.5x the p50 (issue 44's target is p99 within 1.5x of p50 on a quiet machin
 says how many slow calls coincide with each cause, and the share of slow calls a cause can
 explain.
 
---gc lists the garbage-collector settings timed in alternating blocks of calls in one process
-(drift on a shared machine reaches them alike): "default" (Python's thresholds, nothing
-frozen), "freeze" (gc.freeze() after load: the loaded model's objects leave the collector's
+--modes lists the settings timed in alternating blocks of calls in one process (drift on a
+shared machine reaches them alike): "default" (the caller's thread steps the engine, Python's
+GC thresholds, nothing frozen), "loop" (the engine's background loop runs the steps and the
+caller waits on its future, the hand-off every server request makes), "freeze" (gc.freeze() after load: the loaded model's objects leave the collector's
 generations, so a full collection walks only what came after) and "off" (gc.disable() while
 timing; a bound, not an option). After the timed calls it prints what one full collection
 costs with the loaded objects in the generations and after gc.freeze(): the stall a gen-2
@@ -287,12 +288,15 @@ def main() -> int:
                         help="untimed calls first (the bench's single_query warms up with 10)")
     parser.add_argument("--http", action="store_true",
                         help="through POST /v1/embeddings (module docstring)")
-    parser.add_argument("--gc", default="default,freeze",
-                        help="comma-separated settings from default, freeze, off")
+    parser.add_argument("--modes", default="default,freeze",
+                        help="comma-separated settings from default, freeze, off, loop "
+                        "(module docstring)")
     args = parser.parse_args()
-    modes = [m.strip() for m in args.gc.split(",") if m.strip()]
-    if set(modes) - {"default", "freeze", "off"}:
-        parser.error("--gc takes default, freeze and off")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if set(modes) - {"default", "freeze", "off", "loop"}:
+        parser.error("--modes takes default, freeze, off and loop")
+    if args.http and "loop" in modes:
+        parser.error("--http always goes through the loop: leave 'loop' out of --modes")
     from pooler.bench import corpus
     from pooler.model_folder import DEFAULT_MODEL
 
@@ -321,10 +325,14 @@ def main() -> int:
         for mode in order:
             if mode == "freeze":
                 gc.freeze()
+            elif mode == "loop":
+                engine.start_background_loop()
             block_texts = [texts[(block * per_block + i) % len(texts)] for i in range(per_block)]
             results[mode].extend(run_block(engine, trace, block_texts, mode))
             if mode == "freeze":
                 gc.unfreeze()
+            elif mode == "loop":
+                engine.shutdown()  # back to stepping in the caller's thread
     print(f"load average after {os.getloadavg()}")
     # What a full (gen-2) collection would add to the call it lands in, with the loaded
     # objects in the collector's generations and after gc.freeze().
