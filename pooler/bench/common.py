@@ -44,39 +44,11 @@ ENGINE_STEP_PATHS: list[dict[str, str]] = []
 
 
 def engine_step_paths(engine) -> dict[str, str]:
-    """Step-size label -> the path steps of that size take in `engine`, e.g. {"1-48 tokens":
-    "fp32 C layer stack (avx512)", "49+ tokens": "int8 layers (avx512-vnni)"}: the engine's
-    own Engine.step_paths() where it has one, else what the engine reports of its load-time
-    decisions (the int8 or fp32 choice, the fp32 C layer stack's reach)."""
+    """Range of step sizes -> the path those steps take in `engine` (Engine.step_paths(), e.g.
+    {"1-64 tokens": "int8 C stack (avx512-vnni)", "65+ tokens": "int8 layers (avx512-vnni)"});
+    empty for an engine without it (a copy of pooler from before it, in an A/B)."""
     own = getattr(engine, "step_paths", None)
-    if callable(own):
-        return dict(own())
-    runner = engine.core.model_runner
-    backbone = getattr(getattr(runner, "model", None), "backbone", None)
-    path = engine.precision_path
-    if backbone is None or engine.model_config.torch_device.type != "cpu":
-        return {"every step": path}
-    from pooler.kernels.bert_cpu import MAX_TOKENS, large_steps_eligible
-    from pooler.kernels.build import encoder_kernels
-
-    short, large = f"1-{MAX_TOKENS} tokens", f"{MAX_TOKENS + 1}+ tokens"
-    lib = encoder_kernels()
-    c_stack = f"fp32 C layer stack ({lib.variant})" if lib is not None else ""
-    if path.startswith("int8"):
-        from pooler.kernels.int8_cpu import int8_path
-        from pooler.worker.precision_check import short_steps_stay_fp32
-
-        int8_layers = f"int8 layers ({int8_path()})"
-        if c_stack and short_steps_stay_fp32(backbone):
-            return {short: c_stack, large: int8_layers}
-        return {"every step": int8_layers}
-    if not path.startswith("float32"):
-        return {"every step": path}  # bf16: its own GEMMs at every size
-    if not c_stack or not large_steps_eligible(backbone):
-        return {"every step": "fp32 torch layers (oneDNN)"}
-    stack = getattr(runner, "layer_stack_decision", None)
-    in_c = stack is not None and stack.large_steps_in_c
-    return {short: c_stack, large: c_stack if in_c else "fp32 torch layers (oneDNN)"}
+    return dict(own()) if callable(own) else {}
 
 
 def engine_precision_path(engine) -> str:

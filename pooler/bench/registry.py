@@ -62,7 +62,7 @@ class SideResult:
     # Why this library could not run in a side that times several libraries in one process.
     error: str | None = None
     # A pooler side's step-size label -> the path steps of that size take ("1-48 tokens":
-    # "fp32 C layer stack (avx512)", ...; common.engine_step_paths). Filled by side.py.
+    # "fp32 C stack (avx512)", ...: Engine.step_paths()). Filled by side.py.
     step_paths: dict[str, str] = field(default_factory=dict)
 
 

@@ -55,26 +55,18 @@ def test_step_paths_are_the_engines_own_where_it_has_them():
 
     assert engine_step_paths(WithStepPaths()) == {"1-64 tokens": "int8 C stack (avx2)",
                                                   "65+ tokens": "int8 layers (avx2)"}
+    assert engine_step_paths(object()) == {}  # an engine from before Engine.step_paths
 
 
-def test_step_paths_fall_back_to_the_load_time_decisions(tiny_bert):
-    from pooler.bench.common import engine_step_paths
-    from pooler.engine.llm import Engine
-    from pooler.kernels.bert_cpu import MAX_TOKENS
-    from pooler.kernels.build import encoder_kernels
-    from pooler.kernels.int8_cpu import int8_path
+def test_a_pooler_side_reports_the_engines_step_paths(tiny_bert):
+    """pooler_engine records each engine's step paths for side.py (ENGINE_STEP_PATHS)."""
+    from pooler.bench.common import ENGINE_STEP_PATHS, pooler_engine
+    from pooler.bench.registry import BenchOptions
 
-    fp32 = engine_step_paths(Engine(tiny_bert, num_threads=1))
-    lib = encoder_kernels()
-    if lib is None:
-        assert fp32 == {"every step": "fp32 torch layers (oneDNN)"}
-    else:
-        assert fp32[f"1-{MAX_TOKENS} tokens"] == f"fp32 C layer stack ({lib.variant})"
-        assert list(fp32) == [f"1-{MAX_TOKENS} tokens", f"{MAX_TOKENS + 1}+ tokens"]
-    # int8 kept without the load-time check: its large steps run the int8 layers
-    int8 = engine_step_paths(Engine(tiny_bert, num_threads=1, quantization="int8",
-                                    precision_check="off"))
-    assert list(int8.values())[-1] == f"int8 layers ({int8_path()})"
+    ENGINE_STEP_PATHS.clear()
+    engine = pooler_engine(tiny_bert, BenchOptions(model=tiny_bert, threads=1))
+    assert ENGINE_STEP_PATHS == [engine.step_paths()] and engine.step_paths()
+    assert all(isinstance(k, str) and v for k, v in engine.step_paths().items())
 
 
 @pytest.mark.slow
