@@ -352,8 +352,8 @@ def latency_lines(rows: list[Row]) -> list[str]:
         where = "within" if tail <= TAIL_TARGET else "above"
         line = f"{r.workload} / {r.side}: p99/p50 {tail:.2f} ({where} the {TAIL_TARGET}x target)"
         if r.step_paths:
-            line += "; steps " + ", ".join(f"{size} -> {path}"
-                                           for size, path in r.step_paths.items())
+            line += "; step paths: " + ", ".join(f"{size} -> {path}"
+                                                 for size, path in r.step_paths.items())
         lines.append(line)
     return lines
 

@@ -39,7 +39,7 @@ def test_latency_lines_give_the_tail_and_each_step_size_path():
             _row("ort fp32", 2.0, 6.0)]
     lines = latency_lines(rows)
     assert lines == [
-        "single_query / pooler int8: p99/p50 1.33 (within the 1.5x target); steps "
+        "single_query / pooler int8: p99/p50 1.33 (within the 1.5x target); step paths: "
         "1-64 tokens -> int8 C stack (avx512-vnni), 65+ tokens -> int8 layers (avx512-vnni)",
         "single_query / ort fp32: p99/p50 3.00 (above the 1.5x target)"]
     table = format_table(rows)
