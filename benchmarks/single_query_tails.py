@@ -16,9 +16,10 @@ explain.
 --modes lists the settings timed in alternating blocks of calls in one process (drift on a
 shared machine reaches them alike): "default" (the caller's thread steps the engine, Python's
 GC thresholds, nothing frozen), "loop" (the engine's background loop runs the steps and the
-caller waits on its future, the hand-off every server request makes), "freeze" (gc.freeze() after load: the loaded model's objects leave the collector's
-generations, so a full collection walks only what came after) and "off" (gc.disable() while
-timing; a bound, not an option). After the timed calls it prints what one full collection
+caller waits on its future, the hand-off every server request makes), "freeze" (gc.freeze()
+after load: the loaded model's objects leave the collector's generations, so a full
+collection walks only what came after) and "off" (gc.disable() while timing; a bound, not an
+option). After the timed calls it prints what one full collection
 costs with the loaded objects in the generations and after gc.freeze(): the stall a gen-2
 collection would add to the call it lands in.
 

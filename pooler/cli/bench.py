@@ -94,7 +94,8 @@ def run(args) -> int:
         raise ValueError("pooler bench runs the native runner with each workload's own task; "
                          "drop --runner/--task.")
     device = "cuda" if args.device == "cuda" else "cpu"
-    opts = BenchOptions(model=resolve_bench_model(args.model, tiny=args.quick), threads=args.threads or available_cpus(),
+    model = resolve_bench_model(args.model, tiny=args.quick)  # a shape name: built here once
+    opts = BenchOptions(model=model, threads=args.threads or available_cpus(),
                         quick=args.quick, device=device, dtype=args.dtype,
                         quantization=args.quantization,
                         max_num_batched_tokens=args.max_num_batched_tokens,
