@@ -8,7 +8,9 @@ Per call: wall time, and its parts by perf_counter (tokenize = the input process
 the backbone, pool = the pooler, rest = scheduling, bookkeeping and output conversion); the
 Python garbage collections that ran inside it (gc.callbacks: generation and milliseconds); the
 process's involuntary context switches (another process took a core: machine noise, not
-pooler) and minor page faults (fresh memory pages touched). A call is slow when it takes more
+pooler), minor page faults (fresh memory pages touched), the thread count its step ran with
+(pooler/worker/step_threads.py), the process's CPU time, and whether it was the first call at
+its token count. A call is slow when it takes more
 than 1.5x the p50 (issue 44's target is p99 within 1.5x of p50 on a quiet machine); the report
 says how many slow calls coincide with each cause, and the share of slow calls a cause can
 explain.
