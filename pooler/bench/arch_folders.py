@@ -89,17 +89,25 @@ def _build_mpnet(dest: Path, tiny: bool) -> None:
         _st_folder(Path(hf_dir), dest)
 
 
-def _build_bert(dest: Path, tiny: bool) -> None:
-    import torch
-    import transformers
+def bert_builder(**shape) -> Callable[[Path, bool], None]:
+    """A builder of a BertModel of this shape (hidden_size, num_hidden_layers, ...) as a
+    sentence-transformers folder (mean pooling + Normalize); pooler/bench/shape_models.py
+    names these shapes for `pooler bench --model`."""
+    def build(dest: Path, tiny: bool) -> None:
+        import torch
+        import transformers
 
-    torch.manual_seed(0)
-    config = transformers.BertConfig(**_sizes(
-        tiny, vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-        intermediate_size=3072, max_position_embeddings=512))
-    with tempfile.TemporaryDirectory() as hf_dir:
-        _save_hf(transformers.BertModel(config), Path(hf_dir))
-        _st_folder(Path(hf_dir), dest)
+        torch.manual_seed(0)
+        config = transformers.BertConfig(**_sizes(
+            tiny, vocab_size=VOCAB, max_position_embeddings=512, **shape))
+        with tempfile.TemporaryDirectory() as hf_dir:
+            _save_hf(transformers.BertModel(config), Path(hf_dir))
+            _st_folder(Path(hf_dir), dest)
+    return build
+
+
+_build_bert = bert_builder(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                           intermediate_size=3072)
 
 
 def _build_deberta_v3(dest: Path, tiny: bool) -> None:

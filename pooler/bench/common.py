@@ -33,11 +33,22 @@ def pooler_engine(model: str | Path, opts: BenchOptions, quantization: str | Non
                     max_num_batched_tokens=opts.max_num_batched_tokens,
                     max_num_seqs=opts.max_num_seqs, num_threads=opts.threads)
     ENGINE_PATHS.append(engine_precision_path(engine))
+    ENGINE_STEP_PATHS.append(engine_step_paths(engine))
     return engine
 
 
 # The precision path of every engine this (side) process built, for side.py to report.
 ENGINE_PATHS: list[str] = []
+# And what each step size takes in each of them (engine_step_paths), in the same order.
+ENGINE_STEP_PATHS: list[dict[str, str]] = []
+
+
+def engine_step_paths(engine) -> dict[str, str]:
+    """Range of step sizes -> the path those steps take in `engine` (Engine.step_paths(), e.g.
+    {"1-64 tokens": "int8 C stack (avx512-vnni)", "65+ tokens": "int8 layers (avx512-vnni)"});
+    empty for an engine without it (a copy of pooler from before it, in an A/B)."""
+    own = getattr(engine, "step_paths", None)
+    return dict(own()) if callable(own) else {}
 
 
 def engine_precision_path(engine) -> str:

@@ -61,6 +61,9 @@ class SideResult:
     rounds_per_s: list[float] = field(default_factory=list)
     # Why this library could not run in a side that times several libraries in one process.
     error: str | None = None
+    # A pooler side's step-size label -> the path steps of that size take ("1-48 tokens":
+    # "fp32 C stack (avx512)", ...: Engine.step_paths()). Filled by side.py.
+    step_paths: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

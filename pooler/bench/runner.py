@@ -46,6 +46,8 @@ class Row:
     seconds: float = 0.0         # the timed part's wall time (SideResult.seconds)
     # model_flops over the "model" phase alone, as a share of the GEMM ceiling
     model_ceiling_pct: float | None = None
+    p90_ms: float | None = None
+    step_paths: dict[str, str] = field(default_factory=dict)  # see SideResult
 
 
 @dataclass
@@ -138,6 +140,7 @@ def _rows(workload: Workload, results: list[SideResult], errors: dict[str, str],
         tokens_per_s = r.tokens / r.seconds if r.seconds else 0.0
         p50 = float(np.percentile(r.latencies_ms, 50)) if r.latencies_ms else None
         p99 = float(np.percentile(r.latencies_ms, 99)) if r.latencies_ms else None
+        p90 = float(np.percentile(r.latencies_ms, 90)) if r.latencies_ms else None
         ratio = None
         if base is not None and base.seconds:
             if workload.metric == "latency" and p50 and base.latencies_ms:
@@ -157,7 +160,8 @@ def _rows(workload: Workload, results: list[SideResult], errors: dict[str, str],
                         interleaved_vs_fp32=list(r.interleaved_vs_fp32),
                         phases_s=dict(r.phases_s), model_flops=r.model_flops,
                         rounds_per_s=list(r.rounds_per_s), seconds=r.seconds,
-                        model_ceiling_pct=model_pct))
+                        model_ceiling_pct=model_pct, p90_ms=p90,
+                        step_paths=dict(r.step_paths)))
     for side, error in errors.items():
         rows.append(Row(workload.name, side, "?", 0, 0, None, None, 0, 0, None, None, None, None,
                         error=error))
@@ -280,7 +284,8 @@ def contention_lines(report: BenchReport) -> list[str]:
 
 
 # ---- rendering ----------------------------------------------------------------------------
-_HEADERS = ["workload", "side", "texts/s", "tokens/s", "p50 ms", "p99 ms", "RSS MB loaded/peak",
+_HEADERS = ["workload", "side", "texts/s", "tokens/s", "p50 ms", "p90 ms", "p99 ms",
+            "RSS MB loaded/peak",
             "vs baseline", "% ceiling", "match min / mean", "note", "path"]
 
 
@@ -289,10 +294,11 @@ def _cells(row: Row) -> list[str]:
         return "" if x is None else format(x, fmt)
     if row.error:
         status = "SKIPPED" if row.skipped else "FAILED"
-        return [row.workload, row.side, status, "", "", "", "", "", "", "", row.error[:100], ""]
+        return [row.workload, row.side, status, "", "", "", "", "", "", "", "", row.error[:100],
+                ""]
     cos = "" if row.cos_min is None else f"{row.cos_min:.6f} / {row.cos_mean:.6f}"
     return [row.workload, row.side, f(row.texts_per_s, ".1f"), f(row.tokens_per_s, ".0f"),
-            f(row.p50_ms, ".2f"), f(row.p99_ms, ".2f"),
+            f(row.p50_ms, ".2f"), f(row.p90_ms, ".2f"), f(row.p99_ms, ".2f"),
             f"{row.loaded_rss_mb:.0f} / {row.peak_rss_mb:.0f}",
             "" if row.ratio is None else f"{row.ratio:.2f}x", f(row.ceiling_pct, ".0f"),
             cos, row.note, row.path]
@@ -328,6 +334,27 @@ def summary_lines(report: BenchReport) -> list[str]:
     lines.append("vs baseline: texts/s ratio for throughput workloads, p50 ratio for latency "
                  "workloads (lower is faster); match: cosine of each output vs the baseline's "
                  "(NER: F1 of each text's entity set)")
+    return lines
+
+
+# Issue 44's target for one query on a quiet machine: p99 within this factor of p50.
+TAIL_TARGET = 1.5
+
+
+def latency_lines(rows: list[Row]) -> list[str]:
+    """Per side of a latency workload: the tail (p99 / p50, against TAIL_TARGET), and for
+    pooler sides the path each step size takes (SideResult.step_paths)."""
+    lines = []
+    for r in rows:
+        if r.error or r.p50_ms is None or not r.p99_ms:
+            continue
+        tail = r.p99_ms / r.p50_ms
+        where = "within" if tail <= TAIL_TARGET else "above"
+        line = f"{r.workload} / {r.side}: p99/p50 {tail:.2f} ({where} the {TAIL_TARGET}x target)"
+        if r.step_paths:
+            line += "; step paths: " + ", ".join(f"{size} -> {path}"
+                                                 for size, path in r.step_paths.items())
+        lines.append(line)
     return lines
 
 

@@ -33,6 +33,10 @@ def main(argv: list[str]) -> int:
         if result.role == "pooler" and not result.precision_path:
             from pooler.bench.common import ENGINE_PATHS
             result.precision_path = "; ".join(dict.fromkeys(ENGINE_PATHS))
+        if result.role == "pooler" and not result.step_paths:
+            from pooler.bench.common import ENGINE_STEP_PATHS
+            # the last engine built: a side with two (interleaved) sets its own
+            result.step_paths = ENGINE_STEP_PATHS[-1] if ENGINE_STEP_PATHS else {}
     with open(result_path, "w") as f:
         # a list when the side timed several libraries in one process
         json.dump([asdict(r) for r in results] if isinstance(out, list) else asdict(out), f)

@@ -17,6 +17,12 @@ def add_parser(sub) -> None:
         "--dtype bfloat16 on the CPU a bf16 pooler side runs beside pooler fp32 (the peers stay "
         "fp32).")
     add_engine_args(p)
+    from pooler.bench.shape_models import shape_names_line
+
+    for action in p._actions:  # the bench's --model also takes a shape name
+        if action.dest == "model":
+            action.help += (f"; or a model shape the bench builds with seeded weights "
+                            f"({shape_names_line()}; see --list), e.g. --model bert-base")
     p.add_argument("--workload", default="embed,single_query",
                    help="comma-separated workload names, or 'all' (see --list)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
@@ -39,9 +45,10 @@ def add_parser(sub) -> None:
                         "(quiet and loaded runs interleaved in this one invocation, pooler and "
                         "its peer under the same load)")
     p.add_argument("--interleaved-rounds", type=int, default=None, metavar="N",
-                   help="embed with --quantization int8 or --dtype bfloat16 (CPU): also time "
-                   "that variant against pooler fp32 in one process, N alternating rounds "
-                   "(default 3, 1 with --quick; 0: skip), for a ratio that drift between "
+                   help="embed and single_query with --quantization int8 or --dtype bfloat16 "
+                   "(CPU): also time that variant against pooler fp32 in one process, N "
+                   "alternating rounds (default 3, 1 with --quick; 0: skip), for a ratio that "
+                   "drift between "
                    "sides run one after another cannot skew; image_embed: its rounds of "
                    "pooler, transformers and sentence-transformers (default 3)")
     p.add_argument("--json", default=None, help="also write the raw results to this file")
@@ -54,15 +61,20 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from pooler.bench.peers import bench_install_command, check_chart_support, missing_peers
     from pooler.bench.registry import BenchOptions, load_workloads
-    from pooler.bench.runner import (contention_lines, format_table, pooler_ratio_lines,
-                                     report_to_dict, run_benchmarks, summary_lines,
-                                     write_chart)
+    from pooler.bench.runner import (contention_lines, format_table, latency_lines,
+                                     pooler_ratio_lines, report_to_dict, run_benchmarks,
+                                     summary_lines, write_chart)
+    from pooler.bench.shape_models import SHAPE_MODELS, resolve_bench_model
     from pooler.cpu_threads import available_cpus
 
     workloads = load_workloads()
     if args.list:
         for name, w in sorted(workloads.items()):
             print(f"{name:14s} {w.description}")
+        print("\nmodel shapes for --model (seeded weights, built once under the bench cache; "
+              "--quick builds a tiny variant):")
+        for name, shape in SHAPE_MODELS.items():
+            print(f"{name:14s} {shape.description}")
         return 0
     names = sorted(workloads) if args.workload == "all" else \
         [n.strip() for n in args.workload.split(",") if n.strip()]
@@ -82,7 +94,8 @@ def run(args) -> int:
         raise ValueError("pooler bench runs the native runner with each workload's own task; "
                          "drop --runner/--task.")
     device = "cuda" if args.device == "cuda" else "cpu"
-    opts = BenchOptions(model=args.model, threads=args.threads or available_cpus(),
+    model = resolve_bench_model(args.model, tiny=args.quick)  # a shape name: built here once
+    opts = BenchOptions(model=model, threads=args.threads or available_cpus(),
                         quick=args.quick, device=device, dtype=args.dtype,
                         quantization=args.quantization,
                         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -101,6 +114,7 @@ def run(args) -> int:
         out.append(f"run {i} of {len(report.runs)} ({bench_run.label}):")
         out.append(format_table(bench_run.rows))
         out.extend(pooler_ratio_lines(bench_run.rows))
+        out.extend(latency_lines(bench_run.rows))
     missing = missing_peers()
     if missing and any(row.skipped for r in report.runs for row in r.rows):
         out.extend(["", f"skipped: the sides that need {', '.join(missing)} (not installed); "
@@ -113,7 +127,7 @@ def run(args) -> int:
             for i, bench_run in enumerate(report.runs, 1):
                 f.write(f"\nRun {i} of {len(report.runs)} ({bench_run.label}):\n\n"
                         f"{format_table(bench_run.rows, markdown=True)}\n")
-                ratios = pooler_ratio_lines(bench_run.rows)
+                ratios = pooler_ratio_lines(bench_run.rows) + latency_lines(bench_run.rows)
                 if ratios:
                     f.write("\n" + "\n".join(f"- {line}" for line in ratios) + "\n")
     if args.json:

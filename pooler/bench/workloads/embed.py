@@ -153,6 +153,69 @@ def _pooler_latency(quantization: str | None, side: str):
     return run
 
 
+def _pooler_latency_interleaved(quantization: str | None, dtype: str, side: str):
+    """The precision variant (int8, or bf16 on the CPU) and pooler fp32 in one process, each
+    embedding the queries one call at a time, in alternating rounds (fp32 first in even
+    rounds): drift on a shared machine reaches both alike. A round is a whole pass over the
+    queries on one engine, so each engine runs with its own weights warm in the caches, as a
+    server of one model does. Each round gives fp32 p50 / variant p50 (above 1: the variant
+    answers faster); the side's latencies are the variant's, over every round."""
+    from dataclasses import replace
+
+    from pooler.bench.common import engine_step_paths
+
+    def run(opts: BenchOptions) -> SideResult:
+        texts = query_texts(opts)
+        engines = {"fp32": _engine(replace(opts, dtype="float32"), None),
+                   "variant": _engine(replace(opts, dtype=dtype), quantization)}
+        for engine in engines.values():
+            for text in texts[:10]:
+                engine.embed(text)
+        loaded = rss_mb()
+        latencies: dict[str, list[list[float]]] = {"fp32": [], "variant": []}
+        seconds, outputs = 0.0, None
+        for index in range(max(1, interleaved_rounds(opts))):
+            for name in (("fp32", "variant") if index % 2 == 0 else ("variant", "fp32")):
+                engine = engines[name]
+                start = time.perf_counter()
+                times, out = one_at_a_time(lambda t: engine.embed(t)[0].embedding, texts)
+                if name == "variant":
+                    seconds += time.perf_counter() - start
+                    outputs = out
+                latencies[name].append(times)
+        ratios = [float(np.percentile(f, 50) / np.percentile(v, 50))
+                  for f, v in zip(latencies["fp32"], latencies["variant"])]
+        fp32_all = [x for times in latencies["fp32"] for x in times]
+        fp32_p50, fp32_p99 = np.percentile(fp32_all, [50, 99])
+        rounds = len(ratios)
+        return SideResult(side, "pooler", len(texts) * rounds,
+                          sum(_token_lens(opts, texts)) * rounds, seconds,
+                          [x for times in latencies["variant"] for x in times],
+                          loaded_rss_mb=loaded, interleaved_vs_fp32=ratios,
+                          step_paths=engine_step_paths(engines["variant"]),
+                          note=f"{rounds} round{'s' * (rounds != 1)} alternating with pooler "
+                               f"fp32 in one process (fp32 p50 {fp32_p50:.2f}, p99 "
+                               f"{fp32_p99:.2f} ms there)",
+                          outputs_file=save_array(opts, f"single_query-{_slug(side)}",
+                                                  np.stack(outputs)))
+    return run
+
+
+def _latency_interleaved_sides(opts: BenchOptions) -> list[Side]:
+    """With --quantization int8, or --dtype bfloat16 on the CPU: the variant's single queries
+    timed against pooler fp32's in one process (see _pooler_latency_interleaved)."""
+    if not interleaved_rounds(opts):
+        return []
+    sides = []
+    if opts.dtype == "bfloat16" and opts.device == "cpu":
+        sides.append(Side("pooler bf16 interleaved", "pooler", _pooler_latency_interleaved(
+            None, "bfloat16", "pooler bf16 interleaved")))
+    if opts.quantization == "int8":
+        sides.append(Side("pooler int8 interleaved", "pooler", _pooler_latency_interleaved(
+            "int8", "float32", "pooler int8 interleaved")))
+    return sides
+
+
 # ---- sentence-transformers ----------------------------------------------------------------
 def _sentence_transformer(opts: BenchOptions):
     from sentence_transformers import SentenceTransformer
@@ -304,7 +367,7 @@ def _embed_sides(opts: BenchOptions) -> list[Side]:
 
 
 def _latency_sides(opts: BenchOptions) -> list[Side]:
-    return pooler_sides(opts, _pooler_latency) + [
+    return pooler_sides(opts, _pooler_latency) + _latency_interleaved_sides(opts) + [
         Side("sentence-transformers", "peer", _st_latency),
     ] + _onnx_sides(opts, _onnx_latency)
 
@@ -319,5 +382,6 @@ register(Workload(
 register(Workload(
     name="single_query",
     description="embed short queries one call at a time vs sentence-transformers encode, "
-                "ONNX Runtime (fp32, int8) and fastembed",
+                "ONNX Runtime (fp32, int8) and fastembed: p50, p90, p99, and the path each "
+                "step size takes in pooler",
     metric="latency", sides=_latency_sides, baseline="sentence-transformers"))
