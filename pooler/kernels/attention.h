@@ -18,6 +18,12 @@
  * QB x (QB + 2w) scores instead of QB x len, the scratch QB x (QB + 2w) floats whatever the
  * length: a local layer at 8k tokens does O(len w) work in O(block) memory.
  *
+ * Decoder-style masks and grouped k/v heads (packed_masked_attention_f32): `causal` keeps the
+ * keys j <= i (with half_window, Mistral's and Gemma3's causal sliding window i - w <= j <= i),
+ * the band's right edge then 0, so a block scores keys q0 - w .. q0 + QB - 1; `kv_heads` < heads
+ * (GQA: Gemma3, Qwen3, Llama) reads query head h's keys and values from head h / (heads /
+ * kv_heads) of the k/v rows, never copying or repeating them.
+ *
  * Every output element is computed by one thread in a fixed order: results do not depend on
  * the thread count or the schedule. */
 #ifndef POOLER_ATTENTION_H
@@ -42,6 +48,8 @@ struct attention_args {
     float scale;
     const int *task_starts;   /* seqs + 1: first work unit of each sequence (attention_tasks) */
     int half_window;          /* local attention: keys with |i - j| <= half_window; < 0: all */
+    int kv_heads;             /* k/v heads (GQA: fewer than heads, dividing them); 0: heads */
+    int causal;               /* nonzero: keys j <= i only */
 };
 
 #if VW == 16
@@ -130,13 +138,22 @@ static int attention_key_span(int max_len, int half_window) {
     return QB + 2 * half_window;
 }
 
-/* lanes (queries q0 + lane, lane from `first`) whose band |i - key| <= w holds `key`: -1 */
-static inline vi band_lanes(int q0, int first, int key, int w) {
+/* lanes (queries q0 + lane, lane from `first`) whose band -right <= i - key <= left holds
+ * `key`: -1 */
+static inline vi band_lanes_lr(int q0, int first, int key, int left, int right) {
     vi lane;
     for (int l = 0; l < VW; l++) lane[l] = l;
     vi off = lane + (q0 + first - key); /* query - key */
-    return (off <= w) & (off >= -w);
+    return (off <= left) & (off >= -right);
 }
+
+/* the symmetric band |i - key| <= w (attention_bf16.c's local attention) */
+static inline vi band_lanes(int q0, int first, int key, int w) {
+    return band_lanes_lr(q0, first, key, w, w);
+}
+
+/* a band edge that no sequence reaches (no window on that side) */
+#define NO_EDGE (1 << 29)
 
 static int attention_blocks(int len) { return (len + QB - 1) / QB; }
 
@@ -194,12 +211,17 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
     int q0 = block * QB, nq = len - q0 < QB ? len - q0 : QB;
     float *qt = work, *inv = qt + (size_t)d * QB, *st = inv + QB;
     const float *q = a->q + (size_t)(first + q0) * a->ldq + hd * d;
-    const float *k = a->k + (size_t)first * a->ldk + hd * d;
-    const float *v = a->v + (size_t)first * a->ldv + hd * d;
+    int kvh = a->kv_heads > 0 ? hd / (a->heads / a->kv_heads) : hd; /* GQA: the shared head */
+    const float *k = a->k + (size_t)first * a->ldk + kvh * d;
+    const float *v = a->v + (size_t)first * a->ldv + kvh * d;
+    /* query i sees keys i - left .. i + right (NO_EDGE: that side unbounded) */
     int w = a->half_window, lo = 0; /* keys lo .. lo + nk - 1 are scored */
-    if (w >= 0) {
-        lo = q0 - w > 0 ? q0 - w : 0;
-        int hi = q0 + nq + w < nk ? q0 + nq + w : nk; /* one past the last query's last key */
+    int left = w >= 0 ? w : NO_EDGE, right = a->causal ? 0 : left;
+    int banded = w >= 0 || a->causal;
+    if (banded) {
+        lo = q0 - left > 0 ? q0 - left : 0;
+        /* one past the last query's last key */
+        int hi = (long)q0 + nq + right < nk ? q0 + nq + right : nk;
         nk = hi - lo;
         k += (size_t)lo * a->ldk;
         v += (size_t)lo * a->ldv;
@@ -227,18 +249,19 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
         for (int i = 0; i < nq; i++)
             for (int j = 0; j < nk; j++) st[(size_t)j * QB + i] += b[(size_t)i * len + j];
     }
-    /* With a band, keys lo + j outside some query's band (those before q0 + QB - 1 - w or
-     * after q0 + w) are -inf for those queries, and their exponentials exactly 0. */
-    int edge_lo = w < 0 ? -1 : q0 + QB - 1 - w - lo, edge_hi = w < 0 ? nk : q0 + w - lo;
+    /* With a band, keys lo + j outside some query's band (those before q0 + QB - 1 - left or
+     * after q0 + right) are -inf for those queries, and their exponentials exactly 0. */
+    int edge_lo = !banded || left == NO_EDGE ? -1 : q0 + QB - 1 - left - lo;
+    int edge_hi = !banded || right == NO_EDGE ? nk : q0 + right - lo;
     const vf ninf = vsplat(-INFINITY), zero = vsplat(0.f);
     /* softmax over the keys, QB queries at a time; the 1/sum is applied after P@V */
     vf mx0 = ninf, mx1 = mx0, sum0 = zero, sum1 = sum0;
     for (int j = 0; j < nk; j++) {
         float *sj = st + (size_t)j * QB;
         if (j < edge_lo || j > edge_hi) {
-            *(vf *)sj = vselect(band_lanes(q0, 0, lo + j, w), *(const vf *)sj, ninf);
-            *(vf *)(sj + VW) = vselect(band_lanes(q0, VW, lo + j, w), *(const vf *)(sj + VW),
-                                       ninf);
+            *(vf *)sj = vselect(band_lanes_lr(q0, 0, lo + j, left, right), *(const vf *)sj, ninf);
+            *(vf *)(sj + VW) = vselect(band_lanes_lr(q0, VW, lo + j, left, right),
+                                       *(const vf *)(sj + VW), ninf);
         }
         mx0 = vmax(*(const vf *)sj, mx0);
         mx1 = vmax(*(const vf *)(sj + VW), mx1);
@@ -247,8 +270,8 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
         float *sj = st + (size_t)j * QB;
         vf e0 = vexp(*(const vf *)sj - mx0), e1 = vexp(*(const vf *)(sj + VW) - mx1);
         if (j < edge_lo || j > edge_hi) {
-            e0 = vselect(band_lanes(q0, 0, lo + j, w), e0, zero);
-            e1 = vselect(band_lanes(q0, VW, lo + j, w), e1, zero);
+            e0 = vselect(band_lanes_lr(q0, 0, lo + j, left, right), e0, zero);
+            e1 = vselect(band_lanes_lr(q0, VW, lo + j, left, right), e1, zero);
         }
         *(vf *)sj = e0;
         *(vf *)(sj + VW) = e1;

@@ -13,9 +13,13 @@ region on torch's thread pool.
 Taken by packed_attention when all of these hold, else its torch paths run:
 - the kernels are built here (pooler/kernels/build.py: Linux x86-64 with AVX-512 or AVX2, a C
   compiler, `POOLER_CPU_KERNELS` not 0) and `ENABLED` is true;
-- fp32 or bf16 q/k/v on the CPU, as many k/v heads as q heads, head size a multiple of the
-  build's vector (16 floats on AVX-512, 8 on AVX2), each head's dims contiguous, no autograd;
-- bidirectional (no causal mask); an unattended suffix (ColBERT), an additive fp32 score bias
+- fp32 or bf16 q/k/v on the CPU, head size a multiple of the build's vector (16 floats on
+  AVX-512, 8 on AVX2), each head's dims contiguous, no autograd;
+- decoder-style attention (a causal mask, alone or with a sliding window: Qwen3, Mistral,
+  Gemma3's causal layers; k/v with fewer heads than q, GQA: Gemma3/EmbeddingGemma, Qwen3, Llama,
+  when causal or windowed) runs the fp32 kernel's masked entry point (attention.h; bf16 q/k/v
+  widened, no score bias); bidirectional global GQA keeps torch's SDPA (faster there);
+- otherwise bidirectional: an unattended suffix (ColBERT), an additive fp32 score bias
   per length (MPNet) and local attention (`half_window`: ModernBERT's local layers, query i
   seeing keys |i - j| <= half_window) are handled. Local attention scores only each query
   block's band of keys (attention.h): O(L w) work and O(block (block + 2w)) scratch in the fp32
@@ -138,6 +142,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
                      position_bias: dict[int, torch.Tensor] | None = None,  # L -> [heads, L, L]
                      bf16_products: bool = False,
                      half_window: int | None = None,
+                     causal: bool = False,
                      ) -> torch.Tensor | None:  # [num_tokens, heads, head_dim]
     """softmax(q k^T * scale + bias) v within each packed sequence, or None when this call
     does not qualify (see the module docstring). num_unattended must already be checked to
@@ -145,15 +150,30 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     kernel too (an int8 engine, whose error is far above bf16's; its q/k/v may also come in
     bf16 from the int8 QKV layer), and the result is fp32 (what int8 layers quantize from);
     without it bf16 q/k/v (the bf16 engine) give a bf16 result. `half_window`: local attention
-    (keys |i - j| <= half_window), only the band scored."""
+    (keys |i - j| <= half_window), only the band scored. `causal` (keys j <= i; with
+    half_window, i - half_window <= j <= i) and k/v with fewer heads than q (GQA, a divisor of
+    them) take the fp32 kernel's decoder entry point (bf16 q/k/v widened, no score bias)."""
     if not (ENABLED and q.device.type == "cpu" and q.dtype in _DTYPES
-            and k.dtype == v.dtype == q.dtype and q.dim() == 3 and k.shape == q.shape == v.shape):
+            and k.dtype == v.dtype == q.dtype and q.dim() == 3 and k.dim() == 3
+            and k.shape == v.shape and k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2]
+            and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0):
         return None
     num_tokens, heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    decoder = causal or kv_heads != heads  # the masked entry point (attention.h)
+    if decoder and (position_bias is not None or not causal and half_window is None):
+        # bidirectional global GQA (EmbeddingGemma's global layers, 3 q heads x 256 per k/v
+        # head) stays on torch's SDPA: the kernel measured 0.66-0.77x its speed at 512-2,048
+        # tokens and 1.04x at 8k, where causal GQA ran 1.19-1.86x and a 256-key window
+        # 1.03-2.5x faster on the kernel (interleaved, shared Xeon, docs/dev/journal.md)
+        return None
     lib = encoder_kernels()
     if lib is None or head_dim % lib.vector_floats or num_tokens == 0:
         return None
-    strides = [_row_stride(t, heads, head_dim) for t in (q, k, v)]
+    if decoder and not hasattr(lib, "packed_masked_attention_f32"):
+        return None  # an older build (benchmarks load git revisions' builds)
+    strides = [_row_stride(t, n, head_dim) for t, n in ((q, heads), (k, kv_heads),
+                                                         (v, kv_heads))]
     if None in strides:
         return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -161,9 +181,14 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     dtype = q.dtype
     if half_window is not None and half_window < 0:
         raise ValueError(f"half_window must be >= 0, got {half_window}.")
-    lib16 = _bf16_kernel_for(head_dim) if dtype == torch.bfloat16 or bf16_products else None
+    lib16 = _bf16_kernel_for(head_dim) if (dtype == torch.bfloat16 or bf16_products) \
+        and not decoder else None
     if lib16 is None and dtype != torch.float32:  # bf16 without the bf16 kernel: fp32 inside
-        q, k, v, strides = _widened(q, k, v, strides)
+        if decoder:
+            q, k, v = (t.float().contiguous() for t in (q, k, v))
+            strides = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+        else:
+            q, k, v, strides = _widened(q, k, v, strides)
     count = len(seq_lens)
     if not (cu_seqlens.dtype == torch.int32 and cu_seqlens.is_cpu
             and cu_seqlens.is_contiguous() and cu_seqlens.numel() == count + 1):
@@ -198,6 +223,15 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
             lib16.packed_local_attention_bf16(*args, window, max_len, work.data_ptr(), threads)
         return out
     out = torch.empty(num_tokens, heads, head_dim)
+    if decoder:
+        masked = _masked_entry_point(lib)
+        work = torch.empty(masked.local_attention_scratch_floats(max_len, head_dim, window,
+                                                                 threads))
+        masked.packed_masked_attention_f32(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides, out.data_ptr(), heads,
+            kv_heads, head_dim, count, cu_seqlens.data_ptr(), keys, scale, int(causal), window,
+            max_len, work.data_ptr(), threads)
+        return out if dtype == torch.float32 else out.to(dtype)
     args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides, out.data_ptr(), heads, head_dim,
             count, cu_seqlens.data_ptr(), keys, bias, scale]
     if half_window is None:  # the entry point older builds have too (as above)
@@ -209,6 +243,18 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
                                                                 threads))
         local.packed_local_attention_f32(*args, window, max_len, work.data_ptr(), threads)
     return out if dtype == torch.float32 else out.to(dtype)
+
+
+def _masked_entry_point(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """lib with packed_masked_attention_f32's argument types set (once)."""
+    _local_entry_points(lib)
+    if not getattr(lib, "masked_typed", False):
+        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
+        lib.packed_masked_attention_f32.argtypes = [P, P, P, I, I, I, P, I, I, I, I, P, P,
+                                                    ctypes.c_float, I, I, I, P, I]
+        lib.packed_masked_attention_f32.restype = None
+        lib.masked_typed = True
+    return lib
 
 
 def _local_entry_points(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -191,6 +191,28 @@ void packed_local_attention_f32(const float *q, const float *k, const float *v, 
     free(task_starts);
 }
 
+/* Decoder-style attention (pooler/kernels/attention_cpu.py): as packed_local_attention_f32,
+ * with k/v rows of kv_heads heads (GQA; kv_heads divides heads) and, when causal is nonzero,
+ * only the keys j <= i (with half_window >= 0: i - half_window <= j <= i). work:
+ * local_attention_scratch_floats(max_len, d, half_window, threads) floats (a causal block
+ * scores at most as many keys as a symmetric band's). */
+void packed_masked_attention_f32(const float *q, const float *k, const float *v, int ldq,
+                                 int ldk, int ldv, float *out, int heads, int kv_heads, int d,
+                                 int seqs, const int *starts, const int *keys, float scale,
+                                 int causal, int half_window, int max_len, float *work,
+                                 int threads) {
+    int *task_starts = malloc(sizeof(int) * (seqs + 1));
+    if (!task_starts) return;
+    attention_tasks(seqs, starts, heads, task_starts);
+    struct attention_args a = {q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, NULL,
+                               scale, task_starts, half_window < 0 ? -1 : half_window,
+                               kv_heads, causal};
+    long per_thread = attention_work_floats(attention_key_span(max_len, a.half_window), d);
+#pragma omp parallel num_threads(threads)
+    attention(&a, work, per_thread);
+    free(task_starts);
+}
+
 /* The entry points before local attention (every key), kept for benchmarks that call older
  * builds alike (benchmarks/interleaved.py). */
 long attention_scratch_floats(int max_len, int d, int threads) {

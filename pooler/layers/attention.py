@@ -1,14 +1,16 @@
 """Attention over packed sequences: never computes a padded position.
 
-CPU, bidirectional without GQA, fp32 or bf16 q/k/v, head size a multiple of 16 (8 on AVX2):
-one C call over all the step's sequences (pooler/kernels/attention_cpu.py: fp32, or bf16 dot
-products for bf16 q/k/v and, with `bf16_products`, for an int8 engine's), bias, unattended
-keys and local attention (`half_window`: only each query block's band of keys is scored)
-included. On the long mix's steps it takes 1.5-1.9x less CPU time than the torch paths below
-(5-8x less wall time at 2 threads on a loaded machine, where their many small parallel ops wait
-on each other); whole MiniLM jobs 6-15% faster in fp32 and bf16 (docs/dev/journal.md,
-"Attention in one C call"). Where it does not apply (causal masks, GQA, other head sizes, no
-compiler, `POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length share one call.
+CPU, fp32 or bf16 q/k/v, head size a multiple of 16 (8 on AVX2): one C call over all the step's
+sequences (pooler/kernels/attention_cpu.py: fp32, or bf16 dot products for bf16 q/k/v and, with
+`bf16_products`, for an int8 engine's), bias, unattended keys and local attention
+(`half_window`: only each query block's band of keys is scored) included; causal masks, causal
+sliding windows and windowed or causal GQA (decoder embedders) on the fp32 kernel. On the long
+mix's steps it takes 1.5-1.9x less CPU time than the torch paths below (5-8x less wall time at
+2 threads on a loaded machine, where their many small parallel ops wait on each other); whole
+MiniLM jobs 6-15% faster in fp32 and bf16 (docs/dev/journal.md, "Attention in one C call").
+Where it does not apply (other head sizes, bidirectional global GQA, a score bias with GQA or a
+causal mask, no compiler, `POOLER_CPU_KERNELS=0`), the torch paths: sequences of equal length
+share one call.
 Long sequences there (pooler/layers/attention_long.py) never build an [L, L] mask or score
 matrix: local attention runs in blocks of queries over their band's keys, global attention in
 chunks of queries. In fp32, sequences up to _MATH_MAX_LEN tokens run as two batched matmuls and
@@ -153,10 +155,11 @@ def packed_attention(
             if unattended >= length:
                 raise ValueError(f"num_unattended must leave at least one attended token: got "
                                  f"{unattended} for a sequence of {length}.")
-    if q.device.type == "cpu" and not causal and not enable_gqa:
+    if q.device.type == "cpu":
         out = attention_on_cpu(q, k, v, seq_lens, cu_seqlens,
                                scale if scale is not None else q.shape[-1] ** -0.5,
-                               num_unattended, position_bias, bf16_products, half_window)
+                               num_unattended, position_bias, bf16_products, half_window,
+                               causal)
         if out is not None:
             return out
     if (_varlen_attn is not None and q.is_cuda

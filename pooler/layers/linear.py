@@ -103,7 +103,7 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
         y = _with_lora(layer, x, packed)
         if act is None:
             return y
-        return act(y) if postop is None else _act_in_place(y, act, postop)
+        return act(y) if postop is None else act_in_place(y, act, postop)
     if packed is None:
         # int8 layers: the activation in their C epilogue
         fused = getattr(layer, "fused_forward", None)
@@ -135,7 +135,7 @@ def _with_lora(layer: nn.Module, x: torch.Tensor, packed: torch.Tensor | None) -
     return layer(x.float() if x.dtype == torch.bfloat16 else x)
 
 
-def _act_in_place(y: torch.Tensor, act, postop: tuple[str, str]) -> torch.Tensor:
+def act_in_place(y: torch.Tensor, act, postop: tuple[str, str]) -> torch.Tensor:
     """act(y), in y's own memory when the fused post-op names it: no second [tokens, inter]
     buffer to allocate and fault in."""
     if postop[0] == "gelu":

@@ -41,14 +41,15 @@ from torch import nn
 
 from pooler.kernels.int8_cpu import WEIGHT_LEVELS, int8_kernels, int8_path, load_build
 
-# Linear-layer name suffixes left in fp32 without smoothing (no calibration inputs).
-DEFAULT_KEEP_FP32: tuple[str, ...] = ("qkv_proj",)
+# Linear-layer name suffixes left in fp32 without smoothing (no calibration inputs): the fused
+# QKV projections (BERT-style and rotary encoders' qkv_proj, ModernBERT's Wqkv).
+DEFAULT_KEEP_FP32: tuple[str, ...] = ("qkv_proj", "Wqkv")
 # ... and with smoothing, per int8 path: what the bench corpus measured (min cosine to fp32 over
 # 2,000 texts: VNNI all int8 0.99848; AVX2 QKV fp32 0.99789, QKV int8 0.99701 with the default
 # outlier ratio and 0.99776 with OUTLIER_RATIOS' 10 for QKV, 0.99747 after the rational erf in
 # vector_math.h moved the worst text; the torch path was not measured with QKV int8).
 SMOOTHED_KEEP_FP32: dict[str, tuple[str, ...]] = {"avx512-vnni": (), "avx2": (),
-                                                  "torch": ("qkv_proj",)}
+                                                  "torch": DEFAULT_KEEP_FP32}
 # Per int8 path, linear-name suffix -> outlier ratio where it is not Int8Linear's 20: the AVX2
 # build's 7-bit codes lose more on QKV's post-LayerNorm inputs, and a second pass for tokens
 # over 10x their rms (3% of MiniLM's QKV rows, 0% at 20) won back most of what QKV in int8 cost
@@ -57,7 +58,7 @@ SMOOTHED_KEEP_FP32: dict[str, tuple[str, ...]] = {"avx512-vnni": (), "avx2": (),
 # interleaved rounds, faster in each: docs/dev/journal.md). Lower ratios bought nothing more
 # (6: 0.99735, 4: 0.99774), and 10 on the FFN-down input would send 38% of its rows through
 # twice.
-OUTLIER_RATIOS: dict[str, dict[str, float]] = {"avx2": {"qkv_proj": 10.0}}
+OUTLIER_RATIOS: dict[str, dict[str, float]] = {"avx2": {"qkv_proj": 10.0, "Wqkv": 10.0}}
 # SmoothQuant's migration strength: 0.5 splits each outlier channel's range evenly between
 # activations and weights (0.35 and 0.65 measured worse on the AVX2 build).
 SMOOTHING_ALPHA = 0.5

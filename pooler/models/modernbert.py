@@ -14,8 +14,10 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from pooler.kernels.attention_cpu import bf16_kernel_takes
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
+from pooler.layers.linear import act_in_place, linear_act, linear_add, onednn_postop
 from pooler.layers.rotary import apply_rotary_fp32, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_named_weights
@@ -97,7 +99,25 @@ class ModernBertEmbeddings(nn.Module):
         return self.norm(self.tok_embeddings(input_ids) if inputs_embeds is None else inputs_embeds)
 
 
+def _project(layer: nn.Module, x: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
+    """layer(x). bf16 and int8 layers through linear_act (keep_bf16: a bf16 result where the
+    caller takes one); a plain fp32 nn.Linear through its own forward (MKL on the weight as
+    loaded): linear_act's oneDNN path would keep a packed copy of every weight, ~440 MB more
+    peak RSS for ModernBERT-base (measured +37-47 MB for 3 of its 22 layers at 2k-8k tokens)
+    for a few percent of a long document's time, which attention dominates."""
+    return layer(x) if type(layer) is nn.Linear else linear_act(layer, x, keep_bf16=keep_bf16)
+
+
+def _project_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """layer(x) + residual (an int8 layer adds it in its C epilogue: linear_add)."""
+    return residual + layer(x) if type(layer) is nn.Linear else linear_add(layer, x, residual)
+
+
 class ModernBertAttention(nn.Module):
+    # attention may round fp32 q/k/v to bf16 for its products (pooler/kernels/attention_bf16.c,
+    # where the CPU has AVX512_BF16): int8 engines set it (apply_quantization), as for BERT
+    attention_bf16_products = False
+
     def __init__(self, cfg: ModernBertConfig, local: bool):
         super().__init__()
         self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
@@ -105,17 +125,27 @@ class ModernBertAttention(nn.Module):
         self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)
         self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
 
+    def attend(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+               inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden], before Wo
+        # bf16 and int8 linears: q/k/v leave the projection in bf16 where the bf16 attention
+        # kernel takes them (rotated in fp32, rounded back), so a long document's attention,
+        # 60% of a ModernBERT-base layer at 8k tokens, runs VDPBF16PS products instead of fp32
+        # ones (docs/models/precision.md, "Long documents"). An fp32 engine is unaffected.
+        qkv = _project(self.Wqkv, x, keep_bf16=not self.attention_bf16_products
+                       or bf16_kernel_takes(self.head_dim))
+        qkv = qkv.view(x.shape[0], 3, self.num_heads, self.head_dim)
+        cos, sin = rotary
+        qk = apply_rotary_fp32(qkv[:, :2], cos, sin)  # [num_tokens, 2, heads, head_dim]
+        attn = packed_attention(qk[:, 0], qk[:, 1], qkv[:, 2], inputs.seq_lens,
+                                inputs.cu_seqlens, inputs.max_seqlen,
+                                half_window=self.half_window, scale=self.head_dim ** -0.5,
+                                num_unattended=inputs.num_unattended,
+                                bf16_products=self.attention_bf16_products)
+        return attn.reshape(x.shape[0], -1)
+
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 inputs: ModelInputs) -> torch.Tensor:
-        # x: [num_tokens, hidden] -> qkv: [num_tokens, 3, heads, head_dim]
-        qkv = self.Wqkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim)
-        cos, sin = rotary
-        q, k = apply_rotary_fp32(qkv[:, 0], cos, sin), apply_rotary_fp32(qkv[:, 1], cos, sin)
-        attn = packed_attention(q, k, qkv[:, 2], inputs.seq_lens, inputs.cu_seqlens,
-                                inputs.max_seqlen, half_window=self.half_window,
-                                scale=self.head_dim ** -0.5,
-                                num_unattended=inputs.num_unattended)
-        return self.Wo(attn.reshape(x.shape[0], -1))
+        return _project(self.Wo, self.attend(x, rotary, inputs))
 
 
 class ModernBertMLP(nn.Module):
@@ -126,10 +156,18 @@ class ModernBertMLP(nn.Module):
         self.Wi = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.Wo = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = get_activation(cfg.hidden_activation)
+        self.act_postop = onednn_postop(cfg.hidden_activation)
+
+    def inner(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, intermediate]
+        hidden, gate = _project(self.Wi, x).chunk(2, dim=-1)  # [num_tokens, inter] views
+        # the activation in place on Wi's own output where it has an in-place form: one
+        # [num_tokens, intermediate] buffer fewer to allocate and fault in
+        if self.act_postop is not None and hidden.dtype == torch.float32:
+            return act_in_place(hidden, self.act, self.act_postop) * gate  # contiguous for Wo
+        return self.act(hidden).mul_(gate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        hidden, gate = self.Wi(x).chunk(2, dim=-1)  # [num_tokens, intermediate] each
-        return self.Wo(self.act(hidden) * gate)
+        return _project(self.Wo, self.inner(x))
 
 
 class ModernBertLayer(nn.Module):
@@ -145,8 +183,8 @@ class ModernBertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 inputs: ModelInputs) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rotary, inputs)
-        return x + self.mlp(self.mlp_norm(x))
+        x = _project_add(self.attn.Wo, self.attn.attend(self.attn_norm(x), rotary, inputs), x)
+        return _project_add(self.mlp.Wo, self.mlp.inner(self.mlp_norm(x)), x)
 
 
 class ModernBertModel(nn.Module):

@@ -20,9 +20,11 @@ from torch import nn
 
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
-from pooler.layers.linear import linear_act, linear_add, linear_add_norm, onednn_postop
+from pooler.kernels.attention_cpu import bf16_kernel_takes
+from pooler.layers.linear import (act_in_place, linear_act, linear_add, linear_add_norm,
+                                  onednn_postop)
 from pooler.layers.lora import has_lora
-from pooler.layers.rotary import apply_rotary, rotary_cos_sin
+from pooler.layers.rotary import apply_rotary_fp32, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
 from pooler.models.llama import RMSNorm
 
@@ -126,6 +128,10 @@ class RotaryEmbeddings(nn.Module):
 
 
 class RotaryAttention(nn.Module):
+    # attention may round fp32 q/k/v to bf16 for its products (pooler/kernels/attention_bf16.c,
+    # where the CPU has AVX512_BF16): int8 engines set it (apply_quantization), as for BERT
+    attention_bf16_products = False
+
     def __init__(self, cfg: RotaryEncoderConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -137,13 +143,20 @@ class RotaryAttention(nn.Module):
     def attend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, heads * head_dim]
         n = x.shape[0]
-        q, k, v = linear_act(self.qkv_proj, x).split(self.sizes, dim=-1)
-        q = apply_rotary(q.view(n, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        # bf16 and int8 linears: q/k/v leave the projection in bf16 where the bf16 attention
+        # kernel takes them (rotated in fp32, rounded back): a long document's attention runs
+        # VDPBF16PS products (docs/models/precision.md, "Long documents"). fp32: unaffected
+        # (GQA takes torch's attention: it gets fp32 q/k/v as before)
+        qkv = linear_act(self.qkv_proj, x, keep_bf16=self.num_heads == self.num_kv_heads and (
+            not self.attention_bf16_products or bf16_kernel_takes(self.head_dim)))
+        q, k, v = qkv.split(self.sizes, dim=-1)
+        q = apply_rotary_fp32(q.view(n, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary_fp32(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(n, self.num_kv_heads, self.head_dim)
         out = packed_attention(q, k, v, inputs.seq_lens, inputs.cu_seqlens, inputs.max_seqlen,
                                scale=self.head_dim ** -0.5,
-                               num_unattended=inputs.num_unattended)
+                               num_unattended=inputs.num_unattended,
+                               bf16_products=self.attention_bf16_products)
         return out.reshape(n, -1)  # out: [num_tokens, heads, head_dim]
 
 
@@ -160,12 +173,17 @@ class RotaryMLP(nn.Module):
         self.act = get_activation(cfg.hidden_act)
         # Plain MLPs with GELU/ReLU: the activation runs in fc1's GEMM epilogue on CPU.
         self.postop = None if self.gated else onednn_postop(cfg.hidden_act)
+        # Gated MLPs: the activation's in-place form on the gate half, where it has one.
+        self.gate_postop = onednn_postop(cfg.hidden_act) if self.gated else None
 
     def inner(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, intermediate]
         if not self.gated:
             return linear_act(self.mlp_in, x, self.act, self.postop)
-        gate, up = linear_act(self.mlp_in, x).chunk(2, dim=-1)
-        return self.act(gate) * up
+        gate, up = linear_act(self.mlp_in, x).chunk(2, dim=-1)  # [num_tokens, inter] views
+        if self.gate_postop is not None and gate.dtype == torch.float32:
+            # in place on mlp_in's output: one [num_tokens, intermediate] buffer fewer
+            return act_in_place(gate, self.act, self.gate_postop) * up
+        return self.act(gate).mul_(up)
 
 
 class RotaryEncoderLayer(nn.Module):

@@ -229,6 +229,37 @@ def test_rerank_and_stream_equal_http(reranker):
                                atol=TOL, rtol=0)
 
 
+def test_rerank_long_input_from_metadata(reranker):
+    """pooler-long-input: chunk (call metadata; TEI's RerankRequest has no field for it) scores
+    an over-long text in windows, as HTTP /rerank's long_input "chunk" does; without it
+    truncate=false is an error, as in TEI; a bad value names the metadata key."""
+    query = "what is pooling"
+    texts = ["mean of token vectors " * 150, "a swimming pool"]
+    code, message = status_of(lambda: reranker.rerank.Rerank(
+        pb.RerankRequest(query=query, texts=texts)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "truncat" in message
+    http = reranker.http.post("/rerank", json={"query": query, "texts": texts, "truncate": False,
+                                               "long_input": "chunk", "chunk_overlap": 8,
+                                               "chunk_aggregate": "mean"}).json()
+    assert http[0].get("num_windows", 0) > 1 or http[1].get("num_windows", 0) > 1, http
+    metadata = (("pooler-long-input", "chunk"), ("pooler-chunk-overlap", "8"),
+                ("pooler-chunk-aggregate", "mean"))
+    answer = reranker.rerank.Rerank(pb.RerankRequest(query=query, texts=texts),
+                                    metadata=metadata)
+    assert [r.index for r in answer.ranks] == [r["index"] for r in http]
+    np.testing.assert_allclose([r.score for r in answer.ranks], [r["score"] for r in http],
+                               atol=TOL, rtol=0)
+    streamed = reranker.rerank.RerankStream(
+        iter(pb.RerankStreamRequest(query=query, text=t) for t in texts), metadata=metadata)
+    np.testing.assert_allclose([r.score for r in streamed.ranks], [r["score"] for r in http],
+                               atol=TOL, rtol=0)
+    for key, value in (("pooler-long-input", "split"), ("pooler-chunk-overlap", "-1"),
+                       ("pooler-chunk-aggregate", "sum")):
+        code, message = status_of(lambda: reranker.rerank.Rerank(
+            pb.RerankRequest(query=query, texts=texts), metadata=((key, value),)))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and key in message, message
+
+
 # ---- Tokenize and Decode -----------------------------------------------------------------------
 def test_tokenize_decode_and_streams_equal_http(embedder):
     text = "Tokenize me, please"

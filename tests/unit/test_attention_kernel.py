@@ -120,7 +120,8 @@ def test_packed_attention_takes_the_kernel_when_it_can(monkeypatch):
                                                      max(seq_lens)), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["head size", "float64", "gqa", "autograd", "disabled"])
+@pytest.mark.parametrize("case", ["head size", "float64", "gqa with a bias", "autograd",
+                                  "disabled"])
 def test_declines_what_it_does_not_cover(case, monkeypatch):
     seq_lens = [5, 9]
     dim = 8 if case == "head size" else 32
@@ -129,13 +130,16 @@ def test_declines_what_it_does_not_cover(case, monkeypatch):
     q, k, v = _fused_qkv(seq_lens, 2, dim)
     if case == "float64":
         q, k, v = q.double(), k.double(), v.double()
-    if case == "gqa":
+    bias = None
+    if case == "gqa with a bias":  # the decoder entry point has no score bias
         k, v = k[:, :1], v[:, :1]
+        bias = {n: torch.zeros(2, n, n) for n in seq_lens}
     if case == "autograd":
         q = q.clone().requires_grad_()
     if case == "disabled":
         monkeypatch.setattr(attention_cpu, "ENABLED", False)
-    assert attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), dim ** -0.5) is None
+    assert attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), dim ** -0.5,
+                                          position_bias=bias) is None
 
 
 @pytest.fixture

@@ -318,7 +318,7 @@ def test_avx2_qkv_takes_a_lower_outlier_ratio():
     path = model["qkv_proj"].path
     assert model["qkv_proj"].outlier_ratio == OUTLIER_RATIOS.get(path, {}).get("qkv_proj", 20.0)
     assert model["up_proj"].outlier_ratio == 20.0
-    assert OUTLIER_RATIOS["avx2"] == {"qkv_proj": 10.0}
+    assert OUTLIER_RATIOS["avx2"] == {"qkv_proj": 10.0, "Wqkv": 10.0}
 
 
 @pytest.mark.skipif(not C_PATHS, reason="no int8 C build runs here (needs Linux x86-64 with "

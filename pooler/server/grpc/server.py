@@ -14,7 +14,16 @@ over-long input is an error, where HTTP auto-truncates); `normalize` unset means
 map TEI's error types to status codes (Validation and Empty: INVALID_ARGUMENT, Backend and
 Tokenizer: FAILED_PRECONDITION, Overloaded: RESOURCE_EXHAUSTED, Unhealthy: UNAVAILABLE);
 with --api-key every tei.v1 call needs metadata `authorization: Bearer KEY`
-(UNAUTHENTICATED otherwise) while health and reflection stay open. A stream answers its
+(UNAUTHENTICATED otherwise) while health and reflection stay open.
+
+pooler's addition, long documents on Rerank and RerankStream (the HTTP body's long_input,
+chunk_overlap and chunk_aggregate): TEI's RerankRequest has no field for them, and a field pooler
+added to tei.proto would make its messages differ from the ones TEI clients are generated from,
+so a call asks through its metadata, as it sends `authorization`: `pooler-long-input: chunk`,
+with optional `pooler-chunk-overlap: N` and `pooler-chunk-aggregate: max|mean`
+(`_LONG_DOCUMENT_METADATA`; a bad value is INVALID_ARGUMENT naming the key). Without them a
+call truncates or fails as TEI's does. The ranks carry no window count (TEI's Rank message has
+no field for it; HTTP's num_windows does). A stream answers its
 messages in order, running up to `_STREAM_PARALLEL` of them at once so they share engine
 batches; the first failing message ends the stream with its status.
 
@@ -63,6 +72,10 @@ _MODEL_TYPES = {"embedding": pb.MODEL_TYPE_EMBEDDING, "classifier": pb.MODEL_TYP
                 "reranker": pb.MODEL_TYPE_RERANKER}
 # Metadata passed on to the HTTP route: the API key and the caller's trace context.
 _FORWARDED = ("authorization", "traceparent", "tracestate")
+# call metadata key -> the /rerank body field it sets (pooler's long documents, see above)
+_LONG_DOCUMENT_METADATA = {"pooler-long-input": "long_input",
+                           "pooler-chunk-overlap": "chunk_overlap",
+                           "pooler-chunk-aggregate": "chunk_aggregate"}
 
 
 class RPCFailure(Exception):
@@ -135,6 +148,31 @@ def _metadata(scope: dict, chars: int, started: float) -> pb.Metadata:
         tokenization_time_ns=int((call.tokenize_seconds if call else 0.0) * 1e9),
         queue_time_ns=mean_ns([t.queue_seconds for t in timed]),
         inference_time_ns=mean_ns([t.inference_seconds for t in timed]))
+
+
+def _long_document_options(context: grpc.aio.ServicerContext) -> dict[str, Any]:
+    """The /rerank body fields a call's pooler-* metadata sets; a bad value is
+    INVALID_ARGUMENT naming the metadata key and what it takes."""
+    options: dict[str, Any] = {}
+    for key, value in context.invocation_metadata() or ():
+        field = _LONG_DOCUMENT_METADATA.get(key)
+        if field is None or not isinstance(value, str):
+            continue
+        value = value.strip()
+        takes = {"long_input": ("truncate", "chunk"), "chunk_aggregate": ("max", "mean")}
+        if field == "chunk_overlap":
+            if not value.isdigit():
+                raise RPCFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"metadata '{key}' must be a whole number of tokens >= 0, "
+                                 f"got {value!r}.")
+            options[field] = int(value)
+        elif value not in takes[field]:
+            raise RPCFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"metadata '{key}' must be one of {list(takes[field])}, got "
+                             f"{value!r}.")
+        else:
+            options[field] = value
+    return options
 
 
 async def _unary(context, run: Callable[[], Awaitable[Any]]):
@@ -300,7 +338,8 @@ class TEIService(pb_grpc.InfoServicer, pb_grpc.EmbedServicer, pb_grpc.PredictSer
                       started: float):
         body = {"query": query, "texts": texts, "truncate": flags.truncate,
                 "raw_scores": flags.raw_scores, "return_text": flags.return_text,
-                "truncation_direction": _direction(flags.truncation_direction)}
+                "truncation_direction": _direction(flags.truncation_direction),
+                **_long_document_options(context)}
         ranks, scope = await self.routes.call(context, rpc, "POST", "/rerank", body)
         chars = len(query) * len(texts) + sum(len(t) for t in texts)
         return ranks, _metadata(scope, chars, started)
