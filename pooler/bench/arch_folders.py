@@ -52,11 +52,12 @@ def _save_hf(model, dest: Path) -> None:
 
 
 def _st_folder(hf_dir: Path, dest: Path, dense: list[tuple[int, int]] = (),
-               prompts: dict | None = None, pooling: str = "mean") -> None:
+               prompts: dict | None = None, pooling: str = "mean",
+               max_seq_length: int = 512) -> None:
     from sentence_transformers import SentenceTransformer, models
     import torch
 
-    transformer = models.Transformer(str(hf_dir), max_seq_length=512)
+    transformer = models.Transformer(str(hf_dir), max_seq_length=max_seq_length)
     # sentence-transformers 6 renamed get_word_embedding_dimension.
     dimension = getattr(transformer, "get_embedding_dimension", None) or \
         transformer.get_word_embedding_dimension
@@ -154,9 +155,11 @@ def _build_gemma3(dest: Path, tiny: bool) -> None:
                             "document": "title: none | text: "})
 
 
-def _rotary_builder(config_class: str, model_class: str, pooling: str, **shape):
-    """A builder for a rotary encoder family transformers defines from 5.24 (NomicBert, GTE,
-    Jina v3, EuroBERT), as a sentence-transformers folder with its published pooling."""
+def st_builder(config_class: str, model_class: str, pooling: str, max_seq_length: int = 512,
+               tiny_overrides: dict | None = None, **shape):
+    """A builder for a transformers encoder (`model_class` built from `config_class(**shape)`,
+    seeded) as a sentence-transformers folder with `pooling` + Normalize, truncating at
+    `max_seq_length`; `tiny_overrides` apply on top of the tiny sizes only."""
     def build(dest: Path, tiny: bool) -> None:
         import torch
         import transformers
@@ -165,12 +168,21 @@ def _rotary_builder(config_class: str, model_class: str, pooling: str, **shape):
             raise RuntimeError(f"transformers {transformers.__version__} does not define "
                                f"{model_class} (added in 5.24): upgrade it to bench this row.")
         torch.manual_seed(0)
-        config = getattr(transformers, config_class)(**_sizes(tiny, vocab_size=VOCAB, **shape))
+        sizes = _sizes(tiny, vocab_size=VOCAB, **shape)
+        if tiny:
+            sizes.update(tiny_overrides or {})
+        config = getattr(transformers, config_class)(**sizes)
         config.architectures = [model_class]
         with tempfile.TemporaryDirectory() as hf_dir:
             _save_hf(getattr(transformers, model_class)(config), Path(hf_dir))
-            _st_folder(Path(hf_dir), dest, pooling=pooling)
+            _st_folder(Path(hf_dir), dest, pooling=pooling, max_seq_length=max_seq_length)
     return build
+
+
+def _rotary_builder(config_class: str, model_class: str, pooling: str, **shape):
+    """A builder for a rotary encoder family transformers defines from 5.24 (NomicBert, GTE,
+    Jina v3, EuroBERT), as a sentence-transformers folder with its published pooling."""
+    return st_builder(config_class, model_class, pooling, **shape)
 
 
 _BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,

@@ -76,14 +76,16 @@ def recipe(model_path: Path) -> Recipe:
     return Recipe(layout.pooling.mode, layout.normalize, int(max_length), layout.do_lower_case)
 
 
-def export_folder(model_path: Path, in_subprocess: bool = True) -> Path:
-    """The cached ONNX folder of this model, built on first use (export, then quantize) in a
-    child process, so the export's memory does not count in a bench side's RSS."""
+def export_folder(model_path: Path, in_subprocess: bool = True, int8: bool = True) -> Path:
+    """The cached ONNX folder of this model, built on first use (export, then quantize unless
+    int8=False: the fp32 model alone, its own folder) in a child process, so the export's
+    memory does not count in a bench side's RSS."""
     model_path = Path(model_path).resolve()
     key = hashlib.sha1(str(model_path).encode()).hexdigest()[:10]
-    name = f"onnx-{model_path.name}-{key}"
+    name = f"onnx-{'' if int8 else 'fp32-'}{model_path.name}-{key}"
     if in_subprocess and not (cache_root() / name / "config.json").is_file():
-        proc = subprocess.run([sys.executable, "-m", "pooler.bench.onnx_peer", str(model_path)],
+        proc = subprocess.run([sys.executable, "-m", "pooler.bench.onnx_peer", str(model_path)]
+                              + ([] if int8 else ["--fp32-only"]),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
@@ -92,7 +94,8 @@ def export_folder(model_path: Path, in_subprocess: bool = True) -> Path:
     def build(dest: Path) -> None:
         _copy_tokenizer(model_path, dest)
         _export_fp32(model_path, dest / FP32_FILE)
-        _quantize_int8(dest / FP32_FILE, dest / INT8_FILE)
+        if int8:
+            _quantize_int8(dest / FP32_FILE, dest / INT8_FILE)
     return cached_folder(name, build)
 
 
@@ -126,8 +129,10 @@ def _export_fp32(model_path: Path, out: Path) -> None:
             self.model = model
 
         def forward(self, input_ids, attention_mask, token_type_ids=None):
+            # ModernBERT's forward has no token_type_ids: pass it only where there is a table.
+            types = {"token_type_ids": token_type_ids} if has_types else {}
             return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
+                              **types).last_hidden_state
 
     # A padded dummy batch: the mask must be traced as data, not dropped as "all ones".
     ids = torch.full((2, 8), 5, dtype=torch.long)
@@ -154,12 +159,12 @@ class OrtEmbedder:
     """Texts -> sentence embeddings through one onnxruntime session, as a user would write it:
     tokenizers for the batch (padded to its longest), session.run, pooling in numpy."""
 
-    def __init__(self, model_path: Path, onnx_file: str, threads: int):
+    def __init__(self, model_path: Path, onnx_file: str, threads: int, int8: bool = True):
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
         self.recipe = recipe(Path(model_path))
-        folder = export_folder(Path(model_path))
+        folder = export_folder(Path(model_path), int8=int8)  # int8=False: fp32 export only
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -222,5 +227,5 @@ def fastembed_model(model_path: Path, onnx_file: str, threads: int):
                          local_files_only=True)
 
 
-if __name__ == "__main__":  # python -m pooler.bench.onnx_peer MODEL_FOLDER: build the export
-    export_folder(Path(sys.argv[1]), in_subprocess=False)
+if __name__ == "__main__":  # python -m pooler.bench.onnx_peer MODEL_FOLDER [--fp32-only]
+    export_folder(Path(sys.argv[1]), in_subprocess=False, int8="--fp32-only" not in sys.argv)

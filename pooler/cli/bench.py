@@ -32,14 +32,20 @@ def add_parser(sub) -> None:
     p.add_argument("--corpus-size", type=int, default=None,
                    help="texts per side: the embed corpus (default 2000), the arch workload "
                    "(default 200), the lora workload (default 800); images per model for "
-                   "image_embed (default 32)")
+                   "image_embed (default 32); documents per length for long_context (default "
+                   "max(2, 4096 / length))")
     p.add_argument("--corpus", default="mixed", choices=["mixed", "long", "passages"],
                    help="embed workload corpus: mixed (--corpus-size texts, half 5-15-word "
                    "queries, half 50-250-word passages), long (issue 30's mix: 300 texts of "
                    "5-15 words and 300 of 50-250 words) or passages (600 of 100-250 words)")
     p.add_argument("--archs", default=None,
                    help="arch workload: comma-separated architectures (mpnet, deberta-v3, "
-                   "gemma3, bert; default mpnet,deberta-v3,gemma3)")
+                   "gemma3, bert, nomic, gte, jina-v3, eurobert; default "
+                   "mpnet,deberta-v3,gemma3); long_context: modernbert-base, nomic, gte, "
+                   "bge-m3, jina-v3 (default the first four)")
+    p.add_argument("--lengths", default=None,
+                   help="long_context workload: comma-separated document lengths in tokens "
+                   "(default 1024,2048,4096,8192; --quick: 128)")
     p.add_argument("--background-load", type=int, default=0, metavar="N",
                    help="also run every workload while N busy processes compete for the cores "
                         "(quiet and loaded runs interleaved in this one invocation, pooler and "
@@ -103,7 +109,8 @@ def run(args) -> int:
                         extra={"corpus_size": args.corpus_size, "corpus": args.corpus,
                                "interleaved_rounds": args.interleaved_rounds,
                                "archs": [a.strip() for a in args.archs.split(",") if a.strip()]
-                               if args.archs else None})
+                               if args.archs else None,
+                               "lengths": _int_list(args.lengths, "--lengths")})
     loads = (0, args.background_load) if args.background_load else (0,)
     report = run_benchmarks(names, opts, repeat=args.repeat, loads=loads)
     out = []
@@ -137,3 +144,13 @@ def run(args) -> int:
         write_chart(report, args.chart)
         print(f"chart: {args.chart}", file=sys.stderr)
     return 0
+
+
+def _int_list(value: str | None, flag: str) -> list[int] | None:
+    if not value:
+        return None
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: give comma-separated integers, e.g. 1024,8192 "
+                         f"(got {value!r}).") from None
