@@ -27,6 +27,11 @@ Taken by packed_attention when all of these hold, else its torch paths run:
   scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
   global attention).
 
+Long global fp32 attention: a sequence of SDPA_MIN_LEN tokens or more whose keys are all
+attended goes to torch's SDPA instead (its flash CPU kernel, O(block) memory), measured faster
+than this kernel from 2k tokens at d = 64 (see SDPA_MIN_LEN); the other sequences of the step
+stay on the kernel. bf16 q/k/v and bf16 products keep their kernels.
+
 Which kernel: bf16 q/k/v (the bf16 engine's QKV projection) take attention_bf16.c where it runs
 (AVX512_BF16, head size a multiple of 16, `BF16_ENABLED`): QK^T in VDPBF16PS (exact products of
 the bf16 values, fp32 sums), softmax and P@V in fp32, a bf16 result; elsewhere they are widened
