@@ -39,15 +39,16 @@ def iterate_weights(path: Path, select: Callable[[str], bool] | None = None
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
                     if select is None or select(name):
-                        yield _modern_name(name), f.get_tensor(name)
+                        yield modern_name(name), f.get_tensor(name)
         else:
             state = torch.load(file, map_location="cpu", weights_only=True)
             for name, tensor in state.items():
                 if select is None or select(name):
-                    yield _modern_name(name), tensor
+                    yield modern_name(name), tensor
 
 
-def _modern_name(name: str) -> str:
+def modern_name(name: str) -> str:
+    """A stored tensor name as iterate_weights yields it (`LayerNorm.gamma` -> `.weight`)."""
     for old, new in _LEGACY_SUFFIXES.items():
         if name.endswith(old):
             return name[: -len(old)] + new

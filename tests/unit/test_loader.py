@@ -125,3 +125,46 @@ def test_bfloat16_option_runs_close_to_fp32(tiny_bert):
     for out, ref in zip(bf16, fp32):
         assert out.embedding.dtype == np.float32
         assert float(out.embedding @ ref) > 0.99
+
+
+def _loaded_state(folder) -> dict:
+    from pooler import Engine
+    model = Engine(str(folder), runner="native").core.model_runner.model
+    return {n: t.clone() for n, t in model.state_dict().items()}
+
+
+def test_one_pass_backbones_stream_the_checkpoint_and_heads_still_load(minilm_path, tmp_path,
+                                                                       monkeypatch):
+    # a cross-encoder: the classifier (and BERT's pooler dense) are the tensors the backbone
+    # leaves, read in a second pass
+    import weakref
+
+    from pooler.models.bert import BertModel
+    folder = save_tiny_bert(tmp_path / "ce", minilm_path,
+                            architecture="BertForSequenceClassification", num_labels=1)
+    monkeypatch.setattr(BertModel, "loads_weights_in_one_pass", False)
+    listed = _loaded_state(folder)  # the whole checkpoint held in a list
+    monkeypatch.setattr(BertModel, "loads_weights_in_one_pass", True)
+
+    load, seen = BertModel.load_weights, {"kinds": [], "alive": []}
+
+    def watched(self, weights):
+        seen["kinds"].append(type(weights).__name__)
+        refs = []
+
+        def tracked():
+            for name, tensor in weights:
+                # the consumer still holds the tensor before this one; any earlier is freed
+                seen["alive"].append(sum(r() is not None for r in refs[:-1]))
+                refs.append(weakref.ref(tensor))
+                del tensor
+                yield name, refs[-1]()
+        return load(self, tracked())
+    monkeypatch.setattr(BertModel, "load_weights", watched)
+    streamed = _loaded_state(folder)
+    assert seen["kinds"] == ["generator"] and len(seen["alive"]) > 10
+    assert max(seen["alive"]) == 0, "copied checkpoint tensors should be freed as loading goes"
+    assert streamed.keys() == listed.keys() and any("classifier" in n or "score" in n
+                                                    for n in streamed)
+    for name in listed:
+        assert torch.equal(streamed[name], listed[name]), name
