@@ -168,3 +168,35 @@ def test_one_pass_backbones_stream_the_checkpoint_and_heads_still_load(minilm_pa
                                                     for n in streamed)
     for name in listed:
         assert torch.equal(streamed[name], listed[name]), name
+
+
+def test_safetensors_reads_match_the_library_for_every_dtype(tmp_path):
+    from pooler.checkpoint import iterate_weights
+    g = torch.Generator().manual_seed(0)
+    state = {"a.f32": torch.randn(3, 5, generator=g), "b.f16": torch.randn(7, generator=g).half(),
+             "c.bf16": torch.randn(2, 2, generator=g).bfloat16(),
+             "d.i64": torch.arange(6).reshape(2, 3), "e.bool": torch.tensor([True, False, True]),
+             "f.scalar": torch.tensor(2.5), "g.empty": torch.zeros(0, 4),
+             "h.LayerNorm.gamma": torch.ones(4)}
+    folder = tmp_path / "m"
+    folder.mkdir()
+    save_file(state, folder / "model.safetensors")
+    read = dict(iterate_weights(folder))
+    stored = load_file(folder / "model.safetensors")
+    expected = {n.replace(".gamma", ".weight"): t for n, t in stored.items()}
+    assert read.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert read[name].dtype == tensor.dtype and torch.equal(read[name], tensor), name
+    selected = iterate_weights(folder, select=lambda n: n.startswith("d."))
+    assert [n for n, _ in selected] == ["d.i64"]
+
+
+def test_a_truncated_safetensors_file_is_a_clear_error(tmp_path):
+    from pooler.checkpoint import iterate_weights
+    folder = tmp_path / "m"
+    folder.mkdir()
+    save_file({"w": torch.randn(64, 64)}, folder / "model.safetensors")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        list(iterate_weights(folder))
