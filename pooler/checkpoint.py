@@ -6,12 +6,11 @@ through here, so none of them needs the others.
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
 
@@ -46,51 +45,33 @@ def iterate_weights(path: Path, select: Callable[[str], bool] | None = None
                     yield modern_name(name), tensor
 
 
-# safetensors dtype codes read without the library's mmap (see _read_safetensors)
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-                       "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
-                       "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-                       "BOOL": torch.bool}
+# Bytes read through one safe_open mapping before it is closed and reopened (see
+# _read_safetensors).
+MAPPED_BYTES_PER_OPEN = 64 << 20
 
 
 def _read_safetensors(file: Path, select: Callable[[str], bool] | None
                       ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of a safetensors file, each read into its own tensor with plain reads.
-    safe_open maps the whole file and its get_tensor copies out of the mapping, so every page
-    read stays in this process's RSS (file-backed) until the file is closed: loading BGE-M3
-    (1.4 GB) that way peaked at the weights twice. Files with other dtypes (fp8, ...) go
-    through safe_open."""
-    with open(file, "rb", buffering=0) as f:
-        (header_size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_size))
-        header.pop("__metadata__", None)
-        if any(info["dtype"] not in _SAFETENSORS_DTYPES for info in header.values()):
-            with safe_open(str(file), framework="pt") as mapped:
-                for name in mapped.keys():
-                    if select is None or select(name):
-                        yield name, mapped.get_tensor(name)
-            return
-        for name in sorted(header):  # safe_open's order
-            if select is not None and not select(name):
-                continue
-            info = header[name]
-            start, end = info["data_offsets"]
-            tensor = torch.empty(info["shape"], dtype=_SAFETENSORS_DTYPES[info["dtype"]])
-            if tensor.numel() * tensor.element_size() != end - start:
-                raise ValueError(f"{file}: tensor {name!r} has {end - start} bytes for shape "
-                                 f"{info['shape']} {info['dtype']}; the file is damaged.")
-            f.seek(8 + header_size + start)
-            _read_exactly(f, memoryview(tensor.reshape(-1).view(torch.uint8).numpy()), file)
-            yield name, tensor
-
-
-def _read_exactly(f, buffer: memoryview, file: Path) -> None:
-    done = 0
-    while done < len(buffer):  # one read returns at most ~2 GB on Linux
-        count = f.readinto(buffer[done:])
-        if not count:
-            raise ValueError(f"{file} ends early: the file is truncated.")
-        done += count
+    """(name, tensor) of a safetensors file, in safe_open's order. safe_open maps the whole
+    file and get_tensor copies out of the mapping, so every page read stays in this process's
+    RSS (file-backed) until the file is closed: loading BGE-M3 (1.4 GB) in one open peaked at
+    the weights twice. Reopening the file after every MAPPED_BYTES_PER_OPEN bytes bounds that
+    to one window (reopening re-reads only the JSON header)."""
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            names = [n for n in f.keys() if select is None or select(n)]
+        position = 0
+        while position < len(names):
+            with safe_open(str(file), framework="pt") as f:
+                mapped = 0
+                while position < len(names) and mapped < MAPPED_BYTES_PER_OPEN:
+                    tensor = f.get_tensor(names[position])
+                    mapped += tensor.numel() * tensor.element_size()
+                    yield names[position], tensor
+                    position += 1
+    except SafetensorError as e:
+        raise ValueError(f"{file} cannot be read as safetensors ({e}); the file is damaged "
+                         f"or truncated: download it again.") from e
 
 
 def modern_name(name: str) -> str:

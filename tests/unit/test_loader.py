@@ -200,3 +200,23 @@ def test_a_truncated_safetensors_file_is_a_clear_error(tmp_path):
     (folder / "model.safetensors").write_bytes(data[:-100])
     with pytest.raises(ValueError, match="truncated"):
         list(iterate_weights(folder))
+
+
+def test_safetensors_mapping_is_reopened_after_its_byte_window(tmp_path, monkeypatch):
+    """The pages a safe_open mapping has read stay in RSS until it closes, so the reader
+    reopens the file after MAPPED_BYTES_PER_OPEN bytes; the tensors are the same either way."""
+    from pooler import checkpoint
+    g = torch.Generator().manual_seed(1)
+    state = {f"w{i}": torch.randn(16, 16, generator=g) for i in range(5)}  # 1 KiB each
+    folder = tmp_path / "m"
+    folder.mkdir()
+    save_file(state, folder / "model.safetensors")
+    opens = []
+    real_open = checkpoint.safe_open
+    monkeypatch.setattr(checkpoint, "safe_open",
+                        lambda *a, **kw: opens.append(a[0]) or real_open(*a, **kw))
+    monkeypatch.setattr(checkpoint, "MAPPED_BYTES_PER_OPEN", 2 * 1024)
+    read = dict(checkpoint.iterate_weights(folder))
+    assert read.keys() == state.keys()
+    assert all(torch.equal(read[n], t) for n, t in state.items())
+    assert len(opens) == 1 + 3  # the names, then windows of 2, 2 and 1 tensors
