@@ -28,7 +28,8 @@ Outputs agree with the torch path to ~3e-7 (tests/unit/test_bert_cpu_kernel.py,
 tests/unit/test_large_steps_c_stack.py).
 
 Memory: the packed copy of the layers' weights lives as long as the model (+42 MB for
-MiniLM-L6, ~340 MB for BERT-base sizes), made at the first step that takes this path.
+MiniLM-L6, ~340 MB for BERT-base sizes, ~1.2 GB for XLM-R-large / BGE-M3), made at the first
+step that takes this path; `drop_packed_stack` frees it (a later step packs it again).
 """
 from __future__ import annotations
 
@@ -146,6 +147,12 @@ def stack_config_ok(model: nn.Module) -> bool:
     cfg = getattr(model, "config", None)
     return cfg is not None and _kernel_activation(cfg) is not None and \
         encoder_kernels() is not None
+
+
+def drop_packed_stack(model: nn.Module) -> None:
+    """Free `model`'s packed copy of its layers' weights (the load-time check packs one for the
+    few layers it times; the first real step packs the whole stack again)."""
+    model.__dict__.pop(_STATE, None)
 
 
 def _weights_key(tensors: list[torch.Tensor]) -> list:

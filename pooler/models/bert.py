@@ -132,6 +132,8 @@ _RENAMES = [(re.compile(p), r, s) for p, r, s in _RENAMES]
 
 
 class BertModel(nn.Module):
+    # load_weights reads the checkpoint once, in order: the loader streams it (pooler/loader.py)
+    loads_weights_in_one_pass = True
     # its short steps run the C layer stack (run_layers): int8 keeps fp32 copies for it
     short_steps_in_c = True
 

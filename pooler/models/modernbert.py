@@ -188,6 +188,8 @@ class ModernBertLayer(nn.Module):
 
 
 class ModernBertModel(nn.Module):
+    # load_weights reads the checkpoint once, in order: the loader streams it (pooler/loader.py)
+    loads_weights_in_one_pass = True
     # ModernBertFor* keep the encoder under `model.`; a bare ModernBertModel has no prefix.
     weight_prefixes = ("model.",)
 

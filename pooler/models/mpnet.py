@@ -74,6 +74,8 @@ def relative_position_buckets(length: int, device: torch.device) -> torch.Tensor
 
 
 class MPNetModel(nn.Module):
+    # load_weights reads the checkpoint once, in order: the loader streams it (pooler/loader.py)
+    loads_weights_in_one_pass = True
     # its short steps run the C layer stack (run_layers): int8 keeps fp32 copies for it
     short_steps_in_c = True
 

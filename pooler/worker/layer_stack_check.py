@@ -19,6 +19,15 @@ over a whole corpus C won by 1.12x (fewer allocations and eager ops between the 
 a rule that asked C to win clearly would flip on noise there; on the AVX2 build C won each
 step by 1.10-1.16x.
 
+The step is timed through the first CHECK_LAYERS layers only: every layer has the same shape,
+so the ratio per layer is the model's, and the check packs both weight layouts (encoder_cpu.c's
+panels, oneDNN's blocked copy) for those layers alone. Timed through all of them, a 24-layer
+XLM-R-large (BGE-M3) held three copies of its 1.2 GB of layer weights at once (the originals
+and both packed copies: 4.1 GB RSS after load where sentence-transformers holds 1.9 GB), and
+the dropped one stayed in the heap until a trim. After the check the loser's copies and the
+C stack's partial pack are dropped and the heap is trimmed; the winner packs the whole stack
+at its first step.
+
 `POOLER_C_LAYER_STACK`: "auto" (default, the check), "all" (every step in C, no timing) or
 "short" (only short steps in C: pooler before this check).
 """
@@ -33,11 +42,13 @@ from typing import Callable
 import torch
 from torch import nn
 
-from pooler.kernels.bert_cpu import LARGE_STEPS, MAX_TOKENS, large_steps_eligible
+from pooler.kernels.bert_cpu import (LARGE_STEPS, MAX_TOKENS, drop_packed_stack,
+                                     large_steps_eligible)
 from pooler.kernels.build import encoder_kernels
 from pooler.layers.linear import drop_packed_weights
 from pooler.models.bert import BertLayer
 from pooler.precision_gate import interleaved_medians
+from pooler.worker.memory import trim_heap
 from pooler.worker.precision_check import step_inputs
 
 logger = logging.getLogger(__name__)
@@ -46,6 +57,7 @@ POLICY_ENV = "POOLER_C_LAYER_STACK"
 POLICIES = ("auto", "all", "short")
 CHECK_TOKENS = 512  # 4 sequences of 128: past MAX_TOKENS, small enough to cost ~0.2 s at load
 TIMING_ROUNDS = 3
+CHECK_LAYERS = 4  # layers the step runs through: same shape each, so the per-layer ratio holds
 MARGIN = 0.05  # the C stack goes only when this much slower: level timings keep it
 
 Measure = Callable[[Callable[[], object], Callable[[], object]], tuple[float, float]]
@@ -99,28 +111,47 @@ def choose_large_step_path(backbone: nn.Module, max_model_len: int,
             if measure is None:
                 _DECISIONS[key] = decision
     backbone.__dict__[LARGE_STEPS] = decision.large_steps_in_c
-    if decision.large_steps_in_c:
-        drop_packed_weights(backbone)  # the timing's torch side packed them for oneDNN
+    if decision.timings is not None:
+        release_check_copies(backbone, decision.large_steps_in_c)
     logger.info("fp32 steps above %d tokens: %s (%s)", MAX_TOKENS,
                 "C layer stack" if decision.large_steps_in_c else "torch layers (oneDNN)",
                 decision.reason)
     return decision
 
 
+def release_check_copies(backbone: nn.Module, large_steps_in_c: bool) -> None:
+    """Free what the timing packed that the chosen path will not read, and give it back to the
+    system: the C stack's pack of the timed layers (keyed on those layers alone, so the first
+    step would repack the whole stack anyway), and, when every step takes the C stack, oneDNN's
+    packed weights. Where the torch layers won, oneDNN's copies of the timed layers stay: large
+    steps read them."""
+    drop_packed_stack(backbone)
+    if large_steps_in_c:
+        drop_packed_weights(backbone)  # the timing's torch side packed them for oneDNN
+    trim_heap()
+
+
 def _timed(backbone: nn.Module, max_model_len: int, measure: Measure) -> LayerStackDecision:
     seq_len = min(128, max_model_len)
     num_seqs = max(1, CHECK_TOKENS // seq_len)
     inputs = step_inputs(num_seqs, seq_len, backbone.get_input_embeddings().num_embeddings)
+    layers = backbone._modules["layers"]
+    timed_layers = nn.ModuleList(list(layers)[:CHECK_LAYERS])  # the same modules, shared
 
     def step(in_c: bool) -> None:
         backbone.__dict__[LARGE_STEPS] = in_c
         with torch.inference_mode():
             backbone(inputs)
 
-    c_seconds, torch_seconds = measure(partial(step, True), partial(step, False))
+    backbone._modules["layers"] = timed_layers
+    try:
+        c_seconds, torch_seconds = measure(partial(step, True), partial(step, False))
+    finally:
+        backbone._modules["layers"] = layers
     in_c = c_seconds <= torch_seconds * (1 + MARGIN)
     variant = encoder_kernels().variant
     return LayerStackDecision(
-        in_c, f"timed on {num_seqs}x{seq_len} tokens, {variant} build: C stack "
+        in_c, f"timed on {num_seqs}x{seq_len} tokens through {len(timed_layers)} of "
+              f"{len(layers)} layers, {variant} build: C stack "
               f"{c_seconds * 1e3:.1f} ms, torch layers {torch_seconds * 1e3:.1f} ms",
         (c_seconds, torch_seconds))

@@ -36,6 +36,17 @@ def _load_trim():
     return getattr(_libc(), "malloc_trim", None)
 
 
+def trim_heap() -> bool:
+    """Hand free heap pages back to the system now (glibc's malloc_trim; False without it). For
+    one-off moments that free a lot, e.g. weight copies dropped at load: freed blocks under the
+    mmap threshold stay in the heap, and count in RSS, until a trim."""
+    trim = _load_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
 # glibc mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 # Activations up to 32 MB (glibc's largest mmap threshold) come from the heap and freed heap

@@ -9,10 +9,10 @@ from pooler.models.inputs import ModelInputs
 
 
 def tiny_bert(act: str = "gelu", hidden: int = 48, heads: int = 3, inter: int = 80,
-              seed: int = 0) -> BertModel:
+              seed: int = 0, layers: int = 2) -> BertModel:
     # hidden 48 -> q/k/v 144 = 4.5 panels; inter 80 = 2.5 panels: every GEMM has a tail.
     torch.manual_seed(seed)
-    model = BertModel({"vocab_size": 100, "hidden_size": hidden, "num_hidden_layers": 2,
+    model = BertModel({"vocab_size": 100, "hidden_size": hidden, "num_hidden_layers": layers,
                        "num_attention_heads": heads, "intermediate_size": inter,
                        "hidden_act": act, "max_position_embeddings": 128}).eval()
     with torch.no_grad():  # LayerNorm starts at 1/0: make it matter

@@ -164,3 +164,57 @@ def test_choosing_the_c_stack_frees_the_onednn_copies(monkeypatch):
     assert any(linear._PACKED in m.__dict__ for m in model.modules()) or not linear._HAS_ONEDNN
     layer_stack_check.choose_large_step_path(model, 128, measure=_fake(1.0, 2.0, []))
     assert not any(linear._PACKED in m.__dict__ for m in model.modules())
+
+
+def _packed_layers(model: BertModel) -> list[int]:
+    """Indices of the layers with a oneDNN-packed weight copy."""
+    from pooler.layers import linear
+    return [i for i, layer in enumerate(model.layers)
+            if any(linear._PACKED in m.__dict__ for m in layer.modules())]
+
+
+@pytest.mark.parametrize("c_wins", [True, False])
+def test_the_check_times_a_few_layers_and_keeps_only_what_the_winner_reads(monkeypatch, c_wins):
+    from pooler.layers import linear
+
+    monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
+    depth = layer_stack_check.CHECK_LAYERS + 2
+    model, seen = tiny_bert(layers=depth), []
+
+    def measure(c_stack, torch_layers):
+        c_stack()
+        torch_layers()
+        seen.append(len(model.layers))
+        assert bert_cpu._STATE in model.__dict__  # the C side packed the timed layers
+        return (1.0, 2.0) if c_wins else (2.0, 1.0)
+
+    decision = layer_stack_check.choose_large_step_path(model, 128, measure=measure)
+    assert decision.large_steps_in_c is c_wins
+    assert seen == [layer_stack_check.CHECK_LAYERS] and len(model.layers) == depth
+    assert bert_cpu._STATE not in model.__dict__  # the partial C pack is gone either way
+    if not linear._HAS_ONEDNN:
+        assert _packed_layers(model) == []
+    elif c_wins:
+        assert _packed_layers(model) == []  # no step reads oneDNN's copies any more
+    else:  # large steps read them: the timed layers' copies stay
+        assert _packed_layers(model) == list(range(layer_stack_check.CHECK_LAYERS))
+    # the first real step packs the whole stack and matches the torch layers
+    inputs = _inputs([5, 9])
+    with torch.inference_mode():
+        fused = _c_stack(model, inputs)
+        assert fused is not None
+        torch.testing.assert_close(fused, _torch_layers(model, inputs), rtol=1e-5, atol=2e-5)
+    assert len(model.__dict__[bert_cpu._STATE].key) == depth * bert_cpu._PER_LAYER
+
+
+def test_the_model_gets_its_layers_back_when_the_timing_fails(monkeypatch):
+    monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
+    model = tiny_bert(layers=layer_stack_check.CHECK_LAYERS + 1)
+    layers = model.layers
+
+    def measure(c_stack, torch_layers):
+        raise RuntimeError("timer broke")
+
+    with pytest.raises(RuntimeError, match="timer broke"):
+        layer_stack_check.choose_large_step_path(model, 128, measure=measure)
+    assert model.layers is layers and len(model.layers) == layer_stack_check.CHECK_LAYERS + 1

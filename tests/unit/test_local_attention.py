@@ -7,6 +7,8 @@ windows 0..128, unattended suffixes (some queries then see no key at all: zeros)
 packed sequences, causal windows and GQA on the torch paths."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,8 +121,14 @@ def test_kernel_band_with_a_score_bias_and_the_thread_count(kernel_build):
 def test_packed_attention_sends_local_layers_to_the_kernel(monkeypatch):
     calls = []
     real = attention.attention_on_cpu
-    monkeypatch.setattr(attention, "attention_on_cpu",
-                        lambda *a, **kw: calls.append(a[-1]) or real(*a, **kw))
+    signature = inspect.signature(real)
+
+    def spy(*a, **kw):
+        # the window by name: the kernel's signature grows (causal windows came after it)
+        calls.append(signature.bind(*a, **kw).arguments.get("half_window"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attention, "attention_on_cpu", spy)
     seq_lens = [700, 33]
     q, k, v = _qkv(seq_lens, 2, 32, seed=5)
     got = packed_attention(q, k, v, seq_lens, _cu(seq_lens), 700, half_window=64)
