@@ -27,6 +27,11 @@ Taken by packed_attention when all of these hold, else its torch paths run:
   scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
   global attention).
 
+Long global fp32 attention: a sequence of SDPA_MIN_LEN tokens or more whose keys are all
+attended goes to torch's SDPA instead (its flash CPU kernel, O(block) memory), measured faster
+than this kernel from 2k tokens at d = 64 (see SDPA_MIN_LEN); the other sequences of the step
+stay on the kernel. bf16 q/k/v and bf16 products keep their kernels.
+
 Which kernel: bf16 q/k/v (the bf16 engine's QKV projection) take attention_bf16.c where it runs
 (AVX512_BF16, head size a multiple of 16, `BF16_ENABLED`): QK^T in VDPBF16PS (exact products of
 the bf16 values, fp32 sums), softmax and P@V in fp32, a bf16 result; elsewhere they are widened
@@ -45,6 +50,7 @@ import logging
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from pooler.cpu_features import cpu_features
 from pooler.kernels.build import encoder_kernels, kernels_choice, load_library
@@ -62,6 +68,16 @@ _BF16_SOURCE = Path(__file__).with_name("attention_bf16.c")
 _BF16_NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 _BF16_CFLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
 
+
+# fp32 global attention over sequences of at least this many tokens (all keys attended) runs
+# torch's SDPA, whose flash CPU kernel (q/k/v blocks through GEMMs, online softmax, O(block)
+# scratch: 28 MB peak growth at 8k tokens x 12 heads, the output's 24 MB included) beat this
+# kernel at d = 64: SDPA / kernel time 0.63 at 2,048 tokens, 0.66 at 4,096, 0.68 at 8,192, but
+# 1.13 at 1,024 (one layer's 12 heads, 2 threads, interleaved, shared Sapphire Rapids Xeon,
+# docs/dev/journal.md "GTE at 4k-8k"). The kernel reads every K and V row of the head from
+# memory again for each block of 32 queries; SDPA tiles keys for the cache. Tests set it to
+# route (or not) at other lengths.
+SDPA_MIN_LEN = 1536
 
 # Benchmarks and tests turn the bf16 kernel alone off here (bf16 q/k/v then widen to fp32).
 BF16_ENABLED = True
@@ -143,6 +159,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
                      bf16_products: bool = False,
                      half_window: int | None = None,
                      causal: bool = False,
+                     long_on_sdpa: bool = True,
                      ) -> torch.Tensor | None:  # [num_tokens, heads, head_dim]
     """softmax(q k^T * scale + bias) v within each packed sequence, or None when this call
     does not qualify (see the module docstring). num_unattended must already be checked to
@@ -152,7 +169,9 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     without it bf16 q/k/v (the bf16 engine) give a bf16 result. `half_window`: local attention
     (keys |i - j| <= half_window), only the band scored. `causal` (keys j <= i; with
     half_window, i - half_window <= j <= i) and k/v with fewer heads than q (GQA, a divisor of
-    them) take the fp32 kernel's decoder entry point (bf16 q/k/v widened, no score bias)."""
+    them) take the fp32 kernel's decoder entry point (bf16 q/k/v widened, no score bias).
+    `long_on_sdpa`: fp32 global attention sends sequences of SDPA_MIN_LEN tokens or more to
+    torch's SDPA (False: all on the kernel; what its runs of other sequences take)."""
     if not (ENABLED and q.device.type == "cpu" and q.dtype in _DTYPES
             and k.dtype == v.dtype == q.dtype and q.dim() == 3 and k.dim() == 3
             and k.shape == v.shape and k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2]
@@ -189,6 +208,9 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
             strides = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
         else:
             q, k, v, strides = _widened(q, k, v, strides)
+    if (dtype == torch.float32 and not bf16_products and half_window is None and not decoder
+            and position_bias is None and long_on_sdpa and max(seq_lens) >= SDPA_MIN_LEN):
+        return _long_on_sdpa(q, k, v, seq_lens, scale, num_unattended)
     count = len(seq_lens)
     if not (cu_seqlens.dtype == torch.int32 and cu_seqlens.is_cpu
             and cu_seqlens.is_contiguous() and cu_seqlens.numel() == count + 1):
@@ -268,3 +290,44 @@ def _local_entry_points(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.packed_local_attention_f32.restype = None
         lib.local_typed = True
     return lib
+
+
+def _long_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows strided
+                  k: torch.Tensor, v: torch.Tensor,  # [num_tokens, heads, head_dim]
+                  seq_lens: list[int], scale: float,
+                  num_unattended: list[int] | None) -> torch.Tensor:
+    """Global fp32 attention with each long sequence (SDPA_MIN_LEN tokens or more, no
+    unattended suffix) on torch's SDPA and each run of the others on the kernel (a call on
+    their rows, so a step with one long document and short texts keeps the kernel for those).
+    SDPA reads the strided [1, heads, L, head_dim] views of the projection's rows (no copies in)
+    and takes its flash CPU kernel (no mask, fp32): never an L x L buffer."""
+    out = torch.empty(q.shape, dtype=torch.float32)  # [num_tokens, heads, head_dim]
+    unattended = num_unattended or [0] * len(seq_lens)
+    starts = [0]
+    for n in seq_lens:
+        starts.append(starts[-1] + n)
+    i = 0
+    while i < len(seq_lens):
+        a = starts[i]
+        if seq_lens[i] >= SDPA_MIN_LEN and not unattended[i]:
+            b = starts[i + 1]
+            # [1, heads, L, head_dim] views
+            qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)[0].transpose(0, 1)
+            i += 1
+            continue
+        j = i + 1  # a run of sequences for the kernel
+        while j < len(seq_lens) and not (seq_lens[j] >= SDPA_MIN_LEN and not unattended[j]):
+            j += 1
+        b = starts[j]
+        lens = seq_lens[i:j]
+        cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+        part = attention_on_cpu(q[a:b], k[a:b], v[a:b], lens, cu, scale,
+                                None if num_unattended is None else num_unattended[i:j],
+                                long_on_sdpa=False)
+        if part is None:
+            raise RuntimeError("the attention kernel declined a run it was chosen for")
+        out[a:b] = part
+        i = j
+    return out
+

@@ -120,6 +120,30 @@ def test_packed_attention_takes_the_kernel_when_it_can(monkeypatch):
                                                      max(seq_lens)), atol=1e-5, rtol=1e-5)
 
 
+def test_long_sequences_take_sdpa_and_the_rest_the_kernel(kernel_build, monkeypatch):
+    # fp32 global attention: sequences of SDPA_MIN_LEN tokens or more with every key attended
+    # go to torch's SDPA (faster there), the runs between them to the kernel, in one output
+    seq_lens, unattended = [7, 300, 33, 130, 150, 5], [1, 0, 0, 4, 0, 0]
+    q, k, v = _fused_qkv(seq_lens, 3, 32, seed=7)
+    want = _reference(q, k, v, seq_lens, unattended=unattended)
+    monkeypatch.setattr(attention_cpu, "SDPA_MIN_LEN", 100)
+    sdpa_lens = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(attention_cpu.F, "scaled_dot_product_attention",
+                        lambda qs, *a, **kw: sdpa_lens.append(qs.shape[2]) or real(qs, *a, **kw))
+    got = attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), 32 ** -0.5,
+                                         num_unattended=unattended)
+    assert sdpa_lens == [300, 150]  # 130 has unattended keys: the kernel's
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    kernel = attention_cpu.attention_on_cpu(q, k, v, seq_lens, _cu(seq_lens), 32 ** -0.5,
+                                            num_unattended=unattended, long_on_sdpa=False)
+    assert sdpa_lens == [300, 150]  # all on the kernel
+    torch.testing.assert_close(kernel, want, atol=1e-5, rtol=1e-5)
+    bf16 = attention_cpu.attention_on_cpu(*(t.bfloat16() for t in (q, k, v)), seq_lens,
+                                          _cu(seq_lens), 32 ** -0.5, num_unattended=unattended)
+    assert bf16 is not None and sdpa_lens == [300, 150]  # bf16: its kernels, not routed
+
+
 @pytest.mark.parametrize("case", ["head size", "float64", "gqa with a bias", "autograd",
                                   "disabled"])
 def test_declines_what_it_does_not_cover(case, monkeypatch):
