@@ -161,6 +161,24 @@ def _weights_key(tensors: list[torch.Tensor]) -> list:
     return [(id(t), t._version) for t in tensors]
 
 
+def sequence_tables(seq_lens: list[int], unattended: list[int], position_bias):
+    """(count, starts, keys, bias) as the C stacks take a step's packed sequences: starts
+    (count + 1 offsets), attended keys per sequence, and per-sequence score-bias pointers (or
+    None); None when a bias table is not contiguous fp32 (the caller runs its torch layers)."""
+    count = len(seq_lens)
+    starts, keys = (ctypes.c_int * (count + 1))(0), (ctypes.c_int * count)()
+    for i, (n, u) in enumerate(zip(seq_lens, unattended)):
+        starts[i + 1] = starts[i] + n
+        keys[i] = n - u
+    bias = None
+    if position_bias is not None:
+        tables = [position_bias[n] for n in seq_lens]
+        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tables):
+            return None
+        bias = (ctypes.c_void_p * count)(*(t.data_ptr() for t in tables))
+    return count, starts, keys, bias
+
+
 def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
                        position_bias: dict[int, torch.Tensor] | None = None
                        ) -> torch.Tensor | None:
@@ -198,17 +216,10 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
         model.__dict__[_STATE] = state
     threads = torch.get_num_threads()
     scratch = torch.empty(lib.bert_scratch_floats(m, h, inter, heads, threads))
-    count = len(seq_lens)
-    starts, keys = (ctypes.c_int * (count + 1))(0), (ctypes.c_int * count)()
-    for i, (n, u) in enumerate(zip(seq_lens, unattended)):
-        starts[i + 1] = starts[i] + n
-        keys[i] = n - u
-    bias = None
-    if position_bias is not None:
-        tables = [position_bias[n] for n in seq_lens]
-        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tables):
-            return None
-        bias = (ctypes.c_void_p * count)(*(t.data_ptr() for t in tables))
+    sequences = sequence_tables(seq_lens, unattended, position_bias)
+    if sequences is None:
+        return None
+    count, starts, keys, bias = sequences
     lib.bert_layers(x.data_ptr(), m, count, starts, keys, bias, h, heads, inter,
                     len(model.layers), state.table, cfg.layer_norm_eps, act, scratch.data_ptr(),
                     threads)

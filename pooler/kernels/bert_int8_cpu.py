@@ -25,7 +25,7 @@ import ctypes
 import torch
 from torch import nn
 
-from pooler.kernels.bert_cpu import _LINEARS, _NORMS, _kernel_activation
+from pooler.kernels.bert_cpu import _LINEARS, _NORMS, _kernel_activation, sequence_tables
 from pooler.kernels.int8_cpu import load_build
 from pooler.layers.quantization import Int8Linear
 
@@ -153,17 +153,10 @@ def int8_bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
     threads = torch.get_num_threads()
     scratch = torch.empty(lib.int8_bert_scratch_bytes(m, h, inter, heads, threads),
                           dtype=torch.uint8)
-    count = len(seq_lens)
-    starts, keys = (ctypes.c_int * (count + 1))(0), (ctypes.c_int * count)()
-    for i, (n, u) in enumerate(zip(seq_lens, unattended)):
-        starts[i + 1] = starts[i] + n
-        keys[i] = n - u
-    bias = None
-    if position_bias is not None:
-        tables = [position_bias[n] for n in seq_lens]
-        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tables):
-            return None
-        bias = (ctypes.c_void_p * count)(*(t.data_ptr() for t in tables))
+    sequences = sequence_tables(seq_lens, unattended, position_bias)
+    if sequences is None:
+        return None
+    count, starts, keys, bias = sequences
     lib.int8_bert_layers(x.data_ptr(), m, count, starts, keys, bias, h, heads, inter,
                          len(layers), state.table, state.ratios, cfg.layer_norm_eps, act,
                          scratch.data_ptr(), threads)
