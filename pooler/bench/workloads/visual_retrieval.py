@@ -36,18 +36,12 @@ from pooler.bench.images import bench_pages, bench_queries
 from pooler.bench.machine import rss_mb
 from pooler.bench.page_folders import page_folder, vision_flops_per_tile
 from pooler.bench.registry import BenchOptions, Side, SideResult, Workload, register
-from pooler.bench.workloads.image_embed import _decode_rgb, _Timer
+from pooler.bench.workloads.image_embed import _decode_rgb, _Timer, rounds
 
 MODEL = "colmodernvbert"
 DEFAULT_PAGES = 6
 DEFAULT_QUERIES = 16
 LIBRARIES = ("pooler", "transformers")
-
-
-def rounds(opts: BenchOptions) -> int:
-    """--interleaved-rounds (default 3; 1 with --quick)."""
-    value = opts.extra.get("interleaved_rounds")
-    return max(1, int(value)) if value else (1 if opts.quick else 3)
 
 
 def _inputs(opts: BenchOptions) -> tuple[list[bytes], list[str]]:
