@@ -64,6 +64,10 @@ class SideResult:
     # A pooler side's step-size label -> the path steps of that size take ("1-48 tokens":
     # "fp32 C stack (avx512)", ...: Engine.step_paths()). Filled by side.py.
     step_paths: dict[str, str] = field(default_factory=dict)
+    # fp32 GEMM GFLOP/s measured in this side's process right after its timed part (workloads
+    # with a ceiling column, full runs only): the runner takes the share of the ceiling against
+    # the fastest GEMM measured in the invocation. Filled by side.py.
+    gemm_gflops: list[float] = field(default_factory=list)
 
 
 @dataclass

@@ -70,6 +70,14 @@ class BenchReport:
     flops_per_token: dict[str, float]
     runs: list[BenchRun]
     loadavg_after: list[float] = field(default_factory=list)
+    # measured by each side with a ceiling column, next to its timed part (side.py)
+    side_gemm_gflops: list[float] = field(default_factory=list)
+
+    @property
+    def fastest_gemm(self) -> float:
+        """The GEMM rate every share of the ceiling is taken against: the fastest measured in
+        the invocation, so a measurement slowed by a neighbour never inflates a share."""
+        return max(self.gemm_gflops + self.side_gemm_gflops)
 
 
 def run_side(workload: Workload, side: str, opts: BenchOptions) -> SideResult:
@@ -185,18 +193,36 @@ def run_benchmarks(names: list[str], opts: BenchOptions, repeat: int = 1,
     # The ceiling is the CPU's fp32 GEMM rate: on a GPU run it would mean nothing.
     flops = {w.name: w.flops_per_token(opts) for w in workloads
              if w.flops_per_token and not (w.skip and w.skip(opts)) and opts.device == "cpu"}
-    runs = []
+    runs, side_gemm = [], []
     for index in range(repeat):
         for load in loads:
             tag = f"run {index + 1}/{repeat}" + (f", background load {load}" if load else "")
             with background_load(load):
-                runs.append(_run_workloads(workloads, opts, flops, gemm[0], tag, log, load))
+                runs.append(_run_workloads(workloads, opts, flops, gemm[0], tag, log, load,
+                                           side_gemm))
     gemm.append(measure_gemm_gflops(opts.threads))
-    return BenchReport(opts, machine, gemm, flops, runs, [round(x, 2) for x in os.getloadavg()])
+    report = BenchReport(opts, machine, gemm, flops, runs, [round(x, 2) for x in os.getloadavg()],
+                         side_gemm)
+    _shares_against(report.runs, used=gemm[0], fastest=report.fastest_gemm)
+    return report
+
+
+def _shares_against(runs: list[BenchRun], used: float, fastest: float) -> None:
+    """Rows were built against the GEMM rate measured first (`used`); restate every share of the
+    ceiling against `fastest` (a share scales as 1 / the rate)."""
+    scale = used / fastest
+    for run in runs:
+        run.ceilings = {name: c / scale for name, c in run.ceilings.items()}
+        for row in run.rows:
+            if row.ceiling_pct is not None:
+                row.ceiling_pct *= scale
+            if row.model_ceiling_pct is not None:
+                row.model_ceiling_pct *= scale
 
 
 def _run_workloads(workloads: list[Workload], opts: BenchOptions, flops: dict[str, float],
-                   gemm_gflops: float, tag: str, log, load: int) -> BenchRun:
+                   gemm_gflops: float, tag: str, log, load: int,
+                   side_gemm: list[float] | None = None) -> BenchRun:
     run = BenchRun(background_load=load)
     with tempfile.TemporaryDirectory(prefix="pooler-bench-") as out_dir:
         for workload in workloads:
@@ -218,6 +244,8 @@ def _run_workloads(workloads: list[Workload], opts: BenchOptions, flops: dict[st
                 try:
                     side_results = run_side_results(workload, side.name, run_opts)
                     results.extend(side_results)
+                    if side_gemm is not None:
+                        side_gemm.extend(g for r in side_results for g in r.gemm_gflops)
                     # Logged as each side ends, so an interrupted run still leaves numbers.
                     for result in side_results:
                         if result.error:
@@ -326,9 +354,12 @@ def summary_lines(report: BenchReport) -> list[str]:
              f"{m['transformers']}, sentence-transformers {m['sentence-transformers']}, "
              f"tokenizers {m['tokenizers']}",
              "fp32 GEMM (2048^3, best of 5, faster of torch matmul / oneDNN): "
-             + ", ".join(f"{g:.0f}" for g in report.gemm_gflops) + " GFLOP/s (before, after)"]
+             + ", ".join(f"{g:.0f}" for g in report.gemm_gflops) + " GFLOP/s (before, after)"
+             + (f"; in the sides' processes {min(report.side_gemm_gflops):.0f}-"
+                f"{max(report.side_gemm_gflops):.0f}" if report.side_gemm_gflops else "")
+             + f"; shares of the ceiling use the fastest, {report.fastest_gemm:.0f}"]
     for name, fpt in report.flops_per_token.items():
-        ceiling = report.gemm_gflops[0] * 1e9 / fpt
+        ceiling = report.fastest_gemm * 1e9 / fpt
         lines.append(f"{name}: {fpt / 1e6:.1f} MFLOP per real token -> fp32 ceiling "
                      f"{ceiling:.0f} tokens/s")
     lines.append("vs baseline: texts/s ratio for throughput workloads, p50 ratio for latency "

@@ -30,6 +30,16 @@ def main(argv: list[str]) -> int:
     for result in results:
         # A side that measures another process (a server) reports that process's peak itself.
         result.peak_rss_mb = result.peak_rss_mb or peak_rss_mb()
+    # The host's speed drifts (shared VMs: the same GEMM ran 185 and 345 GFLOP/s hours apart), so
+    # a side with a ceiling column measures the GEMM rate next to its own timed part (after
+    # its peak RSS is read: the GEMM's matrices are not the side's memory).
+    if opts.device == "cpu" and not opts.quick and (
+            workload.flops_per_token or any(r.model_flops for r in results)):
+        from pooler.bench.machine import measure_gemm_gflops
+        gemm = measure_gemm_gflops(opts.threads)
+        for result in results:
+            result.gemm_gflops = result.gemm_gflops or [gemm]
+    for result in results:
         if result.role == "pooler" and not result.precision_path:
             from pooler.bench.common import ENGINE_PATHS
             result.precision_path = "; ".join(dict.fromkeys(ENGINE_PATHS))

@@ -15,7 +15,9 @@ picks the lengths (default 1024,2048,4096,8192; --quick: 128 on tiny configs), `
 models, `--corpus-size` the documents per length (default max(2, 4096 / L)).
 
 Share of the ceiling: the model FLOPs the documents need over the seconds they took, as a share
-of the bench's measured fp32 GEMM rate (pooler/bench/machine.py). The FLOPs of one document of
+of the fastest fp32 GEMM rate the invocation measured (pooler/bench/machine.py: before the runs,
+after them, and in each side's process right after its timed part; the host's speed drifts, so a
+slowed measurement must not inflate a share). The FLOPs of one document of
 L tokens, counted the same for every side:
 - linear layers: 2 x (weights of every nn.Linear of the encoder, the pooler head excluded)
   per token; embeddings, norms, biases, activations, softmax and rotary are not counted;
@@ -44,7 +46,8 @@ _ST_BATCHES = (1, 2, 4)
 FLOP_RULE = ("model FLOPs per document of L tokens: 2 x linear weights (encoder nn.Linear, "
              "pooler head excluded) per token + per layer 4 x hidden x keys per token (keys: "
              "L in global layers; ModernBERT local layers: |i - j| <= local_attention / 2 "
-             "inside the document); % ceiling = those FLOPs / seconds / the fp32 GEMM rate")
+             "inside the document); % ceiling = those FLOPs / seconds / the fastest fp32 GEMM rate "
+             "measured in the run")
 
 
 def selected_archs(opts: BenchOptions) -> list[str]:
