@@ -20,6 +20,7 @@ slower, fp32 the others, and one warning line says which and why ("fallback").
 """
 from __future__ import annotations
 
+import enum
 import logging
 import statistics
 import time
@@ -46,16 +47,31 @@ class ShapeCase:
     size_range: str = ""
 
 
+class Outcome(enum.Enum):
+    """How a decision came about; callers branch on this, never on the reason's wording."""
+    CHECK_OFF = "check off"          # on_slower="off": run as requested, nothing timed
+    FASTER = "faster"                # not slower on any shape: the candidate everywhere
+    PER_RANGE = "per step size"      # won some size ranges, lost others (already logged)
+    SLOWER = "slower"                # lost: fp32 instead (already logged)
+    UNSUPPORTED = "unsupported"      # no path on this CPU: fp32 instead (already logged)
+
+
 @dataclass(frozen=True)
 class PrecisionDecision:
     requested: str                 # "int8", "bfloat16"
-    use_candidate: bool            # False: run fp32 instead
+    outcome: Outcome
     reason: str                    # one line for the log / the error
     # (case name, candidate seconds, fp32 seconds) per timed shape; empty when not timed
     timings: tuple[tuple[str, float, float], ...] = field(default_factory=tuple)
     # (size range, candidate kept there) per ShapeCase.size_range, in the cases' order; empty
     # when the cases named no ranges (then use_candidate holds for every step)
     ranges: tuple[tuple[str, bool], ...] = field(default_factory=tuple)
+
+    @property
+    def use_candidate(self) -> bool:
+        """Whether the requested precision runs (for every step, or per `ranges`); False:
+        fp32 instead."""
+        return self.outcome in (Outcome.CHECK_OFF, Outcome.FASTER, Outcome.PER_RANGE)
 
     def candidate_for(self, size_range: str) -> bool:
         """Whether steps of `size_range` run the requested precision."""
@@ -129,11 +145,12 @@ def decide(requested: str, cases: Sequence[ShapeCase], *, on_slower: OnSlower = 
         raise ValueError(f"on_slower must be one of {ON_SLOWER_CHOICES}, got {on_slower!r}.")
     cpu = cpu or cpu_features()
     if on_slower == "off":
-        return PrecisionDecision(requested, True, f"{requested}: check off, run as requested")
+        return PrecisionDecision(requested, Outcome.CHECK_OFF,
+                                 f"{requested}: check off, run as requested")
     where = f"this CPU, {cpu.summary()}"
     if not supported:
         reason = f"{requested} has no path on {where}: {unsupported_why}"
-        return _settle(requested, False, reason, (), on_slower)
+        return _settle(requested, Outcome.UNSUPPORTED, reason, (), on_slower)
     if measure is not None:
         measure_pair = lambda candidate, fp32: (measure(candidate), measure(fp32))  # noqa: E731
     timings = tuple((c.name, *measure_pair(c.candidate, c.fp32)) for c in cases)
@@ -144,7 +161,7 @@ def decide(requested: str, cases: Sequence[ShapeCase], *, on_slower: OnSlower = 
     ranges = tuple((r, not any(c.name in slower_names for c in cases if c.size_range == r))
                    for r in names) if any(names) else ()
     if not slower:
-        return PrecisionDecision(requested, True,
+        return PrecisionDecision(requested, Outcome.FASTER,
                                  f"{requested} faster than float32 on {where} ({shown})",
                                  timings, ranges)
     if ranges and any(won for _, won in ranges) and on_slower != "refuse":
@@ -154,14 +171,14 @@ def decide(requested: str, cases: Sequence[ShapeCase], *, on_slower: OnSlower = 
         reason = (f"{requested} per step size on {where}: {chosen} ({shown}; {requested} vs "
                   f"float32)")
         log.warning("%s.", reason)
-        return PrecisionDecision(requested, True, reason, timings, ranges)
+        return PrecisionDecision(requested, Outcome.PER_RANGE, reason, timings, ranges)
     reason = (f"{requested} is slower than float32 on {where} ({shown}; {requested} vs "
               f"float32)")
-    return _settle(requested, False, reason, timings, on_slower,
+    return _settle(requested, Outcome.SLOWER, reason, timings, on_slower,
                    tuple((r, False) for r, _ in ranges))
 
 
-def _settle(requested: str, ok: bool, reason: str, timings, on_slower: OnSlower,
+def _settle(requested: str, outcome: Outcome, reason: str, timings, on_slower: OnSlower,
             ranges: tuple[tuple[str, bool], ...] = ()) -> PrecisionDecision:
     if on_slower == "refuse":
         raise ValueError(f"{reason}. Drop the {requested} option to run float32, or pass "
@@ -169,4 +186,4 @@ def _settle(requested: str, ok: bool, reason: str, timings, on_slower: OnSlower,
                          f"anyway.")
     log.warning("%s; running float32 instead (on_slower='refuse' makes this an error, 'off' "
                 "runs %s anyway).", reason, requested)
-    return PrecisionDecision(requested, ok, reason, timings, ranges)
+    return PrecisionDecision(requested, outcome, reason, timings, ranges)

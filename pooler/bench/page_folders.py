@@ -14,7 +14,8 @@ global image = 17 tiles, 1,088 image vectors.
 
 The real tokenizer (ModernBERT's BPE) is not available offline: a byte-level BPE trained on a
 small corpus stands in (vocabulary ~1,000, so queries run somewhat more tokens than with the
-real one) with the image and special tokens the processor needs; the token table keeps the real
+real one) with the image and special tokens the processor needs (pooler/bench/
+modernbert_tokenizer.py, shared with the tests' tiny folders); the token table keeps the real
 50,368 rows. Speed does not depend on the weights. `tiny=True` keeps the structure at 32 px
 tiles of 4 px patches, 2 layers of width 24-32 and pages of at most 3 x 3 tiles (--quick).
 """
@@ -23,12 +24,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pooler.bench.common import cached_folder
+from pooler.bench.modernbert_tokenizer import SPECIALS, save_colmodernvbert_processor
 
 REAL_VOCAB = 50368
-IMAGE_TOKENS = (["<|begin_of_text|>", "<fake_token_around_image>", "<image>", "<global-img>",
-                 "<end_of_utterance>"]
-                + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)])
-_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 _CORPUS = ("which page shows the quarterly revenue chart and the table of operating costs "
            "User: Describe the image.\nAssistant: a page of an annual report with figures, "
            "invoices, totals by region, the board members, risk factors and a summary of "
@@ -51,42 +49,16 @@ def _shape(tiny: bool) -> dict:
                 embedding_dim=128)
 
 
-def _save_processor(dest: Path, shape: dict, image_seq_len: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import ColModernVBertProcessor, PreTrainedTokenizerFast
-    from transformers.models.idefics3.image_processing_pil_idefics3 import (
-        Idefics3ImageProcessorPil)
-
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(_CORPUS * 4, trainers.BpeTrainer(
-        vocab_size=1000, special_tokens=_SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]",
-                                   model_max_length=8192)
-    fast.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
-    image_processor = Idefics3ImageProcessorPil(
-        size={"longest_edge": shape["longest_edge"]},
-        max_image_size={"longest_edge": shape["tile"]})
-    ColModernVBertProcessor(image_processor=image_processor, tokenizer=fast,
-                            image_seq_len=image_seq_len).save_pretrained(dest)
-    return fast
-
-
 def _build(dest: Path, tiny: bool) -> None:
     import torch
     import transformers
 
     shape = _shape(tiny)
     image_seq_len = (shape["tile"] // shape["patch"]) ** 2 // shape["shuffle"] ** 2
-    tokenizer = _save_processor(dest, shape, image_seq_len)
-    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in _SPECIALS}
+    tokenizer = save_colmodernvbert_processor(
+        dest, _CORPUS * 4, vocab_size=1000, model_max_length=8192,
+        longest_edge=shape["longest_edge"], tile=shape["tile"], image_seq_len=image_seq_len)
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIALS}
     text = dict(vocab_size=len(tokenizer) if tiny else max(REAL_VOCAB, len(tokenizer)),
                 global_attn_every_n_layers=3, max_position_embeddings=8192,
                 pad_token_id=ids["[PAD]"], cls_token_id=ids["[CLS]"],

@@ -204,6 +204,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         and not decoder else None
     if lib16 is None and dtype != torch.float32:  # bf16 without the bf16 kernel: fp32 inside
         if decoder:
+            # needed: the masked kernel reads fp32 only (.float() is the one copy; contiguous)
             q, k, v = (t.float().contiguous() for t in (q, k, v))
             strides = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
         else:

@@ -35,7 +35,8 @@ from pooler.kernels.build import encoder_kernels
 from pooler.kernels.int8_cpu import int8_path
 from pooler.layers.quantization import Int8Linear, keep_fp32_short_steps
 from pooler.models.inputs import ModelInputs
-from pooler.precision_gate import PrecisionDecision, ShapeCase, decide, interleaved_medians
+from pooler.precision_gate import (Outcome, PrecisionDecision, ShapeCase, decide,
+                                   interleaved_medians)
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def choose_int8_or_fp32(fp32_model: nn.Module, model_config: ModelConfig, token_
         fp32_model.precision_path = f"float32, int8 short steps ({path})"
         return fp32_model, decision
     if decision.use_candidate:
-        if decision.reason.startswith("int8 faster"):
+        if decision.outcome is Outcome.FASTER:  # the other outcomes logged a warning already
             logger.info("int8 path %s: %s", path, decision.reason)
         if apart and not decision.candidate_for(SHORT_STEPS):
             keep_fp32_short_steps(int8_model, fp32_model)  # short steps: the fp32 C stack

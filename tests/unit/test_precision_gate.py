@@ -132,11 +132,13 @@ def test_each_size_range_is_decided_alone(caplog):
     # every range won: int8 everywhere, one info-level reason
     times[("cand", "1x12")] = 0.001
     d = gate.decide("int8", _ranged(*SIZED), cpu=AVX2, measure=_fake(times))
-    assert d.ranges == (("short", True), ("large", True)) and d.reason.startswith("int8 faster")
+    assert d.ranges == (("short", True), ("large", True)) and d.outcome is gate.Outcome.FASTER
+    assert d.reason.startswith("int8 faster")  # the log line's wording
     # every range lost: fp32 for all, as without ranges
     slow = {k: (0.5 if k[0] == "cand" else 0.001) for k in times}
     d = gate.decide("int8", _ranged(*SIZED), cpu=AVX2, measure=_fake(slow))
     assert not d.use_candidate and d.ranges == (("short", False), ("large", False))
+    assert d.outcome is gate.Outcome.SLOWER
 
 
 def test_refuse_never_mixes_precisions():
@@ -146,3 +148,26 @@ def test_refuse_never_mixes_precisions():
     with pytest.raises(ValueError, match="slower than float32.*1x12"):
         gate.decide("int8", _ranged(*SIZED), cpu=AVX2, on_slower="refuse",
                     measure=_fake(times))
+
+
+def test_outcome_says_how_each_decision_came_about():
+    """Callers branch on `outcome` (precision_check logs only FASTER: the others warned), and
+    use_candidate follows from it."""
+    times = {("cand", "1x12"): 0.004, ("fp32", "1x12"): 0.002,
+             ("cand", "4x12"): 0.001, ("fp32", "4x12"): 0.002,
+             ("cand", "16x128"): 0.05, ("fp32", "16x128"): 0.1}
+    faster = {k: (0.001 if k[0] == "cand" else 0.002) for k in times}
+    cases = {
+        gate.Outcome.CHECK_OFF: gate.decide("int8", _cases("1x12"), cpu=AVX2, on_slower="off"),
+        gate.Outcome.FASTER: gate.decide("int8", _ranged(*SIZED), cpu=AVX2,
+                                         measure=_fake(faster)),
+        gate.Outcome.PER_RANGE: gate.decide("int8", _ranged(*SIZED), cpu=AVX2,
+                                            measure=_fake(times)),
+        gate.Outcome.SLOWER: gate.decide("int8", _cases("1x12"), cpu=AVX2,
+                                         measure=_fake(times)),
+        gate.Outcome.UNSUPPORTED: gate.decide("bfloat16", _cases("1x12"), cpu=AVX2,
+                                              supported=False, unsupported_why="no AMX"),
+    }
+    assert {o: d.outcome for o, d in cases.items()} == {o: o for o in cases}
+    assert {o for o, d in cases.items() if d.use_candidate} == {
+        gate.Outcome.CHECK_OFF, gate.Outcome.FASTER, gate.Outcome.PER_RANGE}
