@@ -25,22 +25,59 @@
 #define FSUB (VW == 16 ? 4 : 8) /* query sub-blocks of QB per unit: 128 queries in both builds */
 #endif
 #ifndef FK
-#define FK 256 /* keys per key block */
+#define FK 240 /* keys per key block: whole score tiles (12 or 6 keys) */
 #endif
 #define FQ (FSUB * QB)
 
 /* 2^x on every lane for x <= 0 (scores minus their running max), ~2 ulp: 2^n * 2^r with
- * n = round(x), |r| <= 1/2 and a degree-6 Taylor series of e^(r ln 2). Below -126 (weights
- * under 1e-38 of the row's largest) the result is 2^-126, not 0: harmless next to the max's 1. */
+ * n = round(x), |r| <= 1/2 and a degree-6 Taylor series of 2^r = e^(r ln 2). AVX-512 scales by
+ * 2^n in one VSCALEFPS (0 below -149); the AVX2 build adds n to the exponent bits, clamping x at
+ * -126 (2^-126 there, not 0: harmless next to the max's weight of 1). */
 static inline vf vexp2_nonpos(vf x) {
+#if VW == 16
+    x = vmax(x, vsplat(-150.f)); /* -inf (a first block's running max) to a finite n */
+    vf n = (vf)_mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = x - n;
+#else
     x = vmax(x, vsplat(-126.f));
     const float magic = 12582912.f; /* 1.5 * 2^23: rounds, leaving n in the low mantissa bits */
     vf t = x + magic;
-    vf r = (x - (t - magic)) * 0.693147181f;
-    vf p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 +
-            r * (1.f / 720))))));
+    vf r = x - (t - magic);
+#endif
+    const float l1 = 0.693147181f, l2 = l1 * l1 / 2, l3 = l2 * l1 / 3, l4 = l3 * l1 / 4,
+                l5 = l4 * l1 / 5, l6 = l5 * l1 / 6; /* (ln 2)^k / k! */
+    vf p = 1.f + r * (l1 + r * (l2 + r * (l3 + r * (l4 + r * (l5 + r * l6)))));
+#if VW == 16
+    return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);
+#else
     vi bits = (((vi)t - 0x4B400000) + 127) << 23;
     return p * (vf)bits;
+#endif
+}
+
+/* st[r][0..QB) = keys row r . qt (attention.h's score_tile) for mr contiguous key rows of d
+ * floats, and the running maxima m0, m1 of the two query vectors over those rows */
+static inline __attribute__((always_inline)) void flash_score_tile(
+        int mr, const float *k, const float *qt, int d, float *st, vf *m0, vf *m1) {
+    vf acc[KR][2];
+    for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = vsplat(0.f);
+    for (int c = 0; c < d; c++) {
+        vf b0 = *(const vf *)(qt + c * QB), b1 = *(const vf *)(qt + c * QB + VW);
+        for (int r = 0; r < mr; r++) {
+            float a = k[(size_t)r * d + c];
+            acc[r][0] += a * b0;
+            acc[r][1] += a * b1;
+        }
+    }
+    vf x0 = *m0, x1 = *m1;
+    for (int r = 0; r < mr; r++) {
+        *(vf *)(st + r * QB) = acc[r][0];
+        *(vf *)(st + r * QB + VW) = acc[r][1];
+        x0 = vmax(acc[r][0], x0);
+        x1 = vmax(acc[r][1], x1);
+    }
+    *m0 = x0;
+    *m1 = x1;
 }
 
 /* o[r][0 .. nv*VW) = alpha[r] o[r] + sum_j pt[j][r] v[j] for mr query rows; pt: the tile's
@@ -118,25 +155,21 @@ static void flash_unit(const struct attention_args *a, int s, int hd, int block,
             float *qt = work + b * per_sub, *o = qt + (size_t)d * QB, *st = o + (size_t)QB * d;
             float *mx = st + (size_t)FK * QB, *sum = mx + QB, *alpha = sum + QB;
             int n = nq - b * QB < QB ? nq - b * QB : QB;
+            vf m0 = *(const vf *)mx, m1 = *(const vf *)(mx + VW); /* the running maxima */
+            vf n0 = m0, n1 = m1;                                   /* and the new ones */
             for (int j = 0; j < kb; j += KR) {
                 int mr = kb - j < KR ? kb - j : KR;
                 const float *kr = kj + (size_t)j * d;
                 float *sr = st + (size_t)j * QB;
                 switch (mr) {
-#define TILE(R) case R: if (R <= KR) score_tile(R, kr, d, qt, d, sr); break;
+#define TILE(R) case R: if (R <= KR) flash_score_tile(R, kr, qt, d, sr, &n0, &n1); break;
                     TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
                     TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
 #undef TILE
                 }
             }
             /* online softmax, lane-wise over the QB queries (two vectors) */
-            vf m0 = *(const vf *)mx, m1 = *(const vf *)(mx + VW);
-            vf n0 = m0, n1 = m1;
-            for (int j = 0; j < kb; j++) {
-                n0 = vmax(*(const vf *)(st + (size_t)j * QB), n0);
-                n1 = vmax(*(const vf *)(st + (size_t)j * QB + VW), n1);
-            }
-            /* the first key block: m = -inf, alpha = 2^-126 multiplies o = 0 and sum = 0 */
+            /* the first key block: m = -inf, alpha = 0 (AVX2: 2^-126) multiplies o = 0, sum = 0 */
             vf a0 = vexp2_nonpos(m0 - n0), a1 = vexp2_nonpos(m1 - n1);
             vf s0 = zero, s1 = zero;
             for (int j = 0; j < kb; j++) {
