@@ -80,20 +80,28 @@ static inline __attribute__((always_inline)) void flash_score_tile(
     *m1 = x1;
 }
 
+/* Vectors of d per P@V tile (FPV) and query rows per tile for nv vectors (2 KR accumulators).
+ * AVX-512 at d = 64: 6 queries x 4 vectors, each P broadcast once per key (12 x 2 vectors read
+ * it twice, over two column halves). */
+#ifndef FPV
+#define FPV (VW == 16 ? 4 : 2)
+#endif
+#define PV_ROWS(nv) ((nv) <= 2 ? KR : 2 * KR / (nv))
+
 /* o[r][0 .. nv*VW) = alpha[r] o[r] + sum_j pt[j][r] v[j] for mr query rows; pt: the tile's
  * first query in a [keys][QB] score block */
 static inline __attribute__((always_inline)) void flash_pv_tile(
         int mr, int nv, const float *pt, const float *v, int ldv, int nk, const float *alpha,
         float *o, int ldo) {
-    vf acc[KR][2];
-    for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = vsplat(0.f);
+    vf acc[KR][4];
+    for (int r = 0; r < mr; r++)
+        for (int w = 0; w < nv; w++) acc[r][w] = vsplat(0.f);
     for (int j = 0; j < nk; j++) {
         const float *vj = v + (size_t)j * ldv, *pj = pt + (size_t)j * QB;
-        vf b0 = *(const vf *)vj, b1 = nv == 2 ? *(const vf *)(vj + VW) : b0;
-        for (int r = 0; r < mr; r++) {
-            acc[r][0] += pj[r] * b0;
-            if (nv == 2) acc[r][1] += pj[r] * b1;
-        }
+        vf b[4];
+        for (int w = 0; w < nv; w++) b[w] = *(const vf *)(vj + w * VW);
+        for (int r = 0; r < mr; r++)
+            for (int w = 0; w < nv; w++) acc[r][w] += pj[r] * b[w];
     }
     for (int r = 0; r < mr; r++)
         for (int w = 0; w < nv; w++) {
@@ -187,19 +195,21 @@ static void flash_unit(const struct attention_args *a, int s, int hd, int block,
             *(vf *)(sum + VW) = *(const vf *)(sum + VW) * a1 + s1;
             *(vf *)alpha = a0;
             *(vf *)(alpha + VW) = a1;
-            for (int i0 = 0; i0 < n; i0 += KR) {
-                int mr = n - i0 < KR ? n - i0 : KR;
-                for (int c = 0; c < d; c += 2 * VW) {
-                    int nv = d - c >= 2 * VW ? 2 : 1;
+            for (int c = 0; c < d; c += FPV * VW) {
+                int nv = (d - c) / VW < FPV ? (d - c) / VW : FPV, rows = PV_ROWS(nv);
+                for (int i0 = 0; i0 < n; i0 += rows) {
+                    int mr = n - i0 < rows ? n - i0 : rows;
                     const float *pt = st + i0, *vc = vj + c;
                     float *oc = o + (size_t)i0 * d + c;
-                    switch (mr * 2 + nv - 1) {
-#define TILE(R) \
-    case 2 * R: if (R <= KR) flash_pv_tile(R, 1, pt, vc, d, kb, alpha + i0, oc, d); break; \
-    case 2 * R + 1: if (R <= KR) flash_pv_tile(R, 2, pt, vc, d, kb, alpha + i0, oc, d); break;
+                    switch (mr * 4 + nv - 1) {
+#define PV(R, NV) case 4 * R + NV - 1: \
+    if (NV <= FPV && R <= PV_ROWS(NV)) flash_pv_tile(R, NV, pt, vc, d, kb, alpha + i0, oc, d); \
+    break;
+#define TILE(R) PV(R, 1) PV(R, 2) PV(R, 3) PV(R, 4)
                         TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
                         TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
 #undef TILE
+#undef PV
                     }
                 }
             }
