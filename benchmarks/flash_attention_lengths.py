@@ -53,8 +53,8 @@ def main() -> None:
     scale = args.dim ** -0.5
     print(f"cpu: {cpu_features().summary()}; build {lib.variant}, ATEN_CPU_CAPABILITY="
           f"{os.environ.get('ATEN_CPU_CAPABILITY', '(default)')}, {args.heads} heads x "
-          f"{args.dim}, {args.threads} thread(s), {'CPU' if args.cpu_time else 'wall'} time, fastest of {args.rounds} interleaved rounds; "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"{args.dim}, {args.threads} thread(s), {'CPU' if args.cpu_time else 'wall'} time, "
+          f"fastest of {args.rounds} interleaved rounds; load average {os.getloadavg()[0]:.1f}")
 
     def sdpa(q, k, v):
         qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, L, dim]

@@ -7,8 +7,8 @@
  * one block of QB (32 on AVX-512) queries against every key, so each block streams the head's
  * whole K and V (2 x 2 MB at 8k tokens x 64) from L3 again, and keeps QB x len scores (1 MB at
  * 8k) in L2. Here the keys come in blocks of FK: a block's K and V rows (FK x 256 bytes each at
- * d = 64) are read from memory once and serve all FSUB sub-blocks of the unit's queries from L1
- * and L2, and the scores are FK x QB per sub-block (32 KB). Per sub-block and key block:
+ * d = 64) are copied contiguous once per unit and serve all FSUB sub-blocks of its queries from L1
+ * and L2, and the scores are FK x QB per sub-block (30 KB). Per sub-block and key block:
  *   st[j][i] = q_i . k_j (queries pre-scaled by scale * log2(e), attention.h's transposed tile:
  *              one vector holds one key's score for QB/2 queries, so the softmax is lane-wise);
  *   m_new = max(m, max_j st[j]), alpha = 2^(m - m_new), p = 2^(st - m_new) (in place),
