@@ -27,12 +27,14 @@ Taken by packed_attention when all of these hold, else its torch paths run:
   scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
   global attention).
 
-Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS) a sequence of FLASH_MIN_LEN
-tokens or more (an unattended suffix allowed, no score bias) takes the flash kernel
+Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS), with heads of at most
+FLASH_MAX_HEAD_DIM = 64, a sequence of FLASH_MIN_LEN tokens or more (an unattended suffix
+allowed, no score bias) takes the flash kernel
 (encoder_cpu.c's packed_flash_attention_f32, flash_attention.h: 128-query units, 240-key blocks
 copied contiguous, an online softmax, O(block) scratch); on the AVX2 build a sequence of
 SDPA_MIN_LEN tokens or more whose keys are all attended goes to torch's SDPA (its flash CPU
-kernel). The other sequences of the step stay on attention.h's kernel. Measured (one layer, 12
+kernel), as it does on AVX-512 with wider heads. The other sequences of the step stay on
+attention.h's kernel. Measured (one layer, 12
 heads x 64, Sapphire Rapids VM shared with other sessions, interleaved, fastest of N rounds,
 benchmarks/flash_attention_lengths.py; docs/dev/journal.md "Flash attention for long fp32
 sequences"): flash / SDPA time 0.95, 0.93, 0.86, 0.91 at 1,024, 2,048, 4,096, 8,192 tokens
@@ -88,8 +90,11 @@ _BF16_CFLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512
 # module docstring has the ratios, benchmarks/flash_attention_lengths.py measures them); at
 # 256-512 tokens attention.h's kernel (its scores still in L2) was 7-12% faster. The AVX2 build
 # is not listed: there SDPA (MKL/oneDNN GEMMs) was 1.4-1.6x faster than the flash kernel.
+# Heads wider than FLASH_MAX_HEAD_DIM keep the SDPA route: at 128 (6 heads) the flash kernel
+# was level with SDPA (1.00-1.03x its time), at 32 and 64 faster (0.83-0.84x, 0.86-0.95x).
 FLASH_MIN_LEN = 1024
 FLASH_BUILDS = ("avx512",)
+FLASH_MAX_HEAD_DIM = 64
 
 # On the other builds (AVX2), fp32 global attention over sequences of at least this many tokens
 # (all keys attended) runs torch's SDPA, whose flash CPU kernel (q/k/v blocks through GEMMs,
@@ -233,7 +238,8 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
             q, k, v, strides = _widened(q, k, v, strides)
     if (dtype == torch.float32 and not bf16_products and half_window is None and not decoder
             and position_bias is None and long_on_sdpa):
-        flash = _flash_entry_point(lib) if lib.variant in FLASH_BUILDS else None
+        flash = _flash_entry_point(lib) if (lib.variant in FLASH_BUILDS
+                                            and head_dim <= FLASH_MAX_HEAD_DIM) else None
         if max(seq_lens) >= (SDPA_MIN_LEN if flash is None else FLASH_MIN_LEN):
             return _long_apart(q, k, v, strides, seq_lens, scale, num_unattended, flash)
     count = len(seq_lens)

@@ -105,3 +105,10 @@ def test_long_sequences_take_the_flash_kernel_on_its_builds(kernel_build, monkey
         assert flash_lens == [[300, 150], [130]] and sdpa_lens == []  # unattended keys too
     else:
         assert flash_lens == [] and sdpa_lens == [300, 150]  # 130 has unattended keys
+    # heads wider than FLASH_MAX_HEAD_DIM: the SDPA route on every build
+    flash_lens.clear(), sdpa_lens.clear()
+    monkeypatch.setattr(attention_cpu, "FLASH_MAX_HEAD_DIM", 16)
+    got = attention_cpu.attention_on_cpu(q, k, v, seq_lens, torch.tensor(
+        [0, *seq_lens]).cumsum(0).int(), 32 ** -0.5, num_unattended=unattended)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    assert flash_lens == [] and sdpa_lens == [300, 150]
