@@ -1,9 +1,9 @@
 """The flash kernel for long fp32 global attention (flash_attention.h, attention_cpu's
 flash_attention and its routing) against torch's SDPA on each sequence alone, in both builds
 (AVX-512 and AVX2, forced on an AVX-512 machine): ragged lengths around its 128-query units and
-240-key blocks packed in one call, q/k/v as views of one fused projection or as separate
-tensors, an unattended suffix, thread-count invariance, and which path a step's sequences
-take."""
+240-key blocks packed in one call, head sizes that take P@V tiles of 1-4 vectors, q/k/v as
+views of one fused projection or as separate tensors, an unattended suffix, thread-count
+invariance, and which path a step's sequences take."""
 from __future__ import annotations
 
 import pytest
@@ -46,7 +46,7 @@ def _flash(lib, q, k, v, seq_lens, scale, unattended=None):
     return attention_cpu.flash_attention(flash, q, k, v, strides, seq_lens, scale, unattended)
 
 
-@pytest.mark.parametrize("heads,dim", [(2, 64), (1, 32), (1, 128)])
+@pytest.mark.parametrize("heads,dim", [(2, 64), (1, 32), (1, 128), (1, 48), (1, 80), (2, 16)])
 def test_matches_sdpa_at_ragged_lengths(kernel_build, heads, dim):
     seq_lens = [1, 17, 1000, 2049, 240, 129]
     q, k, v = _fused_qkv(seq_lens, heads, dim)
