@@ -29,22 +29,20 @@ Taken by packed_attention when all of these hold, else its torch paths run:
 
 Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS), with heads of at most
 FLASH_MAX_HEAD_DIM = 64, a sequence of FLASH_MIN_LEN tokens or more (an unattended suffix
-allowed, no score bias) takes the flash kernel
-(encoder_cpu.c's packed_flash_attention_f32, flash_attention.h: 128-query units, 240-key blocks
-copied contiguous, an online softmax, O(block) scratch); on the AVX2 build a sequence of
-SDPA_MIN_LEN tokens or more whose keys are all attended goes to torch's SDPA (its flash CPU
-kernel), as it does on AVX-512 with wider heads. The other sequences of the step stay on
-attention.h's kernel. Measured (one layer, 12
+allowed, no score bias) takes the flash kernel (encoder_cpu.c's packed_flash_attention_f32,
+flash_attention.h: 128-query units, 240-key blocks copied contiguous, an online softmax,
+O(block) scratch); on the AVX2 build a sequence of SDPA_MIN_LEN tokens or more whose keys are
+all attended goes to torch's SDPA (its flash CPU kernel), as it does on AVX-512 with wider
+heads. The other sequences of the step stay on attention.h's kernel. Measured (one layer, 12
 heads x 64, Sapphire Rapids VM shared with other sessions, interleaved, fastest of N rounds,
 benchmarks/flash_attention_lengths.py; docs/dev/journal.md "Flash attention for long fp32
-sequences"): flash / SDPA time 0.95, 0.93, 0.86, 0.91 at 1,024, 2,048, 4,096, 8,192 tokens
-(2 threads, wall; 0.88-0.91 at 1 thread by CPU time), flash / attention.h's kernel 0.91 at
-1,024 and 0.5-0.6 from 2,048 (but 1.07-1.12 at 256-512: FLASH_MIN_LEN); a 2-layer GTE-base
-forward 0.96x the time at 4k, 0.94x at 8k. On the AVX2 build with torch held by
-ATEN_CPU_CAPABILITY=avx2 (SDPA's GEMMs stay AVX-512 through MKL/oneDNN) the kernel took
-1.40-1.57x SDPA's time, so that build keeps SDPA (0.93-1.08x with MKL and oneDNN held to AVX2
-too, as on an AVX2-only CPU: not measured there). bf16 q/k/v and bf16 products keep their
-kernels.
+sequences"): flash / SDPA time 0.95, 0.93, 0.86, 0.91 at 1,024, 2,048, 4,096, 8,192 tokens (2
+threads, wall; 0.88-0.91 at 1 thread by CPU time), flash / attention.h's kernel 0.91 at 1,024
+and 0.5-0.6 from 2,048 (but 1.07-1.12 at 256-512: FLASH_MIN_LEN); a 2-layer GTE-base forward
+0.96x the time at 4k, 0.94x at 8k. On the AVX2 build with torch held by ATEN_CPU_CAPABILITY=avx2
+(SDPA's GEMMs stay AVX-512 through MKL/oneDNN) the kernel took 1.40-1.57x SDPA's time, so that
+build keeps SDPA (0.93-1.08x with MKL and oneDNN held to AVX2 too, as on an AVX2-only CPU: not
+measured there). bf16 q/k/v and bf16 products keep their kernels.
 
 Which kernel: bf16 q/k/v (the bf16 engine's QKV projection) take attention_bf16.c where it runs
 (AVX512_BF16, head size a multiple of 16, `BF16_ENABLED`): QK^T in VDPBF16PS (exact products of
