@@ -27,10 +27,22 @@ Taken by packed_attention when all of these hold, else its torch paths run:
   scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
   global attention).
 
-Long global fp32 attention: a sequence of SDPA_MIN_LEN tokens or more whose keys are all
-attended goes to torch's SDPA instead (its flash CPU kernel, O(block) memory), measured faster
-than this kernel from 2k tokens at d = 64 (see SDPA_MIN_LEN); the other sequences of the step
-stay on the kernel. bf16 q/k/v and bf16 products keep their kernels.
+Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS), with heads of at most
+FLASH_MAX_HEAD_DIM = 64, a sequence of FLASH_MIN_LEN tokens or more (an unattended suffix
+allowed, no score bias) takes the flash kernel (encoder_cpu.c's packed_flash_attention_f32,
+flash_attention.h: 128-query units, 240-key blocks copied contiguous, an online softmax,
+O(block) scratch); on the AVX2 build a sequence of SDPA_MIN_LEN tokens or more whose keys are
+all attended goes to torch's SDPA (its flash CPU kernel), as it does on AVX-512 with wider
+heads. The other sequences of the step stay on attention.h's kernel. Measured (one layer, 12
+heads x 64, Sapphire Rapids VM shared with other sessions, interleaved, fastest of N rounds,
+benchmarks/flash_attention_lengths.py; docs/dev/journal.md "Flash attention for long fp32
+sequences"): flash / SDPA time 0.95, 0.93, 0.86, 0.91 at 1,024, 2,048, 4,096, 8,192 tokens (2
+threads, wall; 0.88-0.91 at 1 thread by CPU time), flash / attention.h's kernel 0.91 at 1,024
+and 0.5-0.6 from 2,048 (but 1.07-1.12 at 256-512: FLASH_MIN_LEN); a 2-layer GTE-base forward
+0.96x the time at 4k, 0.94x at 8k. On the AVX2 build with torch held by ATEN_CPU_CAPABILITY=avx2
+(SDPA's GEMMs stay AVX-512 through MKL/oneDNN) the kernel took 1.40-1.57x SDPA's time, so that
+build keeps SDPA (0.93-1.08x with MKL and oneDNN held to AVX2 too, as on an AVX2-only CPU: not
+measured there). bf16 q/k/v and bf16 products keep their kernels.
 
 Which kernel: bf16 q/k/v (the bf16 engine's QKV projection) take attention_bf16.c where it runs
 (AVX512_BF16, head size a multiple of 16, `BF16_ENABLED`): QK^T in VDPBF16PS (exact products of
@@ -69,14 +81,27 @@ _BF16_NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 _BF16_CFLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
 
 
-# fp32 global attention over sequences of at least this many tokens (all keys attended) runs
-# torch's SDPA, whose flash CPU kernel (q/k/v blocks through GEMMs, online softmax, O(block)
-# scratch: 28 MB peak growth at 8k tokens x 12 heads, the output's 24 MB included) beat this
-# kernel at d = 64: SDPA / kernel time 0.63 at 2,048 tokens, 0.66 at 4,096, 0.68 at 8,192, but
-# 1.13 at 1,024 (one layer's 12 heads, 2 threads, interleaved, shared Sapphire Rapids Xeon,
-# docs/dev/journal.md "GTE at 4k-8k"). The kernel reads every K and V row of the head from
-# memory again for each block of 32 queries; SDPA tiles keys for the cache. Tests set it to
-# route (or not) at other lengths.
+# fp32 global attention over sequences of at least FLASH_MIN_LEN tokens (no score bias) runs the
+# flash kernel (flash_attention.h: key blocks and an online softmax, O(block) scratch) on the
+# builds named in FLASH_BUILDS; the shorter sequences of the step stay on attention.h's kernel.
+# From 1,024 tokens the flash kernel beat both SDPA and attention.h's kernel on AVX-512 (the
+# module docstring has the ratios, benchmarks/flash_attention_lengths.py measures them); at
+# 256-512 tokens attention.h's kernel (its scores still in L2) was 7-12% faster. The AVX2 build
+# is not listed: there SDPA (MKL/oneDNN GEMMs) was 1.4-1.6x faster than the flash kernel.
+# Heads wider than FLASH_MAX_HEAD_DIM keep the SDPA route: at 128 (6 heads) the flash kernel
+# was level with SDPA (1.00-1.03x its time), at 32 and 64 faster (0.83-0.84x, 0.86-0.95x).
+FLASH_MIN_LEN = 1024
+FLASH_BUILDS = ("avx512",)
+FLASH_MAX_HEAD_DIM = 64
+
+# On the other builds (AVX2), fp32 global attention over sequences of at least this many tokens
+# (all keys attended) runs torch's SDPA, whose flash CPU kernel (q/k/v blocks through GEMMs,
+# online softmax, O(block) scratch: 28 MB peak growth at 8k tokens x 12 heads, the output's
+# 24 MB included) beat attention.h's kernel at d = 64: SDPA / kernel time 0.63 at 2,048 tokens,
+# 0.66 at 4,096, 0.68 at 8,192, but 1.13 at 1,024 (one layer's 12 heads, 2 threads,
+# interleaved, shared Sapphire Rapids Xeon, docs/dev/journal.md "GTE at 4k-8k"). That kernel
+# reads every K and V row of the head from memory again for each block of 32 queries; SDPA
+# tiles keys for the cache. Tests set both to route (or not) at other lengths.
 SDPA_MIN_LEN = 1536
 
 # Benchmarks and tests turn the bf16 kernel alone off here (bf16 q/k/v then widen to fp32).
@@ -170,8 +195,9 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     (keys |i - j| <= half_window), only the band scored. `causal` (keys j <= i; with
     half_window, i - half_window <= j <= i) and k/v with fewer heads than q (GQA, a divisor of
     them) take the fp32 kernel's decoder entry point (bf16 q/k/v widened, no score bias).
-    `long_on_sdpa`: fp32 global attention sends sequences of SDPA_MIN_LEN tokens or more to
-    torch's SDPA (False: all on the kernel; what its runs of other sequences take)."""
+    `long_on_sdpa`: fp32 global attention sends long sequences apart (_long_apart): to the
+    flash kernel from FLASH_MIN_LEN tokens on the FLASH_BUILDS, else to torch's SDPA from
+    SDPA_MIN_LEN (False: all on attention.h's kernel; what its runs of other sequences take)."""
     if not (ENABLED and q.device.type == "cpu" and q.dtype in _DTYPES
             and k.dtype == v.dtype == q.dtype and q.dim() == 3 and k.dim() == 3
             and k.shape == v.shape and k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2]
@@ -210,8 +236,11 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         else:
             q, k, v, strides = _widened(q, k, v, strides)
     if (dtype == torch.float32 and not bf16_products and half_window is None and not decoder
-            and position_bias is None and long_on_sdpa and max(seq_lens) >= SDPA_MIN_LEN):
-        return _long_on_sdpa(q, k, v, seq_lens, scale, num_unattended)
+            and position_bias is None and long_on_sdpa):
+        flash = _flash_entry_point(lib) if (lib.variant in FLASH_BUILDS
+                                            and head_dim <= FLASH_MAX_HEAD_DIM) else None
+        if max(seq_lens) >= (SDPA_MIN_LEN if flash is None else FLASH_MIN_LEN):
+            return _long_apart(q, k, v, strides, seq_lens, scale, num_unattended, flash)
     count = len(seq_lens)
     if not (cu_seqlens.dtype == torch.int32 and cu_seqlens.is_cpu
             and cu_seqlens.is_contiguous() and cu_seqlens.numel() == count + 1):
@@ -293,42 +322,88 @@ def _local_entry_points(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def _long_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows strided
-                  k: torch.Tensor, v: torch.Tensor,  # [num_tokens, heads, head_dim]
-                  seq_lens: list[int], scale: float,
-                  num_unattended: list[int] | None) -> torch.Tensor:
-    """Global fp32 attention with each long sequence (SDPA_MIN_LEN tokens or more, no
-    unattended suffix) on torch's SDPA and each run of the others on the kernel (a call on
-    their rows, so a step with one long document and short texts keeps the kernel for those).
-    SDPA reads the strided [1, heads, L, head_dim] views of the projection's rows (no copies in)
-    and takes its flash CPU kernel (no mask, fp32): never an L x L buffer."""
+def _flash_entry_point(lib: ctypes.CDLL) -> ctypes.CDLL | None:
+    """lib with packed_flash_attention_f32's argument types set (once), or None for a build
+    without it (benchmarks load git revisions' builds)."""
+    if not hasattr(lib, "packed_flash_attention_f32"):
+        return None
+    if not getattr(lib, "flash_typed", False):
+        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
+        lib.flash_attention_scratch_floats.argtypes = [I, I]
+        lib.flash_attention_scratch_floats.restype = ctypes.c_long
+        lib.packed_flash_attention_f32.argtypes = [P, P, P, I, I, I, P, I, I, I, P, P,
+                                                   ctypes.c_float, P, I]
+        lib.packed_flash_attention_f32.restype = None
+        lib.flash_typed = True
+    return lib
+
+
+def flash_attention(lib: ctypes.CDLL,
+                    q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows strided
+                    k: torch.Tensor, v: torch.Tensor,  # [num_tokens, heads, head_dim]
+                    strides: list[int], seq_lens: list[int], scale: float,
+                    num_unattended: list[int] | None = None) -> torch.Tensor:
+    """Global attention of each packed sequence through the flash kernel (lib: a build that
+    _flash_entry_point accepted); strides: q/k/v row strides (_row_stride)."""
+    num_tokens, heads, head_dim = q.shape
+    count = len(seq_lens)
+    cu = torch.tensor([0, *seq_lens]).cumsum(0).to(torch.int32)  # [count + 1]
+    keys = None
+    if num_unattended is not None:
+        keys = (ctypes.c_int * count)(*(n - u for n, u in zip(seq_lens, num_unattended)))
+    threads = torch.get_num_threads()
+    work = torch.empty(lib.flash_attention_scratch_floats(head_dim, threads))
+    out = torch.empty(num_tokens, heads, head_dim)
+    lib.packed_flash_attention_f32(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
+                                   out.data_ptr(), heads, head_dim, count, cu.data_ptr(), keys,
+                                   scale, work.data_ptr(), threads)
+    return out
+
+
+def _long_apart(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows strided
+                k: torch.Tensor, v: torch.Tensor,  # [num_tokens, heads, head_dim]
+                strides: list[int], seq_lens: list[int], scale: float,
+                num_unattended: list[int] | None, flash: ctypes.CDLL | None) -> torch.Tensor:
+    """Global fp32 attention with the long sequences apart from the others: with `flash` each
+    run of sequences of FLASH_MIN_LEN tokens or more in one flash kernel call (an unattended
+    suffix included), else each sequence of SDPA_MIN_LEN tokens or more with no unattended
+    suffix on torch's SDPA; each run of the others on attention.h's kernel (a call on their
+    rows, so a step with one long document and short texts keeps the kernel for those). SDPA
+    reads the strided [1, heads, L, head_dim] views of the projection's rows (no copies in) and
+    takes its flash CPU kernel (no mask, fp32): never an L x L buffer."""
     out = torch.empty(q.shape, dtype=torch.float32)  # [num_tokens, heads, head_dim]
     unattended = num_unattended or [0] * len(seq_lens)
+    if flash is not None:
+        long = [n >= FLASH_MIN_LEN for n in seq_lens]
+    else:
+        long = [n >= SDPA_MIN_LEN and not u for n, u in zip(seq_lens, unattended)]
     starts = [0]
     for n in seq_lens:
         starts.append(starts[-1] + n)
     i = 0
     while i < len(seq_lens):
-        a = starts[i]
-        if seq_lens[i] >= SDPA_MIN_LEN and not unattended[i]:
-            b = starts[i + 1]
-            # [1, heads, L, head_dim] views
-            qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-            out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)[0].transpose(0, 1)
-            i += 1
-            continue
-        j = i + 1  # a run of sequences for the kernel
-        while j < len(seq_lens) and not (seq_lens[j] >= SDPA_MIN_LEN and not unattended[j]):
+        j = i + 1  # a run of long or of other sequences
+        while j < len(seq_lens) and long[j] == long[i]:
             j += 1
-        b = starts[j]
+        a, b = starts[i], starts[j]
         lens = seq_lens[i:j]
-        cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
-        part = attention_on_cpu(q[a:b], k[a:b], v[a:b], lens, cu, scale,
-                                None if num_unattended is None else num_unattended[i:j],
-                                long_on_sdpa=False)
-        if part is None:
-            raise RuntimeError("the attention kernel declined a run it was chosen for")
-        out[a:b] = part
+        part_unattended = None if num_unattended is None else num_unattended[i:j]
+        if long[i] and flash is not None:
+            out[a:b] = flash_attention(flash, q[a:b], k[a:b], v[a:b], strides, lens, scale,
+                                       part_unattended)
+        elif long[i]:
+            for s in range(i, j):
+                a, b = starts[s], starts[s + 1]
+                # [1, heads, L, head_dim] views
+                qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+                out[a:b] = F.scaled_dot_product_attention(
+                    qs, ks, vs, scale=scale)[0].transpose(0, 1)
+        else:
+            part = attention_on_cpu(q[a:b], k[a:b], v[a:b], lens,
+                                    torch.tensor([0, *lens]).cumsum(0).to(torch.int32), scale,
+                                    part_unattended, long_on_sdpa=False)
+            if part is None:
+                raise RuntimeError("the attention kernel declined a run it was chosen for")
+            out[a:b] = part
         i = j
     return out
-

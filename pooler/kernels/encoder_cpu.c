@@ -227,6 +227,30 @@ void packed_attention_f32(const float *q, const float *k, const float *v, int ld
                                scale, -1, max_len, work, threads);
 }
 
+#include "flash_attention.h"
+
+/* Global attention for long sequences (flash_attention.h; pooler/kernels/attention_cpu.py):
+ * arguments as packed_attention_f32's, without a score bias (keys: NULL, or a trailing
+ * unattended suffix per sequence). work: flash_attention_scratch_floats(d, threads) floats,
+ * whatever the lengths. */
+long flash_attention_scratch_floats(int d, int threads) {
+    return threads * flash_work_floats(d);
+}
+
+void packed_flash_attention_f32(const float *q, const float *k, const float *v, int ldq,
+                                int ldk, int ldv, float *out, int heads, int d, int seqs,
+                                const int *starts, const int *keys, float scale, float *work,
+                                int threads) {
+    int *task_starts = malloc(sizeof(int) * (seqs + 1));
+    if (!task_starts) return;
+    flash_tasks(seqs, starts, heads, task_starts);
+    struct attention_args a = {q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, NULL,
+                               scale, task_starts, -1};
+#pragma omp parallel num_threads(threads)
+    flash_attention(&a, work, flash_work_floats(d));
+    free(task_starts);
+}
+
 /* Runs `layers` post-norm BERT layers over x [m, h] in place: `seqs` sequences packed back to
  * back (starts: seqs + 1 offsets; keys: attended keys per sequence; bias: NULL or a score
  * bias per sequence; see attention()).

@@ -121,12 +121,14 @@ def test_packed_attention_takes_the_kernel_when_it_can(monkeypatch):
 
 
 def test_long_sequences_take_sdpa_and_the_rest_the_kernel(kernel_build, monkeypatch):
-    # fp32 global attention: sequences of SDPA_MIN_LEN tokens or more with every key attended
-    # go to torch's SDPA (faster there), the runs between them to the kernel, in one output
+    # fp32 global attention on a build without the flash route (FLASH_BUILDS: AVX2): sequences
+    # of SDPA_MIN_LEN tokens or more with every key attended go to torch's SDPA (faster there),
+    # the runs between them to the kernel, in one output
     seq_lens, unattended = [7, 300, 33, 130, 150, 5], [1, 0, 0, 4, 0, 0]
     q, k, v = _fused_qkv(seq_lens, 3, 32, seed=7)
     want = _reference(q, k, v, seq_lens, unattended=unattended)
     monkeypatch.setattr(attention_cpu, "SDPA_MIN_LEN", 100)
+    monkeypatch.setattr(attention_cpu, "FLASH_BUILDS", ())
     sdpa_lens = []
     real = F.scaled_dot_product_attention
     monkeypatch.setattr(attention_cpu.F, "scaled_dot_product_attention",

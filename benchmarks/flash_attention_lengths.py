@@ -1,0 +1,94 @@
+"""The flash kernel (flash_attention.h) against torch's SDPA and attention.h's kernel on one
+layer's fp32 global attention, by sequence length: the ratios behind attention_cpu's
+FLASH_MIN_LEN and FLASH_BUILDS (docs/dev/journal.md, "Flash attention for long fp32 sequences").
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/flash_attention_lengths.py
+        [--lengths 1024,2048,4096,8192] [--heads 12] [--dim 64] [--threads 2] [--rounds 5]
+        [--kernel-up-to 4096] [--cpu-time]
+    # the AVX2 build, torch held to AVX2 (ATen's kernels; add ONEDNN_MAX_CPU_ISA=AVX2
+    # MKL_ENABLE_INSTRUCTIONS=AVX2 to hold SDPA's GEMMs there too, as on an AVX2-only CPU):
+    POOLER_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=$PWD .venv/bin/python \\
+        benchmarks/flash_attention_lengths.py
+
+q/k/v are views of one fused projection [L, 3, heads, dim] (as BERT layers give them). Each
+round calls every path once per length, in turn, in this process; a cell is the fastest round.
+--cpu-time times each call by the process's CPU time (with --threads 1: steadier than wall
+time on a shared machine, as it leaves out the time the thread waited for a core).
+Prints ms, GFLOP/s (4 L^2 heads dim) and flash / SDPA and flash / kernel time ratios (below 1:
+the flash kernel is faster), the largest difference to SDPA, the build and the load average.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="1024,2048,4096,8192")
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--kernel-up-to", type=int, default=4096,
+                        help="time attention.h's kernel up to this length (slow beyond)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="the process's CPU time instead of wall time (use with --threads 1)")
+    args = parser.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+
+    from pooler.cpu_features import cpu_features
+    from pooler.kernels import attention_cpu
+    from pooler.kernels.build import encoder_kernels
+
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    lib = encoder_kernels()
+    flash = attention_cpu._flash_entry_point(lib) if lib is not None else None
+    if flash is None:
+        raise SystemExit("no encoder kernel build with the flash entry point here")
+    scale = args.dim ** -0.5
+    print(f"cpu: {cpu_features().summary()}; build {lib.variant}, ATEN_CPU_CAPABILITY="
+          f"{os.environ.get('ATEN_CPU_CAPABILITY', '(default)')}, {args.heads} heads x "
+          f"{args.dim}, {args.threads} thread(s), {'CPU' if args.cpu_time else 'wall'} time, "
+          f"fastest of {args.rounds} interleaved rounds; load average {os.getloadavg()[0]:.1f}")
+
+    def sdpa(q, k, v):
+        qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, L, dim]
+        return F.scaled_dot_product_attention(qs, ks, vs, scale=scale)[0].transpose(0, 1)
+
+    for length in (int(x) for x in args.lengths.split(",")):
+        g = torch.Generator().manual_seed(length)
+        qkv = torch.randn(length, 3, args.heads, args.dim, generator=g)
+        q, k, v = qkv.unbind(1)  # [L, heads, dim] views, row stride 3 heads dim
+        strides = [t.stride(0) for t in (q, k, v)]
+        cu = torch.tensor([0, length], dtype=torch.int32)
+        paths = {
+            "flash": lambda: attention_cpu.flash_attention(flash, q, k, v, strides, [length],
+                                                           scale),
+            "sdpa": lambda: sdpa(q, k, v),
+        }
+        if length <= args.kernel_up_to:
+            paths["kernel"] = lambda: attention_cpu.attention_on_cpu(
+                q, k, v, [length], cu, scale, long_on_sdpa=False)
+        diff = (paths["flash"]() - paths["sdpa"]()).abs().max().item()
+        best = {name: float("inf") for name in paths}
+        for _ in range(args.rounds):
+            for name, call in paths.items():
+                start = clock()
+                call()
+                best[name] = min(best[name], clock() - start)
+        flops = 4.0 * length * length * args.heads * args.dim
+        cells = "  ".join(f"{n} {t * 1e3:7.1f} ms {flops / t / 1e9:4.0f} GF/s"
+                          for n, t in best.items())
+        ratios = f"flash/sdpa {best['flash'] / best['sdpa']:.2f}"
+        if "kernel" in best:
+            ratios += f"  flash/kernel {best['flash'] / best['kernel']:.2f}"
+        print(f"L={length:5d}  {cells}  {ratios}  max|flash-sdpa| {diff:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
