@@ -27,7 +27,8 @@ Taken by packed_attention when all of these hold, else its torch paths run:
   scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
   global attention).
 
-Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS), with heads of at most
+Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS) of a CPU kind it was measured
+on (FLASH_CPU_KINDS: AMX, i.e. Sapphire Rapids, so far), with heads of at most
 FLASH_MAX_HEAD_DIM = 64, a sequence of FLASH_MIN_LEN tokens or more (an unattended suffix
 allowed, no score bias) takes the flash kernel (encoder_cpu.c's packed_flash_attention_f32,
 flash_attention.h: 128-query units, 240-key blocks copied contiguous, an online softmax,
@@ -90,9 +91,21 @@ _BF16_CFLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512
 # is not listed: there SDPA (MKL/oneDNN GEMMs) was 1.4-1.6x faster than the flash kernel.
 # Heads wider than FLASH_MAX_HEAD_DIM keep the SDPA route: at 128 (6 heads) the flash kernel
 # was level with SDPA (1.00-1.03x its time), at 32 and 64 faster (0.83-0.84x, 0.86-0.95x).
+# FLASH_CPU_KINDS: the CPU kinds (cpu_features().kind()) the win was measured on. Only a
+# Sapphire Rapids Xeon (AMX kind) so far; Zen 4 runs AVX-512 on 256-bit units, where SDPA's
+# GEMMs and this kernel may rank otherwise, so other kinds keep SDPA until measured there
+# (benchmarks/flash_attention_lengths.py).
 FLASH_MIN_LEN = 1024
 FLASH_BUILDS = ("avx512",)
+FLASH_CPU_KINDS = ("AMX",)
 FLASH_MAX_HEAD_DIM = 64
+
+
+def flash_route_here(variant: str, head_dim: int) -> bool:
+    """Whether long fp32 global sequences take the flash kernel with this build and head size
+    on this CPU (else torch's SDPA from SDPA_MIN_LEN)."""
+    return (variant in FLASH_BUILDS and head_dim <= FLASH_MAX_HEAD_DIM
+            and cpu_features().kind() in FLASH_CPU_KINDS)
 
 # On the other builds (AVX2), fp32 global attention over sequences of at least this many tokens
 # (all keys attended) runs torch's SDPA, whose flash CPU kernel (q/k/v blocks through GEMMs,
@@ -237,8 +250,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
             q, k, v, strides = _widened(q, k, v, strides)
     if (dtype == torch.float32 and not bf16_products and half_window is None and not decoder
             and position_bias is None and long_on_sdpa):
-        flash = _flash_entry_point(lib) if (lib.variant in FLASH_BUILDS
-                                            and head_dim <= FLASH_MAX_HEAD_DIM) else None
+        flash = _flash_entry_point(lib) if flash_route_here(lib.variant, head_dim) else None
         if max(seq_lens) >= (SDPA_MIN_LEN if flash is None else FLASH_MIN_LEN):
             return _long_apart(q, k, v, strides, seq_lens, scale, num_unattended, flash)
     count = len(seq_lens)

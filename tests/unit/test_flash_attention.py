@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pooler.cpu_features import cpu_features
 from pooler.kernels import attention_cpu, build
 
 pytestmark = pytest.mark.skipif(
@@ -101,10 +102,18 @@ def test_long_sequences_take_the_flash_kernel_on_its_builds(kernel_build, monkey
     got = attention_cpu.attention_on_cpu(q, k, v, seq_lens, torch.tensor(
         [0, *seq_lens]).cumsum(0).int(), 32 ** -0.5, num_unattended=unattended)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
-    if kernel_build.variant in attention_cpu.FLASH_BUILDS:
+    if attention_cpu.flash_route_here(kernel_build.variant, 32):
         assert flash_lens == [[300, 150], [130]] and sdpa_lens == []  # unattended keys too
     else:
         assert flash_lens == [] and sdpa_lens == [300, 150]  # 130 has unattended keys
+    # a CPU kind the flash kernel was not measured on keeps the SDPA route
+    flash_lens.clear(), sdpa_lens.clear()
+    monkeypatch.setattr(attention_cpu, "FLASH_CPU_KINDS", ())
+    got = attention_cpu.attention_on_cpu(q, k, v, seq_lens, torch.tensor(
+        [0, *seq_lens]).cumsum(0).int(), 32 ** -0.5, num_unattended=unattended)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    assert flash_lens == [] and sdpa_lens == [300, 150]
+    monkeypatch.setattr(attention_cpu, "FLASH_CPU_KINDS", (cpu_features().kind(),))
     # heads wider than FLASH_MAX_HEAD_DIM: the SDPA route on every build
     flash_lens.clear(), sdpa_lens.clear()
     monkeypatch.setattr(attention_cpu, "FLASH_MAX_HEAD_DIM", 16)
