@@ -200,6 +200,10 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     dtype = q.dtype
     if half_window is not None and half_window < 0:
         raise ValueError(f"half_window must be >= 0, got {half_window}.")
+    if long_on_sdpa and _bf16_long_routes(dtype, bf16_products, seq_lens, half_window, causal,
+                                          position_bias):
+        return _long_bf16_on_sdpa(q, k, v, seq_lens, scale, num_unattended, bf16_products,
+                                  causal)
     lib16 = _bf16_kernel_for(head_dim) if (dtype == torch.bfloat16 or bf16_products) \
         and not decoder else None
     if lib16 is None and dtype != torch.float32:  # bf16 without the bf16 kernel: fp32 inside
@@ -331,3 +335,99 @@ def _long_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows s
         i = j
     return out
 
+
+
+# bf16 and int8 (`bf16_products`) attention over sequences of at least this many tokens, global
+# or causal, all keys attended, runs torch's SDPA on bf16 q/k/v where bf16_sdpa_is_fast() holds.
+# Its flash CPU kernel feeds q/k/v blocks and the rounded probabilities to oneDNN's bf16 brgemm
+# (AMX tiles on this Xeon); the bf16 kernel here scores with VDPBF16PS, one query block at a
+# time over the whole sequence's K and V. One sequence, 12 heads x 64, 2 threads, interleaved,
+# best of 4-9 on the shared Sapphire Rapids Xeon (benchmarks/attention_bf16_sdpa.py), kernel /
+# SDPA-bf16 time: bf16 engine 1.0-1.5 at 512, 1.4 at 768, 1.1-1.5 at 1k, 2.9 at 2k, 3.3 at 4k,
+# 4.5 at 8k; int8 (P rounded) 2.9 at 512, 3.3 at 1k, 3.4-5.1 at 2k-8k; causal and causal GQA
+# (today the fp32 masked kernel on widened q/k/v) 1.3-1.7 at 256-1k, 2.6-3.4 at 1k-8k. Below
+# 512 the kernel keeps a step's short texts in one C call (SDPA won 1.4-2x per lone sequence of
+# 128-384 tokens too, but would take a call per sequence; the short-text ratios stay as they
+# were). Local attention (ModernBERT's half_window, a decoder's sliding window) stays on the
+# kernels: they score only the band, SDPA the whole L x L under a mask (kernel / SDPA 0.55 at
+# 1k-2k, 0.11-0.17 at 8k). Tests set it to route (or not) at other lengths.
+BF16_SDPA_MIN_LEN = 512
+# Benchmarks and tests turn the bf16 SDPA route off here (or on, with bf16_sdpa_is_fast patched).
+BF16_SDPA_ENABLED = True
+
+
+def bf16_sdpa_is_fast() -> bool:
+    """Whether torch's SDPA on bf16 q/k/v is the fast path here: the CPU has AMX-BF16 (what the
+    figures above were measured on) and torch dispatches its AVX-512 kernels. Without AMX,
+    oneDNN's bf16 brgemm runs on AVX512_BF16 dot products or is emulated on AVX2 (bf16 widened
+    in software), where nothing was measured faster than the kernel or the fp32 paths, so bf16
+    keeps its kernel (or widens to fp32) there. Torch held to AVX2 (ATEN_CPU_CAPABILITY=avx2)
+    on an AMX CPU raises in SDPA bf16 ("pack_vnni2 is only supported when avx512 is
+    supported", torch 2.13): it must not be routed there either."""
+    if not BF16_SDPA_ENABLED:
+        return False
+    return (cpu_features().has("amx_bf16", "amx_tile")
+            and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX"))
+
+
+def _bf16_long_routes(dtype: torch.dtype, bf16_products: bool, seq_lens: list[int],
+                      half_window: int | None, causal: bool,
+                      position_bias: dict[int, torch.Tensor] | None) -> bool:
+    """Whether a bf16 (bf16 q/k/v) or int8 (`bf16_products`) call sends its long sequences to
+    _long_bf16_on_sdpa: global or causal attention without a score bias, a sequence of
+    BF16_SDPA_MIN_LEN tokens or more, and bf16_sdpa_is_fast()."""
+    return ((dtype == torch.bfloat16 or bf16_products) and half_window is None
+            and position_bias is None and max(seq_lens) >= BF16_SDPA_MIN_LEN
+            and bf16_sdpa_is_fast())
+
+
+def _long_bf16_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] bf16 or fp32
+                       k: torch.Tensor, v: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+                       seq_lens: list[int], scale: float, num_unattended: list[int] | None,
+                       bf16_products: bool, causal: bool) -> torch.Tensor:
+    """bf16 / int8 attention with each long sequence (BF16_SDPA_MIN_LEN tokens or more, no
+    unattended suffix) on torch's SDPA in bf16 (is_causal, enable_gqa for fewer k/v heads) and
+    each run of the others on the kernels (long_on_sdpa=False), in one output: fp32 for
+    `bf16_products` where the bf16 kernel takes the head size (what an int8 engine's output
+    projection quantizes from), else q's dtype, as the kernel paths return. SDPA reads strided
+    [1, heads, L, head_dim] views of the projection's rows when they are bf16 already (fp32
+    q/k/v of an int8 engine are rounded to bf16 first: its precision is below bf16's)."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    gqa = k.shape[1] != heads
+    wide = bf16_products and not (causal or gqa) and _bf16_kernel_for(head_dim) is not None
+    out = torch.empty(q.shape, dtype=torch.float32 if wide else q.dtype)
+    unattended = num_unattended or [0] * len(seq_lens)
+    starts = [0]
+    for n in seq_lens:
+        starts.append(starts[-1] + n)
+
+    def routed(i: int) -> bool:
+        return seq_lens[i] >= BF16_SDPA_MIN_LEN and not unattended[i]
+
+    i = 0
+    while i < len(seq_lens):
+        a = starts[i]
+        if routed(i):
+            b = starts[i + 1]
+            # [1, heads, L, head_dim] views (bf16 copies for fp32 q/k/v)
+            qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0).to(torch.bfloat16)
+                          for t in (q, k, v))
+            o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=causal,
+                                               enable_gqa=gqa)  # [1, heads, L, head_dim]
+            out[a:b] = o[0].transpose(0, 1)
+            i += 1
+            continue
+        j = i + 1  # a run of sequences for the kernels
+        while j < len(seq_lens) and not routed(j):
+            j += 1
+        b = starts[j]
+        lens = seq_lens[i:j]
+        cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+        part = attention_on_cpu(q[a:b], k[a:b], v[a:b], lens, cu, scale,
+                                None if num_unattended is None else num_unattended[i:j],
+                                bf16_products=bf16_products, causal=causal, long_on_sdpa=False)
+        if part is None:
+            raise RuntimeError("the attention kernel declined a run it was chosen for")
+        out[a:b] = part
+        i = j
+    return out
