@@ -30,7 +30,16 @@ Taken by packed_attention when all of these hold, else its torch paths run:
 Long global fp32 attention: a sequence of SDPA_MIN_LEN tokens or more whose keys are all
 attended goes to torch's SDPA instead (its flash CPU kernel, O(block) memory), measured faster
 than this kernel from 2k tokens at d = 64 (see SDPA_MIN_LEN); the other sequences of the step
-stay on the kernel. bf16 q/k/v and bf16 products keep their kernels.
+stay on the kernel.
+
+Long bf16 and int8 attention (_long_bf16_on_sdpa, separate from the fp32 route): on a CPU with
+AMX-BF16 and torch on its AVX-512 kernels (bf16_sdpa_is_fast), a sequence of BF16_SDPA_MIN_LEN
+(512) tokens or more whose keys are all attended, global or causal (GQA included, no window, no
+score bias), with bf16 q/k/v (the bf16 engine) or `bf16_products` (int8 engines; fp32 q/k/v
+rounded to bf16), runs torch's SDPA in bf16 (oneDNN's AMX brgemm): 1.4-5x faster than the bf16
+kernel from 512 tokens and 2.6-3.4x faster than the fp32 masked kernel for causal bf16 at 1k-8k
+(see BF16_SDPA_MIN_LEN). Shorter sequences, local attention and sliding windows (the kernels
+score only the band), ColBERT's unattended suffixes and CPUs without AMX keep the kernels.
 
 Which kernel: bf16 q/k/v (the bf16 engine's QKV projection) take attention_bf16.c where it runs
 (AVX512_BF16, head size a multiple of 16, `BF16_ENABLED`): QK^T in VDPBF16PS (exact products of
@@ -171,7 +180,9 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     half_window, i - half_window <= j <= i) and k/v with fewer heads than q (GQA, a divisor of
     them) take the fp32 kernel's decoder entry point (bf16 q/k/v widened, no score bias).
     `long_on_sdpa`: fp32 global attention sends sequences of SDPA_MIN_LEN tokens or more to
-    torch's SDPA (False: all on the kernel; what its runs of other sequences take)."""
+    torch's SDPA, and bf16 / int8 global or causal attention those of BF16_SDPA_MIN_LEN or more
+    to SDPA in bf16 where bf16_sdpa_is_fast() (False: all on the kernels; what the runs of
+    other sequences take)."""
     if not (ENABLED and q.device.type == "cpu" and q.dtype in _DTYPES
             and k.dtype == v.dtype == q.dtype and q.dim() == 3 and k.dim() == 3
             and k.shape == v.shape and k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2]
