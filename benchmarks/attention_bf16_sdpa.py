@@ -3,10 +3,14 @@ one sequence of L tokens, interleaved in one process (how attention_cpu.BF16_SDP
 chosen; docs/models/precision.md, "Long documents").
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/attention_bf16_sdpa.py
-        [--lengths 512,1024,2048,4096,8192] [--heads 12] [--dim 64] [--threads 2] [--rounds 5]
-        [--cases bf16,int8,local,causal,gqa,swa]
+        [--lengths 512,1024,2048,4096,8192] [--seqs 1] [--heads 12] [--dim 64] [--threads 2]
+        [--rounds 5] [--cases bf16,int8,local,causal,gqa,swa]
 
-Cases (q/k/v as strided views of one fused projection, as the models pass them):
+Each step is --seqs packed sequences of L tokens. Global and causal cases time the route as
+attention_on_cpu runs it (_long_bf16_on_sdpa: one SDPA call per sequence, forced on whatever
+the threshold and CPU) against the kernels (long_on_sdpa=False); the banded cases call SDPA
+with the mask directly (no route takes them there). Cases (q/k/v as strided views of one fused
+projection, as the models pass them):
 - bf16: the bf16 engine (bf16 q/k/v, bf16 out): kernel vs SDPA bf16;
 - int8: an int8 engine's `bf16_products` (bf16 q/k/v from the int8 QKV layer, fp32 out):
   kernel vs SDPA bf16 with the result widened;
@@ -33,6 +37,7 @@ import torch.nn.functional as F
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
+    parser.add_argument("--seqs", type=int, default=1)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -46,7 +51,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     h, d = args.heads, args.dim
     scale = d ** -0.5
-    print(f"cpu: {cpu_features().summary()}; {h} heads x {d}, {args.threads} threads; load "
+    attention_cpu.BF16_SDPA_MIN_LEN = 0  # the route forced for the "sdpa16" side
+    attention_cpu.bf16_sdpa_is_fast = lambda: True
+    print(f"cpu: {cpu_features().summary()}; {args.seqs} x L, {h} heads x {d}, "
+          f"{args.threads} threads; load "
           f"{os.getloadavg()[0]:.1f}; fastest of {args.rounds} interleaved rounds")
     print("case    L      kernel s   sdpa16 s   sdpa32 s   kernel GF/s  sdpa16 GF/s  "
           "kernel/sdpa16")
@@ -54,11 +62,12 @@ def main() -> None:
         for length in (int(x) for x in args.lengths.split(",")):
             kv = 4 if case == "gqa" else h
             g = torch.Generator().manual_seed(length)
-            fused = torch.randn(length, (h + 2 * kv) * d, generator=g).to(torch.bfloat16)
-            q = fused[:, :h * d].view(length, h, d)  # [L, heads, d] strided views
-            k = fused[:, h * d:(h + kv) * d].view(length, kv, d)
-            v = fused[:, (h + kv) * d:].view(length, kv, d)
-            cu = torch.tensor([0, length], dtype=torch.int32)
+            n, lens = args.seqs * length, [length] * args.seqs
+            fused = torch.randn(n, (h + 2 * kv) * d, generator=g).to(torch.bfloat16)
+            q = fused[:, :h * d].view(n, h, d)  # [tokens, heads, d] strided views
+            k = fused[:, h * d:(h + kv) * d].view(n, kv, d)
+            v = fused[:, (h + kv) * d:].view(n, kv, d)
+            cu = torch.arange(args.seqs + 1, dtype=torch.int32) * length
             causal = case in ("causal", "gqa", "swa")
             window = {"local": 64, "swa": 256}.get(case)
             mask = None
@@ -69,16 +78,21 @@ def main() -> None:
 
             def kernel():
                 return attention_cpu.attention_on_cpu(
-                    q, k, v, [length], cu, scale, bf16_products=case == "int8",
+                    q, k, v, lens, cu, scale, bf16_products=case == "int8",
                     half_window=window, causal=causal, long_on_sdpa=False)
 
             def sdpa(dtype=torch.bfloat16):
-                qs, ks, vs = (t.transpose(0, 1).unsqueeze(0).to(dtype) for t in (q, k, v))
+                if dtype == torch.bfloat16 and window is None:  # the route itself
+                    return attention_cpu.attention_on_cpu(
+                        q, k, v, lens, cu, scale, bf16_products=case == "int8", causal=causal)
+                # [seqs, heads, L, d]
+                qs, ks, vs = (t.view(args.seqs, length, -1, d).transpose(1, 2).to(dtype)
+                              for t in (q, k, v))
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale,
                                                    is_causal=causal and mask is None,
                                                    enable_gqa=kv != h)
-                o = o[0].transpose(0, 1)
-                return o.float() if case == "int8" else o.contiguous()
+                o = o.transpose(1, 2).reshape(n, h, d)
+                return o.float() if case == "int8" else o
 
             if kernel() is None:
                 print(f"{case:6s} {length:5d}  kernel declined")
@@ -90,7 +104,7 @@ def main() -> None:
                     start = time.perf_counter()
                     calls[name]()
                     best[name] = min(best[name], time.perf_counter() - start)
-            flops = 4 * length * length * d * h
+            flops = 4 * length * length * d * h * args.seqs
             ref = sdpa(torch.float32).float()
             err = (kernel().float() - ref).abs().max().item()
             err16 = (sdpa().float() - ref).abs().max().item()

@@ -34,11 +34,11 @@ stay on the kernel.
 
 Long bf16 and int8 attention (_long_bf16_on_sdpa, separate from the fp32 route): on a CPU with
 AMX-BF16 and torch on its AVX-512 kernels (bf16_sdpa_is_fast), a sequence of BF16_SDPA_MIN_LEN
-(512) tokens or more whose keys are all attended, global or causal (GQA included, no window, no
+(1,024) tokens or more whose keys are all attended, global or causal (GQA included, no window, no
 score bias), with bf16 q/k/v (the bf16 engine) or `bf16_products` (int8 engines; fp32 q/k/v
-rounded to bf16), runs torch's SDPA in bf16 (oneDNN's AMX brgemm): 1.4-5x faster than the bf16
-kernel from 512 tokens and 2.6-3.4x faster than the fp32 masked kernel for causal bf16 at 1k-8k
-(see BF16_SDPA_MIN_LEN). Shorter sequences, local attention and sliding windows (the kernels
+rounded to bf16), runs torch's SDPA in bf16 (oneDNN's AMX brgemm): 1.1-5x faster than the bf16
+kernel from 1k tokens (2.3-5x at 2k-8k), and 1.0-3.4x faster than the fp32 masked kernel for
+causal bf16 at 1k-8k (see BF16_SDPA_MIN_LEN). Shorter sequences, local attention and sliding windows (the kernels
 score only the band), ColBERT's unattended suffixes and CPUs without AMX keep the kernels.
 
 Which kernel: bf16 q/k/v (the bf16 engine's QKV projection) take attention_bf16.c where it runs
@@ -352,17 +352,19 @@ def _long_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows s
 # or causal, all keys attended, runs torch's SDPA on bf16 q/k/v where bf16_sdpa_is_fast() holds.
 # Its flash CPU kernel feeds q/k/v blocks and the rounded probabilities to oneDNN's bf16 brgemm
 # (AMX tiles on this Xeon); the bf16 kernel here scores with VDPBF16PS, one query block at a
-# time over the whole sequence's K and V. One sequence, 12 heads x 64, 2 threads, interleaved,
-# best of 4-9 on the shared Sapphire Rapids Xeon (benchmarks/attention_bf16_sdpa.py), kernel /
-# SDPA-bf16 time: bf16 engine 1.0-1.5 at 512, 1.4 at 768, 1.1-1.5 at 1k, 2.9 at 2k, 3.3 at 4k,
-# 4.5 at 8k; int8 (P rounded) 2.9 at 512, 3.3 at 1k, 3.4-5.1 at 2k-8k; causal and causal GQA
-# (today the fp32 masked kernel on widened q/k/v) 1.3-1.7 at 256-1k, 2.6-3.4 at 1k-8k. Below
-# 512 the kernel keeps a step's short texts in one C call (SDPA won 1.4-2x per lone sequence of
-# 128-384 tokens too, but would take a call per sequence; the short-text ratios stay as they
-# were). Local attention (ModernBERT's half_window, a decoder's sliding window) stays on the
-# kernels: they score only the band, SDPA the whole L x L under a mask (kernel / SDPA 0.55 at
-# 1k-2k, 0.11-0.17 at 8k). Tests set it to route (or not) at other lengths.
-BF16_SDPA_MIN_LEN = 512
+# time over the whole sequence's K and V, and slows past ~2k tokens (90 GFLOP/s at 8k against
+# ~210 at 1-4k). One sequence, 12 heads x 64, 2 threads, interleaved, best of 4-9 rounds on the
+# shared Sapphire Rapids Xeon (load 0.2-5; benchmarks/attention_bf16_sdpa.py), kernel / SDPA
+# time: bf16 engine 0.4-1.9 at 512 tokens, 1.4-2.2 at 768, 1.1-3.8 at 1k, 2.3-2.9 at 2k, 3.3 at
+# 4k, 4.5 at 8k; int8 (P rounded) 0.5-6.9 at 512, 1.6-3.8 at 768, 1.7-4.0 at 1k, 2.5-3.4 at 2k,
+# 4.5-5.1 at 4k-8k; causal and causal GQA (today the fp32 masked kernel on widened q/k/v)
+# 1.0-2.4 at 1k, 2.6-3.4 at 2k-8k. 1,024: from there SDPA won in all but two of the runs (at 512
+# the load swung it both ways). Shorter sequences keep the kernel, which runs a step's short
+# texts in one C call (the short-text ratios stay as they were). Local attention (ModernBERT's
+# half_window, a decoder's sliding window) stays on the kernels too: they score only the band,
+# SDPA the whole L x L under a mask (kernel / SDPA 0.55 at 1k-2k, 0.11-0.17 at 8k). Tests set
+# it to route (or not) at other lengths.
+BF16_SDPA_MIN_LEN = 1024
 # Benchmarks and tests turn the bf16 SDPA route off here (or on, with bf16_sdpa_is_fast patched).
 BF16_SDPA_ENABLED = True
 

@@ -17,9 +17,10 @@ pytestmark = pytest.mark.skipif(
     reason="CPU encoder kernels unavailable here (needs Linux x86-64 with AVX-512 or AVX2 and a C "
            "compiler; see pooler/kernels/build.py)")
 
-# short and long mixed; 530 has an unattended suffix (ColBERT): the kernel's
-LENGTHS = [7, 600, 33, 530, 5, 520]
-UNATTENDED = [0, 0, 1, 4, 0, 0]
+# short and long mixed around BF16_SDPA_MIN_LEN (1,024); 1,030 has an unattended suffix
+# (ColBERT): the kernel's
+LENGTHS = [7, 1100, 33, 1030, 5, 1024, 1023]
+UNATTENDED = [0, 0, 1, 4, 0, 0, 0]
 
 
 def _cu(seq_lens):
@@ -72,12 +73,12 @@ def routed(monkeypatch):
 
 @pytest.mark.parametrize("dim", [64, 32])
 def test_bf16_engine_long_sequences_on_sdpa(kernel_build, routed, dim):
-    """bf16 q/k/v, a bf16 result: 600 and 520 on SDPA bf16, the rest on the kernel (the bf16
+    """bf16 q/k/v, a bf16 result: 1,100 and 1,024 on SDPA bf16, the rest on the kernel (the bf16
     kernel, or the fp32 one with the AVX2 build), within one bf16 rounding of fp32 SDPA."""
     q, k, v = _qkv(LENGTHS, 3, 3, dim, torch.bfloat16, seed=1)
     got = attention_cpu.attention_on_cpu(q, k, v, LENGTHS, _cu(LENGTHS), dim ** -0.5,
                                          num_unattended=UNATTENDED)
-    assert routed == [(600, torch.bfloat16), (520, torch.bfloat16)]
+    assert routed == [(1100, torch.bfloat16), (1024, torch.bfloat16)]
     assert got.dtype == torch.bfloat16 and got.shape == q.shape
     want = _reference(q, k, v, LENGTHS, dim ** -0.5, unattended=UNATTENDED)
     torch.testing.assert_close(got.float(), want, atol=4e-3, rtol=8e-3)
@@ -98,7 +99,7 @@ def test_int8_engine_long_sequences_on_sdpa(kernel_build, routed, source):
     want = _reference(q, k, v, LENGTHS, 0.125)
     got = attention_cpu.attention_on_cpu(*(t.to(source) for t in (q, k, v)), LENGTHS,
                                          _cu(LENGTHS), 0.125, bf16_products=True)
-    assert routed == [(600, torch.bfloat16), (530, torch.bfloat16), (520, torch.bfloat16)]
+    assert routed == [(1100, torch.bfloat16), (1030, torch.bfloat16), (1024, torch.bfloat16)]
     bf16_kernel = attention_cpu.bf16_attention_kernels() is not None
     assert got.dtype == (torch.float32 if bf16_kernel else source)
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
@@ -113,7 +114,7 @@ def test_causal_and_gqa_bf16_on_sdpa(kernel_build, routed, kv_heads):
     q, k, v = _qkv(LENGTHS, 4, kv_heads, 64, torch.bfloat16, seed=3)
     got = attention_cpu.attention_on_cpu(q, k, v, LENGTHS, _cu(LENGTHS), 0.125,
                                          num_unattended=UNATTENDED, causal=True)
-    assert routed == [(600, torch.bfloat16), (520, torch.bfloat16)]
+    assert routed == [(1100, torch.bfloat16), (1024, torch.bfloat16)]
     assert got.dtype == torch.bfloat16
     want = _reference(q, k, v, LENGTHS, 0.125, causal=True, unattended=UNATTENDED)
     torch.testing.assert_close(got.float(), want, atol=4e-3, rtol=8e-3)
@@ -124,7 +125,7 @@ def test_band_fp32_and_bias_stay_off_the_bf16_route(kernel_build, routed, case):
     """Local attention (ModernBERT) and a causal sliding window score only the band on the
     kernels (faster than SDPA's masked L x L); fp32 is not this route's (the fp32 kernels'
     SDPA_MIN_LEN is 1536); a score bias (MPNet) stays on the kernel."""
-    lens = [40, 600]
+    lens = [40, 1100]
     dtype = torch.float32 if case == "fp32" else torch.bfloat16
     q, k, v = _qkv(lens, 2, 2, 64, dtype, seed=4)
     bias = {n: torch.zeros(2, n, n) for n in lens} if case == "bias" else None
@@ -139,7 +140,7 @@ def test_the_route_needs_amx_and_avx512_torch(monkeypatch):
     """bf16_sdpa_is_fast(): AMX-BF16 (where it was measured faster) and torch dispatching its
     AVX-512 kernels; a CPU without AMX keeps bf16 on its kernels (no SDPA call), as does torch
     held to AVX2 (SDPA bf16 raises there on an AMX CPU)."""
-    lens = [600]
+    lens = [1100]
     q, k, v = _qkv(lens, 2, 2, 64, torch.bfloat16, seed=5)
     calls = []
     real = F.scaled_dot_product_attention
