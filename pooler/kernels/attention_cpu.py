@@ -18,7 +18,8 @@ Taken by packed_attention when all of these hold, else its torch paths run:
 - decoder-style attention (a causal mask, alone or with a sliding window: Qwen3, Mistral,
   Gemma3's causal layers; k/v with fewer heads than q, GQA: Gemma3/EmbeddingGemma, Qwen3, Llama,
   when causal or windowed) runs the fp32 kernel's masked entry point (attention.h; bf16 q/k/v
-  widened, no score bias); bidirectional global GQA keeps torch's SDPA (faster there);
+  widened, no score bias; long causal bf16 sequences on AMX: SDPA bf16, below); bidirectional
+  global GQA keeps torch's SDPA (faster there);
 - otherwise bidirectional: an unattended suffix (ColBERT), an additive fp32 score bias
   per length (MPNet) and local attention (`half_window`: ModernBERT's local layers, query i
   seeing keys |i - j| <= half_window) are handled. Local attention scores only each query
@@ -178,7 +179,9 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     without it bf16 q/k/v (the bf16 engine) give a bf16 result. `half_window`: local attention
     (keys |i - j| <= half_window), only the band scored. `causal` (keys j <= i; with
     half_window, i - half_window <= j <= i) and k/v with fewer heads than q (GQA, a divisor of
-    them) take the fp32 kernel's decoder entry point (bf16 q/k/v widened, no score bias).
+    them) take the fp32 kernel's decoder entry point (bf16 q/k/v widened, no score bias), but
+    for long causal sequences without a window SDPA in bf16 where the route below applies
+    (bf16 q/k/v, or fp32 ones with `bf16_products`: a decoder of an int8 or bf16 engine).
     `long_on_sdpa`: fp32 global attention sends sequences of SDPA_MIN_LEN tokens or more to
     torch's SDPA, and bf16 / int8 global or causal attention those of BF16_SDPA_MIN_LEN or more
     to SDPA in bf16 where bf16_sdpa_is_fast() (False: all on the kernels; what the runs of

@@ -164,3 +164,25 @@ def test_the_route_needs_amx_and_avx512_torch(monkeypatch):
     finally:
         monkeypatch.undo()
         cf.cpu_features.cache_clear()
+
+
+def test_causal_fp32_qkv_with_bf16_products(kernel_build, routed):
+    """A decoder whose engine allows bf16 products (what a Llama/Qwen3 layer of an int8 or bf16
+    engine would pass: fp32 q/k/v, `bf16_products=True`): the long sequences rounded to bf16 for
+    SDPA, the rest on the fp32 masked kernel, an fp32 result within bf16's tolerance."""
+    q, k, v = _qkv(LENGTHS, 4, 2, 64, torch.float32, seed=6)
+    want = _reference(q, k, v, LENGTHS, 0.125, causal=True, unattended=UNATTENDED)
+    got = attention_cpu.attention_on_cpu(q, k, v, LENGTHS, _cu(LENGTHS), 0.125,
+                                         num_unattended=UNATTENDED, causal=True,
+                                         bf16_products=True)
+    assert routed == [(1100, torch.bfloat16), (1024, torch.bfloat16)]
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    cos = F.cosine_similarity(got.reshape(len(q), -1), want.reshape(len(q), -1))
+    assert cos.min() > 0.9999
+    # without the flag fp32 stays fp32 (no SDPA bf16)
+    routed.clear()
+    exact = attention_cpu.attention_on_cpu(q, k, v, LENGTHS, _cu(LENGTHS), 0.125,
+                                           num_unattended=UNATTENDED, causal=True)
+    assert routed == []
+    torch.testing.assert_close(exact, want, atol=1e-4, rtol=1e-4)
