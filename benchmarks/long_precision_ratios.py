@@ -17,8 +17,8 @@ Prints, per family: what the load-time precision gate decided with its default p
 ("fallback": which step shapes it timed, and what it kept), the layers each engine swapped
 (Int8Linear / Bf16Linear / left fp32), which attention path each call took (C kernel fp32 or
 bf16, SDPA bf16 for long sequences, or torch), and per length the wall time of one call per
-engine (the median of `--rounds` interleaved rounds: the runs in order, then reversed), the ratio fp32 / candidate
-(>1: faster) and the cosine of the pooled vector to fp32's.
+engine (the median of `--rounds` interleaved rounds: the runs in order, then reversed), the
+ratio fp32 / candidate (>1: faster) and the min cosine of the pooled vectors to fp32's.
 """
 from __future__ import annotations
 

@@ -39,8 +39,9 @@ AMX-BF16 and torch on its AVX-512 kernels (bf16_sdpa_is_fast), a sequence of BF1
 score bias), with bf16 q/k/v (the bf16 engine) or `bf16_products` (int8 engines; fp32 q/k/v
 rounded to bf16), runs torch's SDPA in bf16 (oneDNN's AMX brgemm): 1.1-5x faster than the bf16
 kernel from 1k tokens (2.3-5x at 2k-8k), and 1.0-3.4x faster than the fp32 masked kernel for
-causal bf16 at 1k-8k (see BF16_SDPA_MIN_LEN). Shorter sequences, local attention and sliding windows (the kernels
-score only the band), ColBERT's unattended suffixes and CPUs without AMX keep the kernels.
+causal bf16 at 1k-8k (see BF16_SDPA_MIN_LEN). Shorter sequences, local attention and sliding
+windows (the kernels score only the band), ColBERT's unattended suffixes and CPUs without AMX
+keep the kernels.
 
 Which kernel: bf16 q/k/v (the bf16 engine's QKV projection) take attention_bf16.c where it runs
 (AVX512_BF16, head size a multiple of 16, `BF16_ENABLED`): QK^T in VDPBF16PS (exact products of
