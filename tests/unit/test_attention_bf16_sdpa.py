@@ -55,10 +55,25 @@ def _qkv(seq_lens, heads, kv_heads, dim, dtype, seed=0):
     return q, k, v
 
 
+def _sdpa_bf16_runs() -> bool:
+    """Whether torch's SDPA runs bf16 at these shapes here: torch 2.13 held to AVX2
+    (ATEN_CPU_CAPABILITY=avx2) on a CPU with AVX512_BF16 raises ("pack_vnni2 is only supported
+    when avx512 is supported"), which bf16_sdpa_is_fast() keeps the route from."""
+    x = torch.randn(1, 4, 1100, 64).bfloat16()
+    try:
+        F.scaled_dot_product_attention(x, x, x)
+        F.scaled_dot_product_attention(x, x[:, :2], x[:, :2], is_causal=True, enable_gqa=True)
+    except RuntimeError:
+        return False
+    return True
+
+
 @pytest.fixture
 def routed(monkeypatch):
-    """The route on whatever this CPU is (its answers are torch's on any CPU), and a record of
-    the [1, heads, L, d] SDPA calls: (L, dtype)."""
+    """The route on whatever this CPU is (its answers are torch's on any CPU where torch's
+    bf16 SDPA runs), and a record of the [1, heads, L, d] SDPA calls: (L, dtype)."""
+    if not _sdpa_bf16_runs():
+        pytest.skip("torch's bf16 SDPA raises here (torch held to AVX2 on an AVX512_BF16 CPU)")
     monkeypatch.setattr(attention_cpu, "bf16_sdpa_is_fast", lambda: True)
     calls = []
     real = F.scaled_dot_product_attention
@@ -186,3 +201,16 @@ def test_causal_fp32_qkv_with_bf16_products(kernel_build, routed):
                                            num_unattended=UNATTENDED, causal=True)
     assert routed == []
     torch.testing.assert_close(exact, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_rule_as_it_is_here(causal):
+    """Whatever this CPU and torch build decide (the route on AMX with torch's AVX-512 kernels,
+    else the kernels), a long bf16 call runs and agrees with fp32 SDPA: also under
+    ATEN_CPU_CAPABILITY=avx2, where torch's bf16 SDPA would raise."""
+    lens = [9, 1100]
+    q, k, v = _qkv(lens, 2, 2, 64, torch.bfloat16, seed=7)
+    got = attention_cpu.attention_on_cpu(q, k, v, lens, _cu(lens), 0.125, causal=causal)
+    assert got is not None and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), _reference(q, k, v, lens, 0.125, causal=causal),
+                               atol=4e-3, rtol=8e-3)
