@@ -351,7 +351,6 @@ def _long_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows s
     return out
 
 
-
 # bf16 and int8 (`bf16_products`) attention over sequences of at least this many tokens, global
 # or causal, all keys attended, runs torch's SDPA on bf16 q/k/v where bf16_sdpa_is_fast() holds.
 # Its flash CPU kernel feeds q/k/v blocks and the rounded probabilities to oneDNN's bf16 brgemm
@@ -359,11 +358,11 @@ def _long_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows s
 # time over the whole sequence's K and V, and slows past ~2k tokens (90 GFLOP/s at 8k against
 # ~210 at 1-4k). One sequence, 12 heads x 64, 2 threads, interleaved, best of 4-9 rounds on the
 # shared Sapphire Rapids Xeon (load 0.2-5; benchmarks/attention_bf16_sdpa.py), kernel / SDPA
-# time: bf16 engine 0.4-1.9 at 512 tokens, 1.4-2.2 at 768, 1.1-3.8 at 1k, 2.3-2.9 at 2k, 3.3 at
-# 4k, 4.5 at 8k; int8 (P rounded) 0.5-6.9 at 512, 1.6-3.8 at 768, 1.7-4.0 at 1k, 2.5-3.4 at 2k,
-# 4.5-5.1 at 4k-8k; causal and causal GQA (today the fp32 masked kernel on widened q/k/v)
-# 1.0-2.4 at 1k, 2.6-3.4 at 2k-8k. 1,024: from there SDPA won in all but two of the runs (at 512
-# the load swung it both ways). Shorter sequences keep the kernel, which runs a step's short
+# time: bf16 engine 0.4-1.9 at 512 tokens, 1.4-2.2 at 768, 1.1-3.8 at 1k, 2.3-2.9 at 2k,
+# 3.2-3.3 at 4k, 4.2-4.5 at 8k; int8 (P rounded) 0.5-6.9 at 512, 1.6-3.8 at 768, 1.7-4.0 at 1k,
+# 2.5-3.4 at 2k, 3.9-4.5 at 4k, 4.3-5.1 at 8k; causal and causal GQA (today the fp32 masked
+# kernel on widened q/k/v) 0.96-3.4 at 1k, 2.6-3.3 at 2k-8k. 1,024: from there SDPA won every
+# run but one causal 1k one (0.96); at 512 the load swung it both ways. Shorter sequences keep the kernel, which runs a step's short
 # texts in one C call (the short-text ratios stay as they were). Local attention (ModernBERT's
 # half_window, a decoder's sliding window) stays on the kernels too: they score only the band,
 # SDPA the whole L x L under a mask (kernel / SDPA 0.55 at 1k-2k, 0.11-0.17 at 8k). Tests set
