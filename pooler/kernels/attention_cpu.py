@@ -374,10 +374,12 @@ BF16_SDPA_ENABLED = True
 
 def bf16_sdpa_is_fast() -> bool:
     """Whether torch's SDPA on bf16 q/k/v is the fast path here: the CPU has AMX-BF16 (what the
-    figures above were measured on) and torch dispatches its AVX-512 kernels. Without AMX,
-    oneDNN's bf16 brgemm runs on AVX512_BF16 dot products or is emulated on AVX2 (bf16 widened
-    in software), where nothing was measured faster than the kernel or the fp32 paths, so bf16
-    keeps its kernel (or widens to fp32) there. Torch held to AVX2 (ATEN_CPU_CAPABILITY=avx2)
+    figures above were measured on) and torch dispatches its AVX-512 kernels. Without AMX the
+    margin goes: with oneDNN and MKL held off AMX on the same Xeon (ONEDNN_MAX_CPU_ISA=
+    AVX512_CORE_BF16, MKL_ENABLE_INSTRUCTIONS=AVX512; an emulation of an AVX512_BF16-only CPU,
+    not one), SDPA bf16 ran no faster than SDPA fp32 and 1.0-1.4x the kernel at 2k-8k (one
+    loaded run), against 1.9-3.5x with AMX; on AVX2, oneDNN emulates bf16. Nothing there
+    clearly beat the kernel, so bf16 keeps its kernel (or widens to fp32) without AMX. Torch held to AVX2 (ATEN_CPU_CAPABILITY=avx2)
     on an AMX CPU raises in SDPA bf16 ("pack_vnni2 is only supported when avx512 is
     supported", torch 2.13): it must not be routed there either."""
     if not BF16_SDPA_ENABLED:
