@@ -4,14 +4,21 @@ GTE-base shape (seeded random weights, fewer layers than the real models: per-la
 what the ratios compare), interleaved in one process.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/long_precision_ratios.py \\
-        [--families modernbert,gte] [--lengths 2048,8192] [--layers 3] [--rounds 2]
+        [--families modernbert,gte] [--lengths 16x128,2048,8192] [--layers 3] [--rounds 2]
+        [--bf16-sdpa both|on|off]
+
+A length `NxL` is N documents of L tokens in one call (short texts, for the short-text ratio);
+a plain L is one document. `--bf16-sdpa both` (the default) times int8 and bf16 twice per round:
+with long sequences' bf16 attention on torch's SDPA where attention_cpu routes it ("int8",
+"bf16") and with it held on the bf16 kernel ("int8 kernel", "bf16 kernel":
+attention_cpu.BF16_SDPA_ENABLED off for that call), the before/after of that route.
 
 Prints, per family: what the load-time precision gate decided with its default policy
 ("fallback": which step shapes it timed, and what it kept), the layers each engine swapped
 (Int8Linear / Bf16Linear / left fp32), which attention path each call took (C kernel fp32 or
-bf16, or torch), and per length the wall time of one document per engine (the median of
-`--rounds` interleaved rounds: int8, bf16, fp32, then reversed), the ratio fp32 / candidate
-(>1: faster) and the cosine of the pooled vector to fp32's.
+bf16, SDPA bf16 for long sequences, or torch), and per length the wall time of one call per
+engine (the median of `--rounds` interleaved rounds: the runs in order, then reversed), the
+ratio fp32 / candidate (>1: faster) and the min cosine of the pooled vectors to fp32's.
 """
 from __future__ import annotations
 
@@ -54,8 +61,16 @@ def attention_log():
     """Record which attention path each packed_attention call takes."""
     import pooler.layers.attention as attention
 
+    from pooler.kernels import attention_cpu
+
     seen: collections.Counter = collections.Counter()
     original = attention.attention_on_cpu
+    long_bf16 = attention_cpu._long_bf16_on_sdpa
+
+    def long_spy(q, *args, **kwargs):
+        seen[f"SDPA bf16 for long sequences (q {str(q.dtype)[6:]}, {q.shape[0]} tokens)"] += 1
+        return long_bf16(q, *args, **kwargs)
+    attention_cpu._long_bf16_on_sdpa = long_spy
 
     def spy(q, *args, **kwargs):
         out = original(q, *args, **kwargs)
@@ -82,18 +97,35 @@ def layer_kinds(engine) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default="modernbert,gte")
-    parser.add_argument("--lengths", default="2048,8192")
+    parser.add_argument("--lengths", default="16x128,2048,8192")
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--bf16-sdpa", choices=["both", "on", "off"], default="both")
     parser.add_argument("--gate", action="store_true",
                         help="also load each precision with the default gate and print it")
     args = parser.parse_args()
 
     from pooler import Engine
     from pooler.cpu_features import cpu_features
+    from pooler.kernels import attention_cpu
 
     print(f"cpu: {cpu_features().summary()}; threads {torch.get_num_threads()}; load "
-          f"{os.getloadavg()[0]:.1f}")
+          f"{os.getloadavg()[0]:.1f}; bf16 SDPA route here: {attention_cpu.bf16_sdpa_is_fast()}")
+    # (label, engine, bf16 SDPA route on)
+    runs = [("fp32", "fp32", True)]
+    for name in ("int8", "bf16"):
+        if args.bf16_sdpa != "off":
+            runs.append((name, name, True))
+        if args.bf16_sdpa != "on":
+            runs.append((f"{name} kernel" if args.bf16_sdpa == "both" else name, name, False))
+
+    def call(label, engine, route, prompts):
+        attention_cpu.BF16_SDPA_ENABLED = route
+        try:
+            return engine.embed(prompts, use_tqdm=False)
+        finally:
+            attention_cpu.BF16_SDPA_ENABLED = True
+
     seen = attention_log()
     for family in args.families.split(","):
         folder = Path(tempfile.mkdtemp(prefix=f"longprec_{family}_"))
@@ -114,28 +146,31 @@ def main() -> None:
         for name, e in engines.items():
             print(f"{family} {name}: {e.precision_path}; {layer_kinds(e)}")
         g = torch.Generator().manual_seed(0)
-        for length in (int(x) for x in args.lengths.split(",")):
-            ids = [1] + torch.randint(5, 290, (length - 2,), generator=g).tolist() + [2]
-            times = {n: [] for n in engines}
+        for spec in args.lengths.split(","):
+            count, _, length = spec.rpartition("x")
+            count, length = int(count or 1), int(length)
+            prompts = [{"prompt_token_ids": [1] + torch.randint(
+                5, 290, (length - 2,), generator=g).tolist() + [2]} for _ in range(count)]
+            times = {label: [] for label, _, _ in runs}
             vecs = {}
-            for name, e in engines.items():  # warm-up (and the vectors), one call each
+            for label, name, route in runs:  # warm-up (and the vectors), one call each
                 seen.clear()
-                vecs[name] = np.asarray(e.embed({"prompt_token_ids": ids},
-                                                use_tqdm=False)[0].embedding)
-                print(f"  L={length} {name} attention: {dict(seen)}")
-            order = list(engines)
+                vecs[label] = np.stack([np.asarray(o.embedding) for o in
+                                        call(label, engines[name], route, prompts)])
+                print(f"  {spec} {label} attention: {dict(seen)}")
             for r in range(args.rounds):
-                for name in (order if r % 2 == 0 else order[::-1]):
+                for label, name, route in (runs if r % 2 == 0 else runs[::-1]):
                     start = time.perf_counter()
-                    engines[name].embed({"prompt_token_ids": ids}, use_tqdm=False)
-                    times[name].append(time.perf_counter() - start)
+                    call(label, engines[name], route, prompts)
+                    times[label].append(time.perf_counter() - start)
             fp32 = statistics.median(times["fp32"])
-            for name in ("int8", "bf16"):
-                t = statistics.median(times[name])
-                a, b = vecs["fp32"], vecs[name]
-                cos = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-                print(f"  L={length} {name}: {t:.2f} s vs fp32 {fp32:.2f} s -> "
-                      f"{fp32 / t:.2f}x; cosine to fp32 {cos:.6f}; load "
+            for label, _, _ in runs[1:]:
+                t = statistics.median(times[label])
+                a, b = vecs["fp32"], vecs[label]
+                cos = float(np.min(np.sum(a * b, 1) / np.linalg.norm(a, axis=1)
+                                   / np.linalg.norm(b, axis=1)))
+                print(f"  {spec} {label}: {t:.3f} s vs fp32 {fp32:.3f} s -> "
+                      f"{fp32 / t:.2f}x; min cosine to fp32 {cos:.6f}; load "
                       f"{os.getloadavg()[0]:.1f}", flush=True)
         del engines
 

@@ -18,7 +18,8 @@ Taken by packed_attention when all of these hold, else its torch paths run:
 - decoder-style attention (a causal mask, alone or with a sliding window: Qwen3, Mistral,
   Gemma3's causal layers; k/v with fewer heads than q, GQA: Gemma3/EmbeddingGemma, Qwen3, Llama,
   when causal or windowed) runs the fp32 kernel's masked entry point (attention.h; bf16 q/k/v
-  widened, no score bias); bidirectional global GQA keeps torch's SDPA (faster there);
+  widened, no score bias; long causal bf16 sequences on AMX: SDPA bf16, below); bidirectional
+  global GQA keeps torch's SDPA (faster there);
 - otherwise bidirectional: an unattended suffix (ColBERT), an additive fp32 score bias
   per length (MPNet) and local attention (`half_window`: ModernBERT's local layers, query i
   seeing keys |i - j| <= half_window) are handled. Local attention scores only each query
@@ -44,6 +45,16 @@ and 0.5-0.6 from 2,048 (but 1.07-1.12 at 256-512: FLASH_MIN_LEN); a 2-layer GTE-
 (SDPA's GEMMs stay AVX-512 through MKL/oneDNN) the kernel took 1.40-1.57x SDPA's time, so that
 build keeps SDPA (0.93-1.08x with MKL and oneDNN held to AVX2 too, as on an AVX2-only CPU: not
 measured there). bf16 q/k/v and bf16 products keep their kernels.
+
+Long bf16 and int8 attention (_long_bf16_on_sdpa, separate from the fp32 route): on a CPU with
+AMX-BF16 and torch on its AVX-512 kernels (bf16_sdpa_is_fast), a sequence of BF16_SDPA_MIN_LEN
+(1,024) tokens or more whose keys are all attended, global or causal (GQA included, no window, no
+score bias), with bf16 q/k/v (the bf16 engine) or `bf16_products` (int8 engines; fp32 q/k/v
+rounded to bf16), runs torch's SDPA in bf16 (oneDNN's AMX brgemm): 1.1-5x faster than the bf16
+kernel from 1k tokens (2.3-5x at 2k-8k), and 1.0-3.4x faster than the fp32 masked kernel for
+causal bf16 at 1k-8k (see BF16_SDPA_MIN_LEN). Shorter sequences, local attention and sliding
+windows (the kernels score only the band), ColBERT's unattended suffixes and CPUs without AMX
+keep the kernels.
 
 Which kernel: bf16 q/k/v (the bf16 engine's QKV projection) take attention_bf16.c where it runs
 (AVX512_BF16, head size a multiple of 16, `BF16_ENABLED`): QK^T in VDPBF16PS (exact products of
@@ -207,10 +218,14 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     without it bf16 q/k/v (the bf16 engine) give a bf16 result. `half_window`: local attention
     (keys |i - j| <= half_window), only the band scored. `causal` (keys j <= i; with
     half_window, i - half_window <= j <= i) and k/v with fewer heads than q (GQA, a divisor of
-    them) take the fp32 kernel's decoder entry point (bf16 q/k/v widened, no score bias).
+    them) take the fp32 kernel's decoder entry point (bf16 q/k/v widened, no score bias), but
+    for long causal sequences without a window SDPA in bf16 where the route below applies
+    (bf16 q/k/v, or fp32 ones with `bf16_products`: a decoder of an int8 or bf16 engine).
     `long_on_sdpa`: fp32 global attention sends long sequences apart (_long_apart): to the
-    flash kernel from FLASH_MIN_LEN tokens on the FLASH_BUILDS, else to torch's SDPA from
-    SDPA_MIN_LEN (False: all on attention.h's kernel; what its runs of other sequences take)."""
+    flash kernel from FLASH_MIN_LEN tokens where flash_route_here(), else to torch's SDPA from
+    SDPA_MIN_LEN; bf16 / int8 global or causal attention sends those of BF16_SDPA_MIN_LEN or
+    more to SDPA in bf16 where bf16_sdpa_is_fast() (False: all on the kernels; what the runs of
+    other sequences take)."""
     if not (ENABLED and q.device.type == "cpu" and q.dtype in _DTYPES
             and k.dtype == v.dtype == q.dtype and q.dim() == 3 and k.dim() == 3
             and k.shape == v.shape and k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2]
@@ -239,6 +254,10 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     dtype = q.dtype
     if half_window is not None and half_window < 0:
         raise ValueError(f"half_window must be >= 0, got {half_window}.")
+    if long_on_sdpa and _bf16_long_routes(dtype, bf16_products, seq_lens, half_window, causal,
+                                          position_bias):
+        return _long_bf16_on_sdpa(q, k, v, seq_lens, scale, num_unattended, bf16_products,
+                                  causal)
     lib16 = _bf16_kernel_for(head_dim) if (dtype == torch.bfloat16 or bf16_products) \
         and not decoder else None
     if lib16 is None and dtype != torch.float32:  # bf16 without the bf16 kernel: fp32 inside
@@ -417,5 +436,105 @@ def _long_apart(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows str
             if part is None:
                 raise RuntimeError("the attention kernel declined a run it was chosen for")
             out[a:b] = part
+        i = j
+    return out
+
+
+# bf16 and int8 (`bf16_products`) attention over sequences of at least this many tokens, global
+# or causal, all keys attended, runs torch's SDPA on bf16 q/k/v where bf16_sdpa_is_fast() holds.
+# Its flash CPU kernel feeds q/k/v blocks and the rounded probabilities to oneDNN's bf16 brgemm
+# (AMX tiles on this Xeon); the bf16 kernel here scores with VDPBF16PS, one query block at a
+# time over the whole sequence's K and V, and slows past ~2k tokens (90 GFLOP/s at 8k against
+# ~210 at 1-4k). One sequence, 12 heads x 64, 2 threads, interleaved, best of 4-9 rounds on the
+# shared Sapphire Rapids Xeon (load 0.2-5; benchmarks/attention_bf16_sdpa.py), kernel / SDPA
+# time: bf16 engine 0.4-1.9 at 512 tokens, 1.4-2.2 at 768, 1.1-3.8 at 1k, 2.3-2.9 at 2k,
+# 3.2-3.3 at 4k, 4.2-4.5 at 8k; int8 (P rounded) 0.5-6.9 at 512, 1.6-3.8 at 768, 1.7-4.0 at 1k,
+# 2.5-3.4 at 2k, 3.9-4.5 at 4k, 4.3-5.1 at 8k; causal and causal GQA (today the fp32 masked
+# kernel on widened q/k/v) 0.96-3.4 at 1k, 2.6-3.3 at 2k-8k. 1,024: from there SDPA won every
+# run but one causal 1k one (0.96); at 512 the load swung it both ways. Shorter sequences keep the kernel, which runs a step's short
+# texts in one C call (the short-text ratios stay as they were). Local attention (ModernBERT's
+# half_window, a decoder's sliding window) stays on the kernels too: they score only the band,
+# SDPA the whole L x L under a mask (kernel / SDPA 0.55 at 1k-2k, 0.11-0.17 at 8k). Tests set
+# it to route (or not) at other lengths.
+BF16_SDPA_MIN_LEN = 1024
+# Benchmarks and tests turn the bf16 SDPA route off here (or on, with bf16_sdpa_is_fast patched).
+BF16_SDPA_ENABLED = True
+
+
+def bf16_sdpa_is_fast() -> bool:
+    """Whether torch's SDPA on bf16 q/k/v is the fast path here: the CPU has AMX-BF16 (what the
+    figures above were measured on) and torch dispatches its AVX-512 kernels. Without AMX the
+    margin goes: with oneDNN and MKL held off AMX on the same Xeon (ONEDNN_MAX_CPU_ISA=
+    AVX512_CORE_BF16, MKL_ENABLE_INSTRUCTIONS=AVX512; an emulation of an AVX512_BF16-only CPU,
+    not one), SDPA bf16 ran no faster than SDPA fp32 and 1.0-1.4x the kernel at 2k-8k (one
+    loaded run), against 1.9-3.5x with AMX; on AVX2, oneDNN emulates bf16. Nothing there
+    clearly beat the kernel, so bf16 keeps its kernel (or widens to fp32) without AMX. Torch held to AVX2 (ATEN_CPU_CAPABILITY=avx2)
+    on an AMX CPU raises in SDPA bf16 ("pack_vnni2 is only supported when avx512 is
+    supported", torch 2.13): it must not be routed there either."""
+    if not BF16_SDPA_ENABLED:
+        return False
+    return (cpu_features().has("amx_bf16", "amx_tile")
+            and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX"))
+
+
+def _bf16_long_routes(dtype: torch.dtype, bf16_products: bool, seq_lens: list[int],
+                      half_window: int | None, causal: bool,
+                      position_bias: dict[int, torch.Tensor] | None) -> bool:
+    """Whether a bf16 (bf16 q/k/v) or int8 (`bf16_products`) call sends its long sequences to
+    _long_bf16_on_sdpa: global or causal attention without a score bias, a sequence of
+    BF16_SDPA_MIN_LEN tokens or more, and bf16_sdpa_is_fast()."""
+    return ((dtype == torch.bfloat16 or bf16_products) and half_window is None
+            and position_bias is None and max(seq_lens) >= BF16_SDPA_MIN_LEN
+            and bf16_sdpa_is_fast())
+
+
+def _long_bf16_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] bf16 or fp32
+                       k: torch.Tensor, v: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+                       seq_lens: list[int], scale: float, num_unattended: list[int] | None,
+                       bf16_products: bool, causal: bool) -> torch.Tensor:
+    """bf16 / int8 attention with each long sequence (BF16_SDPA_MIN_LEN tokens or more, no
+    unattended suffix) on torch's SDPA in bf16 (is_causal, enable_gqa for fewer k/v heads) and
+    each run of the others on the kernels (long_on_sdpa=False), in one output: fp32 for
+    `bf16_products` where the bf16 kernel takes the head size (what an int8 engine's output
+    projection quantizes from), else q's dtype, as the kernel paths return. SDPA reads strided
+    [1, heads, L, head_dim] views of the projection's rows when they are bf16 already (fp32
+    q/k/v of an int8 engine are rounded to bf16 first: its precision is below bf16's)."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    gqa = k.shape[1] != heads
+    wide = bf16_products and not (causal or gqa) and _bf16_kernel_for(head_dim) is not None
+    out = torch.empty(q.shape, dtype=torch.float32 if wide else q.dtype)
+    unattended = num_unattended or [0] * len(seq_lens)
+    starts = [0]
+    for n in seq_lens:
+        starts.append(starts[-1] + n)
+
+    def routed(i: int) -> bool:
+        return seq_lens[i] >= BF16_SDPA_MIN_LEN and not unattended[i]
+
+    i = 0
+    while i < len(seq_lens):
+        a = starts[i]
+        if routed(i):
+            b = starts[i + 1]
+            # [1, heads, L, head_dim] views (bf16 copies for fp32 q/k/v)
+            qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0).to(torch.bfloat16)
+                          for t in (q, k, v))
+            o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=causal,
+                                               enable_gqa=gqa)  # [1, heads, L, head_dim]
+            out[a:b] = o[0].transpose(0, 1)
+            i += 1
+            continue
+        j = i + 1  # a run of sequences for the kernels
+        while j < len(seq_lens) and not routed(j):
+            j += 1
+        b = starts[j]
+        lens = seq_lens[i:j]
+        cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+        part = attention_on_cpu(q[a:b], k[a:b], v[a:b], lens, cu, scale,
+                                None if num_unattended is None else num_unattended[i:j],
+                                bf16_products=bf16_products, causal=causal, long_on_sdpa=False)
+        if part is None:
+            raise RuntimeError("the attention kernel declined a run it was chosen for")
+        out[a:b] = part
         i = j
     return out
