@@ -18,7 +18,8 @@ Taken by packed_attention when all of these hold, else its torch paths run:
 - decoder-style attention (a causal mask, alone or with a sliding window: Qwen3, Mistral,
   Gemma3's causal layers; k/v with fewer heads than q, GQA: Gemma3/EmbeddingGemma, Qwen3, Llama,
   when causal or windowed) runs the fp32 kernel's masked entry point (attention.h; bf16 q/k/v
-  widened, no score bias; long causal bf16 sequences on AMX: SDPA bf16, below); bidirectional
+  widened, no score bias; long causal bf16 sequences on AMX: SDPA bf16, below; fp32 causal
+  sequences of CAUSAL_SDPA_MIN_LEN tokens or more without a window: SDPA fp32); bidirectional
   global GQA keeps torch's SDPA (faster there);
 - otherwise bidirectional: an unattended suffix (ColBERT), an additive fp32 score bias
   per length (MPNet) and local attention (`half_window`: ModernBERT's local layers, query i
@@ -258,6 +259,10 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
                                           position_bias):
         return _long_bf16_on_sdpa(q, k, v, seq_lens, scale, num_unattended, bf16_products,
                                   causal)
+    if long_on_sdpa and _long_causal_f32_routes(dtype, bf16_products, seq_lens, half_window,
+                                                causal, position_bias):
+        return _long_bf16_on_sdpa(q, k, v, seq_lens, scale, num_unattended, False, True,
+                                  CAUSAL_SDPA_MIN_LEN, torch.float32)
     lib16 = _bf16_kernel_for(head_dim) if (dtype == torch.bfloat16 or bf16_products) \
         and not decoder else None
     if lib16 is None and dtype != torch.float32:  # bf16 without the bf16 kernel: fp32 inside
@@ -477,6 +482,25 @@ def bf16_sdpa_is_fast() -> bool:
             and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX"))
 
 
+# fp32 causal attention without a window (Qwen3, Llama and Mistral-style embedders without
+# sliding layers) over sequences of at least this many tokens runs torch's SDPA (is_causal,
+# enable_gqa) instead of the masked kernel. Measured (one layer, 2 threads, interleaved, best of
+# 5, Sapphire Rapids VM with one other session busy): masked kernel / SDPA time at 1k, 1.5k, 2k,
+# 4k tokens: 0.94, 1.16, 1.26, 1.53 at 16 heads x 128 with 8 k/v heads (Qwen3-0.6B), 0.83,
+# 0.71, 0.98, 1.42 at 12 x 64; on the AVX2 build 1.78-3.00 and 1.33-2.53 from 1k. From 2k
+# SDPA is level or ahead on every shape and build seen.
+CAUSAL_SDPA_MIN_LEN = 2048
+
+
+def _long_causal_f32_routes(dtype: torch.dtype, bf16_products: bool, seq_lens: list[int],
+                            half_window: int | None, causal: bool,
+                            position_bias: dict[int, torch.Tensor] | None) -> bool:
+    """Whether an fp32 causal call without a window or score bias sends its sequences of
+    CAUSAL_SDPA_MIN_LEN tokens or more to SDPA in fp32."""
+    return (dtype == torch.float32 and not bf16_products and causal and half_window is None
+            and position_bias is None and max(seq_lens) >= CAUSAL_SDPA_MIN_LEN)
+
+
 def _bf16_long_routes(dtype: torch.dtype, bf16_products: bool, seq_lens: list[int],
                       half_window: int | None, causal: bool,
                       position_bias: dict[int, torch.Tensor] | None) -> bool:
@@ -491,14 +515,18 @@ def _bf16_long_routes(dtype: torch.dtype, bf16_products: bool, seq_lens: list[in
 def _long_bf16_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] bf16 or fp32
                        k: torch.Tensor, v: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
                        seq_lens: list[int], scale: float, num_unattended: list[int] | None,
-                       bf16_products: bool, causal: bool) -> torch.Tensor:
+                       bf16_products: bool, causal: bool, min_len: int = 0,
+                       sdpa_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """bf16 / int8 attention with each long sequence (BF16_SDPA_MIN_LEN tokens or more, no
     unattended suffix) on torch's SDPA in bf16 (is_causal, enable_gqa for fewer k/v heads) and
     each run of the others on the kernels (long_on_sdpa=False), in one output: fp32 for
     `bf16_products` where the bf16 kernel takes the head size (what an int8 engine's output
     projection quantizes from), else q's dtype, as the kernel paths return. SDPA reads strided
     [1, heads, L, head_dim] views of the projection's rows when they are bf16 already (fp32
-    q/k/v of an int8 engine are rounded to bf16 first: its precision is below bf16's)."""
+    q/k/v of an int8 engine are rounded to bf16 first: its precision is below bf16's).
+    fp32 causal attention takes the same loop with `sdpa_dtype` fp32 and `min_len`
+    CAUSAL_SDPA_MIN_LEN (_long_causal_f32_routes)."""
+    min_len = min_len or BF16_SDPA_MIN_LEN
     heads, head_dim = q.shape[1], q.shape[2]
     gqa = k.shape[1] != heads
     wide = bf16_products and not (causal or gqa) and _bf16_kernel_for(head_dim) is not None
@@ -509,15 +537,15 @@ def _long_bf16_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] bf16 or
         starts.append(starts[-1] + n)
 
     def routed(i: int) -> bool:
-        return seq_lens[i] >= BF16_SDPA_MIN_LEN and not unattended[i]
+        return seq_lens[i] >= min_len and not unattended[i]
 
     i = 0
     while i < len(seq_lens):
         a = starts[i]
         if routed(i):
             b = starts[i + 1]
-            # [1, heads, L, head_dim] views (bf16 copies for fp32 q/k/v)
-            qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0).to(torch.bfloat16)
+            # [1, heads, L, head_dim] views (bf16 copies for fp32 q/k/v on the bf16 route)
+            qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0).to(sdpa_dtype)
                           for t in (q, k, v))
             o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=causal,
                                                enable_gqa=gqa)  # [1, heads, L, head_dim]

@@ -90,6 +90,13 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    # True in int8 engines (quantization.py) and bf16 engines (cpu_bf16.py, through
+    # bf16_engine_products): q/k/v come fp32 out of their linears either way, and long causal
+    # or global sequences may then run SDPA in bf16 on AMX (attention_cpu.py, _bf16_long_routes;
+    # 3.7-4.0x fp32 at 8k on a Qwen3 shape vs 1.3x, benchmarks/decoder_bf16_attention.py).
+    attention_bf16_products = False
+    bf16_engine_products = True
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -118,7 +125,8 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = packed_attention(q, k, v, inputs.seq_lens, inputs.cu_seqlens, inputs.max_seqlen,
                                causal=True, half_window=self.half_window,
-                               num_unattended=inputs.num_unattended)
+                               num_unattended=inputs.num_unattended,
+                               bf16_products=self.attention_bf16_products)
         # out: [num_tokens, heads, head_dim]
         return self.o_proj(out.reshape(n, -1))
 

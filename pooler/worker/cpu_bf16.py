@@ -97,6 +97,13 @@ def choose_cpu_bf16(backbone: nn.Module, model_config: ModelConfig,
     finally:
         swap.use(False)  # the timing may leave either kind in place
     swap.use(decision.use_candidate)
+    # Decoder attention gets fp32 q/k/v from the bf16 linears (encoders keep theirs bf16 for the
+    # bf16 kernel): let it round to bf16 where bf16 pays, as an int8 engine does. Only long
+    # causal/global sequences change path (SDPA in bf16 on AMX); the check's short shapes
+    # never reach them, so it is set after the decision.
+    for module in backbone.modules():
+        if getattr(module, "bf16_engine_products", False):
+            module.attention_bf16_products = decision.use_candidate
     if decision.use_candidate:
         log.info("%s", decision.reason)
     return decision

@@ -159,3 +159,45 @@ def test_fallback_classify_on_an_encoder_with_pairs(tmp_path):
         fallback.embed("x")
     with pytest.raises(ValueError, match="not supported by this model"):
         Engine(str(path), runner="transformers", task="embed")
+
+
+@pytest.mark.parametrize("option", [{"dtype": "bfloat16"}, {"quantization": "int8"}])
+def test_bf16_and_int8_engines_let_decoder_attention_round_to_bf16(tmp_path, monkeypatch,
+                                                                   option):
+    """Decoder attention gets fp32 q/k/v from bf16 and int8 linears alike; both engines set
+    attention_bf16_products on it (bf16 only where the bf16 linears were kept), so long causal
+    sequences may run SDPA in bf16 on AMX (attention_cpu._bf16_long_routes), within bf16's
+    error of the fp32 engine."""
+    import torch.nn.functional as F
+
+    from pooler import Engine
+    from pooler.kernels import attention_cpu
+    from pooler.layers.linear import Bf16Linear
+    from pooler.models.llama import Attention
+
+    import json
+
+    path = save_decoder_model(tmp_path / "m", "qwen3", "causal", max_position_embeddings=256)
+    (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
+    ids = random_ids([200, 7], 97, seed=5)
+    want = np.stack([o.embedding for o in Engine(str(path)).embed(ids)])
+    monkeypatch.setattr(attention_cpu, "BF16_SDPA_MIN_LEN", 64)
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def spy(qs, *args, **kwargs):
+        calls.append((qs.shape[2], qs.dtype, kwargs.get("is_causal")))
+        return real(qs, *args, **kwargs)
+    monkeypatch.setattr(attention_cpu.F, "scaled_dot_product_attention", spy)
+    engine = Engine(str(path), precision_check="off", **option)
+    model = engine.core.model_runner.model
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    rounded = "quantization" in option or any(isinstance(m, Bf16Linear) for m in model.modules())
+    assert layers and all(m.attention_bf16_products == rounded for m in layers)
+    calls.clear()
+    got = np.stack([o.embedding for o in engine.embed(ids)])
+    routed = rounded and attention_cpu.bf16_sdpa_is_fast() and \
+        attention_cpu.encoder_kernels() is not None
+    assert (calls == [(200, torch.bfloat16, True)] * len(layers)) == routed, calls
+    cos = (want * got).sum(axis=1) / (np.linalg.norm(want, axis=1) * np.linalg.norm(got, axis=1))
+    assert cos.min() > 0.999, cos

@@ -87,6 +87,40 @@ def test_long_causal_gqa_sequence_and_unattended_keys(kernel_build):
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_long_fp32_causal_sequences_take_sdpa(kernel_build, monkeypatch, kv_heads):
+    """fp32 causal attention without a window: sequences of CAUSAL_SDPA_MIN_LEN tokens or more
+    (every key attended) on SDPA with is_causal (enable_gqa for fewer k/v heads), the others of
+    the step on the masked kernel; a window or an unattended suffix keeps the kernel."""
+    monkeypatch.setattr(attention_cpu, "CAUSAL_SDPA_MIN_LEN", 100)
+    lens, unattended = [7, 130, 33, 120, 100], [0, 0, 0, 5, 0]
+    q, k, v = _qkv(lens, 4, kv_heads, 32, seed=11)
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def spy(qs, *args, **kwargs):
+        calls.append((qs.shape[2], kwargs.get("is_causal"), kwargs.get("enable_gqa")))
+        return real(qs, *args, **kwargs)
+    monkeypatch.setattr(attention_cpu.F, "scaled_dot_product_attention", spy)
+    got = attention_cpu.attention_on_cpu(q, k, v, lens, _cu(lens), 32 ** -0.5, unattended,
+                                         causal=True)
+    assert calls == [(130, True, kv_heads != 4), (100, True, kv_heads != 4)]
+    monkeypatch.setattr(attention_cpu.F, "scaled_dot_product_attention", real)
+    attention_cpu.ENABLED = False
+    try:
+        want = packed_attention(q, k, v, lens, _cu(lens), max(lens), causal=True,
+                                scale=32 ** -0.5, num_unattended=unattended)
+    finally:
+        attention_cpu.ENABLED = True
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    calls.clear()
+    monkeypatch.setattr(attention_cpu.F, "scaled_dot_product_attention", spy)
+    attention_cpu.attention_on_cpu(q, k, v, lens, _cu(lens), 32 ** -0.5, unattended,
+                                   causal=True, half_window=16)
+    assert calls == []  # a sliding window scores only the band on the kernel
+
+
 def test_bf16_inputs_widen_and_packed_attention_takes_the_kernel(kernel_build, monkeypatch):
     calls = []
     real = attention.attention_on_cpu
