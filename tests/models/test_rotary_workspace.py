@@ -1,0 +1,69 @@
+"""Long fp32 steps of the rotary encoders write their widest activations (fused q/k/v, the
+gated MLP's [gate | up] and product) into one workspace the layers share
+(pooler/layers/workspace.py): same numbers as the per-layer allocations, and the same memory
+reused by every layer."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pooler.layers import workspace as workspace_module
+from pooler.models.eurobert import EuroBertModel
+from pooler.models.gte import GteModel
+from pooler.models.inputs import ModelInputs
+from pooler.models.nomic_bert import NomicBertModel
+
+LENGTH = workspace_module.MIN_ROWS  # the shortest step that takes the workspace
+CONFIG = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+              num_attention_heads=4, max_position_embeddings=LENGTH)
+MODELS = {  # GeGLU post-norm, SwiGLU post-norm, SwiGLU pre-norm with grouped-query heads
+    "gte": (GteModel, {}),
+    "nomic_bert": (NomicBertModel, {"type_vocab_size": 2}),
+    "eurobert": (EuroBertModel, {"num_key_value_heads": 2, "hidden_act": "silu"}),
+}
+
+
+def _inputs(length: int) -> ModelInputs:
+    ids = torch.randint(0, CONFIG["vocab_size"], (length,),
+                        generator=torch.Generator().manual_seed(1))
+    return ModelInputs(input_ids=ids, positions=torch.arange(length), token_type_ids=None,
+                       cu_seqlens=torch.tensor([0, length], dtype=torch.int32),
+                       seq_lens=[length], max_seqlen=length)
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_long_step_reuses_one_workspace_with_the_same_result(family, monkeypatch):
+    cls, extra = MODELS[family]
+    torch.manual_seed(0)
+    model = cls({**CONFIG, **extra}).eval()
+    inputs = _inputs(LENGTH)
+    taken = []  # (name, data pointer) of every buffer handed out
+    take = workspace_module.Workspace.take
+
+    def spy(self, name, rows, cols):
+        buf = take(self, name, rows, cols)
+        taken.append((name, buf.data_ptr()))
+        return buf
+
+    monkeypatch.setattr(workspace_module.Workspace, "take", spy)
+    with torch.inference_mode():
+        got = model(inputs)
+        monkeypatch.setattr(workspace_module, "MIN_ROWS", LENGTH + 1)  # the per-layer path
+        expected = model(inputs)
+    names = {name for name, _ in taken}
+    assert names == {"qkv", "mlp_in", "mlp_product"}
+    assert len(taken) == 3 * CONFIG["num_hidden_layers"]  # none taken on the short path
+    for name in names:  # every layer wrote into the first layer's buffer
+        assert len({ptr for n, ptr in taken if n == name}) == 1
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_short_steps_and_autograd_keep_their_own_allocations():
+    x = torch.zeros(LENGTH - 1, 32)
+    assert workspace_module.Workspace.for_step(x) is None
+    with torch.inference_mode():
+        assert workspace_module.Workspace.for_step(torch.zeros(LENGTH, 32)) is not None
+        assert workspace_module.Workspace.for_step(
+            torch.zeros(LENGTH, 32, dtype=torch.bfloat16)) is None
+    with torch.enable_grad():
+        assert workspace_module.Workspace.for_step(torch.zeros(LENGTH, 32)) is None
