@@ -1,13 +1,14 @@
-"""Long fp32 steps of the rotary encoders write their widest activations (fused q/k/v, the
-gated MLP's [gate | up] and product) into one workspace the layers share
-(pooler/layers/workspace.py): same numbers as the per-layer allocations, and the same memory
-reused by every layer."""
+"""Long fp32 steps of the rotary encoders and BERT write their widest activations (fused q/k/v,
+the MLP's up projection or gated [gate | up], and the gated product) into one workspace the
+layers share (pooler/layers/workspace.py): same numbers as the per-layer allocations, and the
+same memory reused by every layer."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from pooler.layers import workspace as workspace_module
+from pooler.models.bert import BertModel
 from pooler.models.eurobert import EuroBertModel
 from pooler.models.gte import GteModel
 from pooler.models.inputs import ModelInputs
@@ -16,10 +17,15 @@ from pooler.models.nomic_bert import NomicBertModel
 LENGTH = workspace_module.MIN_ROWS  # the shortest step that takes the workspace
 CONFIG = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
               num_attention_heads=4, max_position_embeddings=LENGTH)
-MODELS = {  # GeGLU post-norm, SwiGLU post-norm, SwiGLU pre-norm with grouped-query heads
-    "gte": (GteModel, {}),
-    "nomic_bert": (NomicBertModel, {"type_vocab_size": 2}),
-    "eurobert": (EuroBertModel, {"num_key_value_heads": 2, "hidden_act": "silu"}),
+GATED = {"qkv", "mlp_in", "mlp_product"}
+MODELS = {  # GeGLU post-norm, SwiGLU post-norm, SwiGLU pre-norm with grouped-query heads, and
+    # BERT's plain GELU MLP (XLM-R positions, as BGE-M3's encoder)
+    "gte": (GteModel, {}, GATED),
+    "nomic_bert": (NomicBertModel, {"type_vocab_size": 2}, GATED),
+    "eurobert": (EuroBertModel, {"num_key_value_heads": 2, "hidden_act": "silu"}, GATED),
+    "xlm_roberta": (BertModel, {"model_type": "xlm-roberta", "pad_token_id": 1,
+                                "max_position_embeddings": LENGTH + 2, "type_vocab_size": 1},
+                    {"qkv", "mlp_in"}),
 }
 
 
@@ -33,7 +39,7 @@ def _inputs(length: int) -> ModelInputs:
 
 @pytest.mark.parametrize("family", list(MODELS))
 def test_long_step_reuses_one_workspace_with_the_same_result(family, monkeypatch):
-    cls, extra = MODELS[family]
+    cls, extra, buffers = MODELS[family]
     torch.manual_seed(0)
     model = cls({**CONFIG, **extra}).eval()
     inputs = _inputs(LENGTH)
@@ -51,8 +57,8 @@ def test_long_step_reuses_one_workspace_with_the_same_result(family, monkeypatch
         monkeypatch.setattr(workspace_module, "MIN_ROWS", LENGTH + 1)  # the per-layer path
         expected = model(inputs)
     names = {name for name, _ in taken}
-    assert names == {"qkv", "mlp_in", "mlp_product"}
-    assert len(taken) == 3 * CONFIG["num_hidden_layers"]  # none taken on the short path
+    assert names == buffers
+    assert len(taken) == len(buffers) * CONFIG["num_hidden_layers"]  # none taken on the short path
     for name in names:  # every layer wrote into the first layer's buffer
         assert len({ptr for n, ptr in taken if n == name}) == 1
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
