@@ -73,3 +73,40 @@ def test_short_steps_and_autograd_keep_their_own_allocations():
             torch.zeros(LENGTH, 32, dtype=torch.bfloat16)) is None
     with torch.enable_grad():
         assert workspace_module.Workspace.for_step(torch.zeros(LENGTH, 32)) is None
+
+
+def test_bert_long_document_leaves_the_c_stack_for_sdpa(monkeypatch):
+    """A model whose large steps the load-time check gave to the C stack still runs a step
+    holding a long document (SDPA_MIN_LEN tokens or more) on the torch layers, whose attention
+    sends it to torch's SDPA; a step of shorter sequences keeps the C stack."""
+    from pooler.kernels import bert_cpu
+    from pooler.kernels.attention_cpu import SDPA_MIN_LEN
+    from pooler.kernels.build import encoder_kernels
+
+    if encoder_kernels() is None:
+        pytest.skip("the C kernels are not built here")
+    cls, extra, _ = MODELS["xlm_roberta"]
+    torch.manual_seed(0)
+    model = cls({**CONFIG, **extra}).eval()
+    model.__dict__[bert_cpu.LARGE_STEPS] = True
+    stack_calls = []
+    stack = bert_cpu.bert_layers_on_cpu
+
+    def spy(*args, **kwargs):
+        stack_calls.append(args[1].shape[0])
+        return stack(*args, **kwargs)
+
+    monkeypatch.setattr("pooler.models.bert.bert_layers_on_cpu", spy)
+    half = SDPA_MIN_LEN - 1  # two sequences, each just short of SDPA's length
+    short = ModelInputs(input_ids=torch.ones(2 * half, dtype=torch.long),
+                        positions=torch.arange(half).repeat(2), token_type_ids=None,
+                        cu_seqlens=torch.tensor([0, half, 2 * half], dtype=torch.int32),
+                        seq_lens=[half, half], max_seqlen=half)
+    with torch.inference_mode():
+        long_out = model(_inputs(LENGTH))
+        assert stack_calls == []  # the long document: torch layers
+        model(short)
+    assert stack_calls == [2 * half]
+    # the torch layers' result is the transformers-equal one the parity tests check; here
+    # only that it is finite and shaped
+    assert long_out.shape == (LENGTH, CONFIG["hidden_size"]) and torch.isfinite(long_out).all()
