@@ -10,7 +10,10 @@ written before (docs/dev/journal.md, "Long documents: one workspace per forward"
 
 A Workspace lives for one forward pass: the first layer allocates each buffer and the others
 write into the same memory (the layers run one after another and each consumes its buffers
-before the next starts). It is dropped with the forward, so a process's resident memory after
+before the next starts). The fused q/k/v and the MLP's input projection share one buffer
+("wide"): q/k/v is dead once attention has returned (rotary q and k are copies; v is read by
+attention alone), so the workspace holds the larger of the two, not both (a GTE-base 8k step:
+201 + 101 MB for [gate | up] and the product, where holding q/k/v too made 377). It is dropped with the forward, so a process's resident memory after
 a long document is what it was before (a buffer kept across calls would hold ~300 MB of a
 GTE-base 8k step for good). The GEMMs that write into it run torch's `mm`/`addmm` with `out=`
 (MKL here; oneDNN's fused linear has no output argument): measured as fast as oneDNN's at these
@@ -42,6 +45,12 @@ class Workspace:
                 or torch.is_grad_enabled()):
             return None
         return cls()
+
+    def reserve(self, name: str, rows: int, cols: int) -> None:
+        """Allocate buffer `name` for [rows, cols] now: a buffer two users of different widths
+        share (q/k/v, then the MLP's input projection) is made once at the larger width, not
+        made at the first width and again at the second."""
+        self.take(name, rows, cols)
 
     def take(self, name: str, rows: int, cols: int) -> torch.Tensor:  # [rows, cols] fp32
         """The buffer `name` as [rows, cols], allocated on the first call (contents are

@@ -89,7 +89,7 @@ class BertLayer(nn.Module):
         # bias, which torch's kernel does not mix with bf16.
         if workspace is not None and writes_into(self.qkv_proj, x):
             # a long fp32 step: into the buffer the layers share (pooler/layers/workspace.py)
-            qkv = linear_into(self.qkv_proj, x, workspace.take("qkv", x.shape[0],
+            qkv = linear_into(self.qkv_proj, x, workspace.take("wide", x.shape[0],
                                                                self.qkv_proj.out_features))
         else:
             qkv = linear_act(self.qkv_proj, x, keep_bf16=position_bias is None and (
@@ -109,7 +109,7 @@ class BertLayer(nn.Module):
         if workspace is not None and writes_into(self.up_proj, x):
             # a long fp32 step: the GEMM into the shared buffer, then the activation in place
             # (a pass of its own: oneDNN's fused epilogue has no output argument)
-            h = linear_into(self.up_proj, x, workspace.take("mlp_in", x.shape[0],
+            h = linear_into(self.up_proj, x, workspace.take("wide", x.shape[0],
                                                             self.up_proj.out_features))
             if act_in_place_by_name(h, self.act_name) is not None:
                 return h
@@ -148,6 +148,10 @@ def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
             return fused
     # long fp32 steps: the widest activations in buffers the layers share for this pass
     workspace = Workspace.for_step(x)
+    if workspace is not None:  # q/k/v and the up projection share "wide"
+        first = model.layers[0]
+        workspace.reserve("wide", x.shape[0], max(first.qkv_proj.out_features,
+                                                  first.up_proj.out_features))
     for layer in model.layers:
         x = layer(x, inputs, position_bias, workspace)
     return x

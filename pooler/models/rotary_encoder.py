@@ -147,7 +147,7 @@ class RotaryAttention(nn.Module):
         n = x.shape[0]
         if workspace is not None and writes_into(self.qkv_proj, x):
             # a long fp32 step: into the buffer the layers share (pooler/layers/workspace.py)
-            qkv = linear_into(self.qkv_proj, x, workspace.take("qkv", n, sum(self.sizes)))
+            qkv = linear_into(self.qkv_proj, x, workspace.take("wide", n, sum(self.sizes)))
             return self._attend_qkv(qkv, cos, sin, inputs)
         # bf16 and int8 linears: q/k/v leave the projection in bf16 where the bf16 attention
         # kernel takes them (rotated in fp32, rounded back): a long document's attention runs
@@ -194,7 +194,7 @@ class RotaryMLP(nn.Module):
         if self.gated and workspace is not None and writes_into(self.mlp_in, x):
             # a long fp32 step: [gate | up] and their product in the shared buffers
             n, inter = x.shape[0], self.mlp_out.in_features
-            gate, up = linear_into(self.mlp_in, x, workspace.take("mlp_in", n, 2 * inter)
+            gate, up = linear_into(self.mlp_in, x, workspace.take("wide", n, 2 * inter)
                                    ).chunk(2, dim=-1)  # [num_tokens, inter] views
             act = act_in_place_by_name(gate, self.act_name)
             if act is None:
@@ -260,6 +260,9 @@ class RotaryEncoder(nn.Module):
                                   cfg.rope_factor)
         # long fp32 steps: the widest activations in buffers the layers share for this pass
         workspace = Workspace.for_step(x)
+        if workspace is not None:  # q/k/v and the MLP's input projection share "wide"
+            workspace.reserve("wide", x.shape[0], max(sum(cfg.qkv_sizes),
+                                                      self.layers[0].mlp.mlp_in.out_features))
         for layer in self.layers:
             x = layer(x, cos, sin, inputs, workspace)
         return x if self.norm is None else self.norm(x)
