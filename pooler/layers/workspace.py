@@ -31,6 +31,10 @@ from pooler.layers.lora import has_lora
 # Steps of fewer tokens keep the fused oneDNN path: their activations are under glibc's mmap
 # ceiling (a GTE-base [2048, 6144] block is 50 MB, [1024, 6144] 25 MB) or barely over it.
 MIN_ROWS = 2048
+# ... and so do steps whose widest block stays under the ceiling itself (glibc already reuses
+# those from the heap, memory.py): a BERT-base step of 2,048 tokens ([2048, 3072], 25 MB) keeps
+# oneDNN's fused GELU epilogue.
+MIN_WIDE_BYTES = 32 * 2**20
 
 
 class Workspace:
@@ -38,13 +42,19 @@ class Workspace:
         self._buffers: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def for_step(cls, x: torch.Tensor) -> "Workspace | None":
-        """A workspace for this step's layers (x: [num_tokens, hidden]), or None where the
-        layers keep their own allocations (a short step, not fp32 on the CPU, autograd)."""
-        if (x.shape[0] < MIN_ROWS or not x.is_cpu or x.dtype != torch.float32
-                or torch.is_grad_enabled()):
+    def for_step(cls, x: torch.Tensor, wide_cols: int) -> "Workspace | None":
+        """A workspace for this step's layers (x: [num_tokens, hidden]; wide_cols: the larger
+        of the fused q/k/v width and the MLP's input projection width, which share the "wide"
+        buffer, reserved here), or None where the layers keep their own allocations (a short
+        step or one whose widest block is under the mmap ceiling, not fp32 on the CPU,
+        autograd)."""
+        rows = x.shape[0]
+        if (rows < MIN_ROWS or rows * wide_cols * 4 < MIN_WIDE_BYTES or not x.is_cpu
+                or x.dtype != torch.float32 or torch.is_grad_enabled()):
             return None
-        return cls()
+        workspace = cls()
+        workspace.reserve("wide", rows, wide_cols)
+        return workspace
 
     def reserve(self, name: str, rows: int, cols: int) -> None:
         """Allocate buffer `name` for [rows, cols] now: a buffer two users of different widths

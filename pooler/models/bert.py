@@ -147,11 +147,10 @@ def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
         if fused is not None:
             return fused
     # long fp32 steps: the widest activations in buffers the layers share for this pass
-    workspace = Workspace.for_step(x)
-    if workspace is not None:  # q/k/v and the up projection share "wide"
-        first = model.layers[0]
-        workspace.reserve("wide", x.shape[0], max(first.qkv_proj.out_features,
-                                                  first.up_proj.out_features))
+    # (q/k/v and the up projection share its "wide" buffer)
+    first = model.layers[0] if len(model.layers) else None
+    workspace = None if first is None else Workspace.for_step(
+        x, max(first.qkv_proj.out_features, first.up_proj.out_features))
     for layer in model.layers:
         x = layer(x, inputs, position_bias, workspace)
     return x

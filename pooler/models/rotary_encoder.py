@@ -259,10 +259,9 @@ class RotaryEncoder(nn.Module):
         cos, sin = rotary_cos_sin(inputs.positions, cfg.head_dim, cfg.rope_theta, x.dtype,
                                   cfg.rope_factor)
         # long fp32 steps: the widest activations in buffers the layers share for this pass
-        workspace = Workspace.for_step(x)
-        if workspace is not None:  # q/k/v and the MLP's input projection share "wide"
-            workspace.reserve("wide", x.shape[0], max(sum(cfg.qkv_sizes),
-                                                      self.layers[0].mlp.mlp_in.out_features))
+        # (q/k/v and the MLP's input projection share its "wide" buffer)
+        workspace = Workspace.for_step(x, max(sum(cfg.qkv_sizes), cfg.intermediate_size * (
+            2 if cfg.gated_mlp else 1)))
         for layer in self.layers:
             x = layer(x, cos, sin, inputs, workspace)
         return x if self.norm is None else self.norm(x)

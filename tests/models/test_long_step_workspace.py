@@ -42,6 +42,7 @@ def _inputs(length: int) -> ModelInputs:
 @pytest.mark.parametrize("family", list(MODELS))
 def test_long_step_reuses_one_workspace_with_the_same_result(family, monkeypatch):
     cls, extra, (buffers, takes_per_layer) = MODELS[family]
+    monkeypatch.setattr(workspace_module, "MIN_WIDE_BYTES", 0)  # tiny widths: blocks are small
     torch.manual_seed(0)
     model = cls({**CONFIG, **extra}).eval()
     inputs = _inputs(LENGTH)
@@ -67,15 +68,16 @@ def test_long_step_reuses_one_workspace_with_the_same_result(family, monkeypatch
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
-def test_short_steps_and_autograd_keep_their_own_allocations():
-    x = torch.zeros(LENGTH - 1, 32)
-    assert workspace_module.Workspace.for_step(x) is None
+def test_short_steps_small_blocks_and_autograd_keep_their_own_allocations():
+    for_step = workspace_module.Workspace.for_step
+    wide = workspace_module.MIN_WIDE_BYTES // 4 // LENGTH  # columns whose block meets the ceiling
     with torch.inference_mode():
-        assert workspace_module.Workspace.for_step(torch.zeros(LENGTH, 32)) is not None
-        assert workspace_module.Workspace.for_step(
-            torch.zeros(LENGTH, 32, dtype=torch.bfloat16)) is None
+        assert for_step(torch.zeros(LENGTH, 8), wide) is not None
+        assert for_step(torch.zeros(LENGTH - 1, 8), 2 * wide) is None  # too few rows
+        assert for_step(torch.zeros(LENGTH, 8), wide - 1) is None  # under the mmap ceiling
+        assert for_step(torch.zeros(LENGTH, 8, dtype=torch.bfloat16), wide) is None
     with torch.enable_grad():
-        assert workspace_module.Workspace.for_step(torch.zeros(LENGTH, 32)) is None
+        assert for_step(torch.zeros(LENGTH, 8), wide) is None
 
 
 def test_bert_long_document_leaves_the_c_stack_for_sdpa(monkeypatch):
