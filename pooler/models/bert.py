@@ -17,6 +17,7 @@ from torch import nn
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.kernels.bert_cpu import bert_layers_on_cpu
+from pooler.kernels.build import encoder_kernels
 from pooler.kernels.bert_int8_cpu import int8_bert_layers_on_cpu
 from pooler.kernels import attention_cpu
 from pooler.kernels.attention_cpu import bf16_kernel_takes
@@ -117,17 +118,23 @@ class BertLayer(nn.Module):
                           keep_bf16=takes_bf16(self.down_proj))
 
 
-def sdpa_takes_one(inputs: ModelInputs,
-                   position_bias: dict[int, torch.Tensor] | None) -> bool:
-    """Whether the torch layers would send one of the step's sequences to torch's SDPA
-    (attention_cpu.SDPA_MIN_LEN tokens or more, every key attended, no score bias), where the C
-    stack runs its own attention kernel: SDPA's flash kernel takes 0.63-0.68x the kernel's time
-    from 2k tokens. The load-time check that gives the C stack large steps times a 512-token
-    step (pooler/worker/layer_stack_check.py): at 8,192 tokens a 2-layer BGE-M3 (XLM-R large)
-    ran 0.73x sentence-transformers' speed on the C stack, 1.03x on the torch layers
-    (docs/dev/journal.md, "Long documents: one workspace per forward")."""
-    if position_bias is not None or not attention_cpu.ENABLED:
+def long_route_takes_one(model: nn.Module, inputs: ModelInputs,
+                         position_bias: dict[int, torch.Tensor] | None) -> bool:
+    """Whether the torch layers would send one of the step's sequences to the long-attention
+    route of attention_cpu (the flash kernel from FLASH_MIN_LEN tokens where
+    flash_route_here(), an unattended suffix allowed; else torch's SDPA from SDPA_MIN_LEN
+    tokens with every key attended; never with a score bias), where the C stack runs
+    attention.h's kernel, 0.5-0.68x slower from 2k tokens. The load-time check that gives the
+    C stack large steps times a 512-token step (pooler/worker/layer_stack_check.py): at 8,192
+    tokens a 2-layer BGE-M3 (XLM-R large) ran 0.70x sentence-transformers' speed on the C stack
+    and 1.01x on the torch layers with the SDPA route (docs/dev/journal.md, "Long documents:
+    one workspace per forward")."""
+    lib = encoder_kernels()
+    if position_bias is not None or not attention_cpu.ENABLED or lib is None:
         return False
+    cfg = model.config
+    if attention_cpu.flash_route_here(lib.variant, cfg.hidden_size // cfg.num_attention_heads):
+        return max(inputs.seq_lens) >= attention_cpu.FLASH_MIN_LEN
     unattended = inputs.num_unattended or [0] * len(inputs.seq_lens)
     return any(n >= attention_cpu.SDPA_MIN_LEN and not u
                for n, u in zip(inputs.seq_lens, unattended))
@@ -139,8 +146,8 @@ def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
     (pooler/kernels/bert_int8_cpu.py for int8 layers that kept no fp32 copy, or the int8 layers
     an fp32 model keeps for short steps; else bert_cpu.py in fp32), anything else layer by
     layer. BERT, DistilBERT and MPNet. A step with LoRA adapters goes layer by layer: the C
-    stacks cannot add their updates; so does a step with a long document (sdpa_takes_one)."""
-    if not lora_active() and not sdpa_takes_one(inputs, position_bias):
+    stacks cannot add their updates; so does a step with a long document (long_route_takes_one)."""
+    if not lora_active() and not long_route_takes_one(model, inputs, position_bias):
         fused = int8_bert_layers_on_cpu(model, x, inputs, position_bias)
         if fused is None:
             fused = bert_layers_on_cpu(model, x, inputs, position_bias)

@@ -80,16 +80,20 @@ def test_short_steps_small_blocks_and_autograd_keep_their_own_allocations():
         assert for_step(torch.zeros(LENGTH, 8), wide) is None
 
 
-def test_bert_long_document_leaves_the_c_stack_for_sdpa(monkeypatch):
+def test_bert_long_document_leaves_the_c_stack_for_the_long_route(monkeypatch):
     """A model whose large steps the load-time check gave to the C stack still runs a step
-    holding a long document (SDPA_MIN_LEN tokens or more) on the torch layers, whose attention
-    sends it to torch's SDPA; a step of shorter sequences keeps the C stack."""
-    from pooler.kernels import bert_cpu
-    from pooler.kernels.attention_cpu import SDPA_MIN_LEN
+    holding a long document (the long-attention route's length: FLASH_MIN_LEN where the flash
+    kernel runs, else SDPA_MIN_LEN) on the torch layers, whose attention takes that route; a
+    step of shorter sequences keeps the C stack."""
+    from pooler.kernels import attention_cpu, bert_cpu
     from pooler.kernels.build import encoder_kernels
 
-    if encoder_kernels() is None:
+    lib = encoder_kernels()
+    if lib is None:
         pytest.skip("the C kernels are not built here")
+    head_dim = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
+    long_len = attention_cpu.FLASH_MIN_LEN if attention_cpu.flash_route_here(
+        lib.variant, head_dim) else attention_cpu.SDPA_MIN_LEN
     cls, extra, _ = MODELS["xlm_roberta"]
     torch.manual_seed(0)
     model = cls({**CONFIG, **extra}).eval()
@@ -102,7 +106,7 @@ def test_bert_long_document_leaves_the_c_stack_for_sdpa(monkeypatch):
         return stack(*args, **kwargs)
 
     monkeypatch.setattr("pooler.models.bert.bert_layers_on_cpu", spy)
-    half = SDPA_MIN_LEN - 1  # two sequences, each just short of SDPA's length
+    half = long_len - 1  # two sequences, each just short of the long route's length
     short = ModelInputs(input_ids=torch.ones(2 * half, dtype=torch.long),
                         positions=torch.arange(half).repeat(2), token_type_ids=None,
                         cu_seqlens=torch.tensor([0, half, 2 * half], dtype=torch.int32),
