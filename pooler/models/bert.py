@@ -155,9 +155,9 @@ def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
             return fused
     # long fp32 steps: the widest activations in buffers the layers share for this pass
     # (q/k/v and the up projection share its "wide" buffer)
-    first = model.layers[0] if len(model.layers) else None
-    workspace = None if first is None else Workspace.for_step(
-        x, max(first.qkv_proj.out_features, first.up_proj.out_features))
+    # (from the config: calibration may have wrapped the linear layers)
+    cfg = model.config
+    workspace = Workspace.for_step(x, max(3 * cfg.hidden_size, cfg.intermediate_size))
     for layer in model.layers:
         x = layer(x, inputs, position_bias, workspace)
     return x

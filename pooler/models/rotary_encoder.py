@@ -193,7 +193,7 @@ class RotaryMLP(nn.Module):
               workspace: Workspace | None = None) -> torch.Tensor:  # [num_tokens, intermediate]
         if self.gated and workspace is not None and writes_into(self.mlp_in, x):
             # a long fp32 step: [gate | up] and their product in the shared buffers
-            n, inter = x.shape[0], self.mlp_out.in_features
+            n, inter = x.shape[0], self.mlp_in.out_features // 2
             gate, up = linear_into(self.mlp_in, x, workspace.take("wide", n, 2 * inter)
                                    ).chunk(2, dim=-1)  # [num_tokens, inter] views
             act = act_in_place_by_name(gate, self.act_name)
