@@ -17,9 +17,12 @@ from torch import nn
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.kernels.bert_cpu import bert_layers_on_cpu
+from pooler.kernels.build import encoder_kernels
 from pooler.kernels.bert_int8_cpu import int8_bert_layers_on_cpu
+from pooler.kernels import attention_cpu
 from pooler.kernels.attention_cpu import bf16_kernel_takes
 from pooler.layers.linear import linear_act, linear_add_norm, onednn_postop, takes_bf16
+from pooler.layers.workspace import Workspace, act_in_place_by_name, linear_into, writes_into
 from pooler.layers.lora import lora_active
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_renamed_weights
@@ -75,16 +78,23 @@ class BertLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.act = get_activation(cfg.hidden_act)
+        self.act_name = cfg.hidden_act
         self.act_postop = onednn_postop(cfg.hidden_act)  # GELU fused into the up GEMM on CPU
 
     def forward(self, x: torch.Tensor, inputs: ModelInputs,
-                position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+                position_bias: dict[int, torch.Tensor] | None = None,
+                workspace: Workspace | None = None) -> torch.Tensor:
         # x: [num_tokens, hidden]; position_bias: length -> [heads, L, L] (MPNet), else None
         # bf16 linears: q/k/v stay bf16 into attention, which computes in fp32 either way (the
         # C kernel widens them, torch's keeps fp32 scores), except with MPNet's fp32 score
         # bias, which torch's kernel does not mix with bf16.
-        qkv = linear_act(self.qkv_proj, x, keep_bf16=position_bias is None and (
-            not self.attention_bf16_products or bf16_kernel_takes(self.head_dim)))
+        if workspace is not None and writes_into(self.qkv_proj, x):
+            # a long fp32 step: into the buffer the layers share (pooler/layers/workspace.py)
+            qkv = linear_into(self.qkv_proj, x, workspace.take("wide", x.shape[0],
+                                                               self.qkv_proj.out_features))
+        else:
+            qkv = linear_act(self.qkv_proj, x, keep_bf16=position_bias is None and (
+                not self.attention_bf16_products or bf16_kernel_takes(self.head_dim)))
         qkv = qkv.view(x.shape[0], 3, self.num_heads, self.head_dim)
         attn = packed_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], inputs.seq_lens,
                                 inputs.cu_seqlens, inputs.max_seqlen,
@@ -92,9 +102,42 @@ class BertLayer(nn.Module):
                                 position_bias=position_bias,
                                 bf16_products=self.attention_bf16_products)
         x = linear_add_norm(self.o_proj, attn.reshape(x.shape[0], -1), x, self.attn_norm)
-        h = linear_act(self.up_proj, x, self.act, self.act_postop,
-                       keep_bf16=takes_bf16(self.down_proj))  # [num_tokens, inter]
+        h = self._up(x, workspace)  # [num_tokens, inter]
         return linear_add_norm(self.down_proj, h, x, self.mlp_norm)
+
+
+    def _up(self, x: torch.Tensor, workspace: Workspace | None) -> torch.Tensor:
+        if workspace is not None and writes_into(self.up_proj, x):
+            # a long fp32 step: the GEMM into the shared buffer, then the activation in place
+            # (a pass of its own: oneDNN's fused epilogue has no output argument)
+            h = linear_into(self.up_proj, x, workspace.take("wide", x.shape[0],
+                                                            self.up_proj.out_features))
+            if act_in_place_by_name(h, self.act_name) is not None:
+                return h
+        return linear_act(self.up_proj, x, self.act, self.act_postop,
+                          keep_bf16=takes_bf16(self.down_proj))
+
+
+def long_route_takes_one(model: nn.Module, inputs: ModelInputs,
+                         position_bias: dict[int, torch.Tensor] | None) -> bool:
+    """Whether the torch layers would send one of the step's sequences to the long-attention
+    route of attention_cpu (the flash kernel from FLASH_MIN_LEN tokens where
+    flash_route_here(), an unattended suffix allowed; else torch's SDPA from SDPA_MIN_LEN
+    tokens with every key attended; never with a score bias), where the C stack runs
+    attention.h's kernel, 0.5-0.68x slower from 2k tokens. The load-time check that gives the
+    C stack large steps times a 512-token step (pooler/worker/layer_stack_check.py): at 8,192
+    tokens a 2-layer BGE-M3 (XLM-R large) ran 0.70x sentence-transformers' speed on the C stack
+    and 1.01x on the torch layers with the SDPA route (docs/dev/journal.md, "Long documents:
+    one workspace per forward")."""
+    lib = encoder_kernels()
+    if position_bias is not None or not attention_cpu.ENABLED or lib is None:
+        return False
+    cfg = model.config
+    if attention_cpu.flash_route_here(lib.variant, cfg.hidden_size // cfg.num_attention_heads):
+        return max(inputs.seq_lens) >= attention_cpu.FLASH_MIN_LEN
+    unattended = inputs.num_unattended or [0] * len(inputs.seq_lens)
+    return any(n >= attention_cpu.SDPA_MIN_LEN and not u
+               for n, u in zip(inputs.seq_lens, unattended))
 
 
 def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
@@ -103,15 +146,20 @@ def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
     (pooler/kernels/bert_int8_cpu.py for int8 layers that kept no fp32 copy, or the int8 layers
     an fp32 model keeps for short steps; else bert_cpu.py in fp32), anything else layer by
     layer. BERT, DistilBERT and MPNet. A step with LoRA adapters goes layer by layer: the C
-    stacks cannot add their updates."""
-    if not lora_active():
+    stacks cannot add their updates; so does a step with a long document (long_route_takes_one)."""
+    if not lora_active() and not long_route_takes_one(model, inputs, position_bias):
         fused = int8_bert_layers_on_cpu(model, x, inputs, position_bias)
         if fused is None:
             fused = bert_layers_on_cpu(model, x, inputs, position_bias)
         if fused is not None:
             return fused
+    # long fp32 steps: the widest activations in buffers the layers share for this pass
+    # (q/k/v and the up projection share its "wide" buffer)
+    # (from the config: calibration may have wrapped the linear layers)
+    cfg = model.config
+    workspace = Workspace.for_step(x, max(3 * cfg.hidden_size, cfg.intermediate_size))
     for layer in model.layers:
-        x = layer(x, inputs, position_bias)
+        x = layer(x, inputs, position_bias, workspace)
     return x
 
 

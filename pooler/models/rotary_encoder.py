@@ -25,6 +25,7 @@ from pooler.layers.linear import (act_in_place, linear_act, linear_add, linear_a
                                   onednn_postop)
 from pooler.layers.lora import has_lora
 from pooler.layers.rotary import apply_rotary_fp32, rotary_cos_sin
+from pooler.layers.workspace import Workspace, act_in_place_by_name, linear_into, writes_into
 from pooler.models.inputs import ModelInputs
 from pooler.models.llama import RMSNorm
 
@@ -141,14 +142,25 @@ class RotaryAttention(nn.Module):
         self.o_proj = nn.Linear(self.sizes[0], cfg.hidden_size, bias=cfg.o_bias)
 
     def attend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, heads * head_dim]
+               inputs: ModelInputs, workspace: Workspace | None = None
+               ) -> torch.Tensor:  # [num_tokens, heads * head_dim]
         n = x.shape[0]
+        if workspace is not None and writes_into(self.qkv_proj, x):
+            # a long fp32 step: into the buffer the layers share (pooler/layers/workspace.py)
+            qkv = linear_into(self.qkv_proj, x, workspace.take("wide", n, sum(self.sizes)))
+            return self._attend_qkv(qkv, cos, sin, inputs)
         # bf16 and int8 linears: q/k/v leave the projection in bf16 where the bf16 attention
         # kernel takes them (rotated in fp32, rounded back): a long document's attention runs
         # VDPBF16PS products (docs/models/precision.md, "Long documents"). fp32: unaffected
         # (GQA takes torch's attention: it gets fp32 q/k/v as before)
         qkv = linear_act(self.qkv_proj, x, keep_bf16=self.num_heads == self.num_kv_heads and (
             not self.attention_bf16_products or bf16_kernel_takes(self.head_dim)))
+        return self._attend_qkv(qkv, cos, sin, inputs)
+
+    def _attend_qkv(self, qkv: torch.Tensor,  # [num_tokens, q + k + v sizes]
+                    cos: torch.Tensor, sin: torch.Tensor,
+                    inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, heads * head_dim]
+        n = qkv.shape[0]
         q, k, v = qkv.split(self.sizes, dim=-1)
         q = apply_rotary_fp32(q.view(n, self.num_heads, self.head_dim), cos, sin)
         k = apply_rotary_fp32(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
@@ -171,12 +183,23 @@ class RotaryMLP(nn.Module):
         self.mlp_in = nn.Linear(cfg.hidden_size, width, bias=cfg.gate_up_bias)
         self.mlp_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.down_bias)
         self.act = get_activation(cfg.hidden_act)
+        self.act_name = cfg.hidden_act
         # Plain MLPs with GELU/ReLU: the activation runs in fc1's GEMM epilogue on CPU.
         self.postop = None if self.gated else onednn_postop(cfg.hidden_act)
         # Gated MLPs: the activation's in-place form on the gate half, where it has one.
         self.gate_postop = onednn_postop(cfg.hidden_act) if self.gated else None
 
-    def inner(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, intermediate]
+    def inner(self, x: torch.Tensor,
+              workspace: Workspace | None = None) -> torch.Tensor:  # [num_tokens, intermediate]
+        if self.gated and workspace is not None and writes_into(self.mlp_in, x):
+            # a long fp32 step: [gate | up] and their product in the shared buffers
+            n, inter = x.shape[0], self.mlp_in.out_features // 2
+            gate, up = linear_into(self.mlp_in, x, workspace.take("wide", n, 2 * inter)
+                                   ).chunk(2, dim=-1)  # [num_tokens, inter] views
+            act = act_in_place_by_name(gate, self.act_name)
+            if act is None:
+                act = self.act(gate)
+            return torch.mul(act, up, out=workspace.take("mlp_product", n, inter))
         if not self.gated:
             return linear_act(self.mlp_in, x, self.act, self.postop)
         gate, up = linear_act(self.mlp_in, x).chunk(2, dim=-1)  # [num_tokens, inter] views
@@ -198,14 +221,16 @@ class RotaryEncoderLayer(nn.Module):
         self.mlp_norm = _norm(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+                inputs: ModelInputs,
+                workspace: Workspace | None = None) -> torch.Tensor:  # [num_tokens, hidden]
+        attn, mlp = self.attn, self.mlp
         if self.pre_norm:
-            x = linear_add(self.attn.o_proj, self.attn.attend(self.attn_norm(x), cos, sin, inputs),
-                           x)
-            return linear_add(self.mlp.mlp_out, self.mlp.inner(self.mlp_norm(x)), x)
-        x = linear_add_norm(self.attn.o_proj, self.attn.attend(x, cos, sin, inputs), x,
+            x = linear_add(attn.o_proj, attn.attend(self.attn_norm(x), cos, sin, inputs,
+                                                    workspace), x)
+            return linear_add(mlp.mlp_out, mlp.inner(self.mlp_norm(x), workspace), x)
+        x = linear_add_norm(attn.o_proj, attn.attend(x, cos, sin, inputs, workspace), x,
                             self.attn_norm)
-        return linear_add_norm(self.mlp.mlp_out, self.mlp.inner(x), x, self.mlp_norm)
+        return linear_add_norm(mlp.mlp_out, mlp.inner(x, workspace), x, self.mlp_norm)
 
 
 class RotaryEncoder(nn.Module):
@@ -233,8 +258,12 @@ class RotaryEncoder(nn.Module):
         # cos, sin: [num_tokens, 1, head_dim]
         cos, sin = rotary_cos_sin(inputs.positions, cfg.head_dim, cfg.rope_theta, x.dtype,
                                   cfg.rope_factor)
+        # long fp32 steps: the widest activations in buffers the layers share for this pass
+        # (q/k/v and the MLP's input projection share its "wide" buffer)
+        workspace = Workspace.for_step(x, max(sum(cfg.qkv_sizes), cfg.intermediate_size * (
+            2 if cfg.gated_mlp else 1)))
         for layer in self.layers:
-            x = layer(x, cos, sin, inputs)
+            x = layer(x, cos, sin, inputs, workspace)
         return x if self.norm is None else self.norm(x)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
