@@ -129,15 +129,28 @@ def long_route_takes_one(model: nn.Module, inputs: ModelInputs,
     tokens a 2-layer BGE-M3 (XLM-R large) ran 0.70x sentence-transformers' speed on the C stack
     and 1.01x on the torch layers with the SDPA route (docs/dev/journal.md, "Long documents:
     one workspace per forward")."""
-    lib = encoder_kernels()
-    if position_bias is not None or not attention_cpu.ENABLED or lib is None:
+    min_len = long_route_min_len(model)
+    if position_bias is not None or min_len is None:
         return False
-    cfg = model.config
-    if attention_cpu.flash_route_here(lib.variant, cfg.hidden_size // cfg.num_attention_heads):
-        return max(inputs.seq_lens) >= attention_cpu.FLASH_MIN_LEN
+    if min_len == attention_cpu.FLASH_MIN_LEN and flash_route(model):
+        return max(inputs.seq_lens) >= min_len
     unattended = inputs.num_unattended or [0] * len(inputs.seq_lens)
-    return any(n >= attention_cpu.SDPA_MIN_LEN and not u
-               for n, u in zip(inputs.seq_lens, unattended))
+    return any(n >= min_len and not u for n, u in zip(inputs.seq_lens, unattended))
+
+
+def flash_route(model: nn.Module) -> bool:
+    lib = encoder_kernels()
+    cfg = model.config
+    return lib is not None and attention_cpu.flash_route_here(
+        lib.variant, cfg.hidden_size // cfg.num_attention_heads)
+
+
+def long_route_min_len(model: nn.Module) -> int | None:
+    """The document length from which the torch layers' attention takes the long route (the
+    flash kernel or SDPA), or None where the attention kernels are off or not built."""
+    if not attention_cpu.ENABLED or encoder_kernels() is None:
+        return None
+    return attention_cpu.FLASH_MIN_LEN if flash_route(model) else attention_cpu.SDPA_MIN_LEN
 
 
 def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,

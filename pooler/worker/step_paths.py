@@ -10,6 +10,7 @@ from torch import nn
 from pooler.kernels import bert_cpu, bert_int8_cpu
 from pooler.kernels.build import encoder_kernels
 from pooler.layers.quantization import Int8Linear
+from pooler.models.bert import long_route_min_len
 
 ALL_STEPS = "all steps"
 
@@ -25,7 +26,12 @@ def step_paths(model: nn.Module | None, device: torch.device) -> dict[str, str]:
             not bert_cpu.stack_config_ok(backbone):
         return {ALL_STEPS: layers}
     fp32_stack = f"fp32 C stack ({encoder_kernels().variant})"
+    long_docs = {}
     if backbone.__dict__.get(bert_cpu.LARGE_STEPS):  # fp32 steps of any size in C
+        # but a step with a long document runs the layers (bert.long_route_takes_one)
+        min_len = long_route_min_len(backbone)
+        if min_len is not None:
+            long_docs = {f"steps with a document of {min_len}+ tokens": layers}
         layers = fp32_stack
     int8 = bert_int8_cpu.int8_stack_path(backbone)  # the model's int8 layers or those it keeps
     if int8 is not None:
@@ -35,8 +41,8 @@ def step_paths(model: nn.Module | None, device: torch.device) -> dict[str, str]:
     else:
         return {ALL_STEPS: layers}
     if short == layers:
-        return {ALL_STEPS: short}
-    return {f"1-{limit} tokens": short, f"{limit + 1}+ tokens": layers}
+        return {ALL_STEPS: short, **long_docs}
+    return {f"1-{limit} tokens": short, f"{limit + 1}+ tokens": layers, **long_docs}
 
 
 def _layers_path(model, backbone, device: torch.device) -> str:
