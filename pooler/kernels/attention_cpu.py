@@ -131,6 +131,12 @@ SDPA_MIN_LEN = 1536
 
 # Benchmarks and tests turn the bf16 kernel alone off here (bf16 q/k/v then widen to fp32).
 BF16_ENABLED = True
+# bf16 kernel: global sequences (no score bias) of at least this many tokens run in key blocks
+# with an online softmax (attention_bf16_flash.h, O(block) scratch) instead of whole-sequence
+# units; 0 turns that off. Where bf16_sdpa_is_fast() (AMX) sequences from BF16_SDPA_MIN_LEN go
+# to SDPA before this applies. Measured: see docs/dev/journal.md (benchmarks/
+# attention_bf16_tiled.py).
+BF16_FLASH_MIN_LEN = 1024
 
 
 def bf16_attention_kernels() -> ctypes.CDLL | None:
@@ -172,6 +178,22 @@ def _bf16_build() -> ctypes.CDLL | None:
     lib.packed_local_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P, P, P,
                                                 ctypes.c_float, I, I, P, I]
     lib.packed_local_attention_bf16.restype = None
+    return lib
+
+
+def _bf16_tiled_entry_point(lib: ctypes.CDLL) -> ctypes.CDLL | None:
+    """lib with packed_tiled_attention_bf16's argument types set (once), or None for a build
+    without it (benchmarks load git revisions' builds)."""
+    if not hasattr(lib, "packed_tiled_attention_bf16"):
+        return None
+    if not getattr(lib, "tiled_typed", False):
+        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
+        lib.attention_bf16_tiled_scratch_bytes.argtypes = [I, I, I, I, I, I]
+        lib.attention_bf16_tiled_scratch_bytes.restype = ctypes.c_long
+        lib.packed_tiled_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P,
+                                                    P, P, ctypes.c_float, I, I, I, P, I]
+        lib.packed_tiled_attention_bf16.restype = None
+        lib.tiled_typed = True
     return lib
 
 
@@ -295,17 +317,28 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     threads = torch.get_num_threads()
     window = -1 if half_window is None else half_window
     if lib16 is not None:
-        work = torch.empty(lib16.attention_bf16_scratch_bytes(max_len, head_dim, threads),
-                           dtype=torch.uint8)
+        tiled = _bf16_tiled_entry_point(lib16)
+        if tiled is None:
+            work = torch.empty(lib16.attention_bf16_scratch_bytes(max_len, head_dim, threads),
+                               dtype=torch.uint8)
+        else:
+            flash_min = BF16_FLASH_MIN_LEN
+            work = torch.empty(tiled.attention_bf16_tiled_scratch_bytes(
+                max_len, head_dim, window, int(bias is not None), flash_min, threads),
+                dtype=torch.uint8)
         out_dtype = torch.float32 if bf16_products else dtype
         out = torch.empty(num_tokens, heads, head_dim, dtype=out_dtype)
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
                 int(dtype == torch.bfloat16), out.data_ptr(), int(out_dtype == torch.bfloat16),
                 int(bf16_products),  # P rounded to bf16 too
                 heads, head_dim, count, cu_seqlens.data_ptr(), keys, bias, scale]
-        # global attention through the entry point older builds have too (benchmarks/
-        # interleaved.py calls a git revision's build through this function)
-        if half_window is None:
+        # long global sequences in key blocks (BF16_FLASH_MIN_LEN); builds without that entry
+        # point (benchmarks/interleaved.py calls git revisions' builds through this function)
+        # take the ones they have
+        if tiled is not None:
+            tiled.packed_tiled_attention_bf16(*args, window, flash_min, max_len,
+                                              work.data_ptr(), threads)
+        elif half_window is None:
             lib16.packed_attention_bf16(*args, max_len, work.data_ptr(), threads)
         else:
             lib16.packed_local_attention_bf16(*args, window, max_len, work.data_ptr(), threads)
