@@ -27,7 +27,8 @@ Taken by packed_attention when all of these hold, else its torch paths run:
   block's band of keys (attention.h): O(L w) work and O(block (block + 2w)) scratch in the fp32
   kernel, where the torch path computed the full L x L product under a mask; the bf16 kernel
   scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
-  global attention).
+  global attention below BF16_FLASH_MIN_LEN tokens; from there its global sequences run in
+  key blocks with an online softmax, O(block) scratch).
 
 Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS) of a CPU kind it was measured
 on (FLASH_CPU_KINDS: AMX, i.e. Sapphire Rapids, so far), with heads of at most
@@ -131,12 +132,18 @@ SDPA_MIN_LEN = 1536
 
 # Benchmarks and tests turn the bf16 kernel alone off here (bf16 q/k/v then widen to fp32).
 BF16_ENABLED = True
-# bf16 kernel: global sequences (no score bias) of at least this many tokens run in key blocks
-# with an online softmax (attention_bf16_flash.h, O(block) scratch) instead of whole-sequence
-# units; 0 turns that off. Where bf16_sdpa_is_fast() (AMX) sequences from BF16_SDPA_MIN_LEN go
-# to SDPA before this applies. Measured: see docs/dev/journal.md (benchmarks/
-# attention_bf16_tiled.py).
-BF16_FLASH_MIN_LEN = 1024
+# bf16 kernel: global sequences (no score bias, an unattended suffix allowed) of at least this
+# many tokens run in 240-key blocks with an online softmax (attention_bf16_flash.h: 128-query
+# units, O(block) scratch) instead of whole-sequence units (K and V of the head re-laid out,
+# every query block streaming all of them); 0 turns that off. Where bf16_sdpa_is_fast() (AMX)
+# sequences from BF16_SDPA_MIN_LEN go to SDPA first: this matters on AVX512_BF16 CPUs without
+# AMX (Zen 4, Cooper Lake), and for ColBERT's unattended suffixes. Measured on the Sapphire
+# Rapids VM (12 heads x 64, 2 threads, interleaved, best of 5-7, shared machine; tiled / whole
+# time; benchmarks/attention_bf16_tiled.py, docs/dev/journal.md): bf16 engine 1.00-1.17 at
+# 1,024, 1.00-1.03 at 2,048, 0.94-0.96 at 2,560-3,072, 0.48-0.93 at 4,096, 0.55-0.67 at 8,192;
+# bf16_products 1.00-1.17, 0.88-1.00, 0.95-0.97, 0.95-0.97, 0.91-0.98 (1 thread by CPU time:
+# 1.01-1.04 at 1-2k, 0.91-0.94 at 4k). Below 2,560 not faster: the whole-sequence units stay.
+BF16_FLASH_MIN_LEN = 2560
 
 
 def bf16_attention_kernels() -> ctypes.CDLL | None:
