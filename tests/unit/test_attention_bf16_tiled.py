@@ -119,3 +119,26 @@ def test_score_bias_and_local_attention_keep_the_whole_sequence_units(monkeypatc
     monkeypatch.setattr(attention_cpu, "BF16_FLASH_MIN_LEN", 0)
     whole = [_run(q, k, v, position_bias=bias), _run(q, k, v, half_window=40)]
     assert all(torch.equal(a, b) for a, b in zip(tiled, whole))
+
+
+def test_default_threshold_routes_from_bf16_flash_min_len(monkeypatch):
+    """With the shipped threshold, a sequence of BF16_FLASH_MIN_LEN tokens takes the tiled
+    units and one token shorter keeps the whole-sequence units."""
+    monkeypatch.undo()  # the module's own BF16_FLASH_MIN_LEN
+    monkeypatch.setattr(attention_cpu, "BF16_SDPA_ENABLED", False)
+    n = attention_cpu.BF16_FLASH_MIN_LEN
+    assert n > 0
+    g = torch.Generator().manual_seed(6)
+    qkv = torch.randn(2 * n - 1, 3, 1, 32, generator=g).bfloat16()  # [tokens, 3, heads, dim]
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    lens = [n - 1, n]
+
+    def run():
+        return attention_cpu.attention_on_cpu(q, k, v, lens, _cu(lens), 32 ** -0.5)
+
+    default = run()
+    monkeypatch.setattr(attention_cpu, "BF16_FLASH_MIN_LEN", 0)
+    whole = run()
+    assert torch.equal(default[:n - 1], whole[:n - 1])
+    assert not torch.equal(default[n - 1:], whole[n - 1:])
+    torch.testing.assert_close(default.float(), _reference(q, k, v, lens), atol=4e-3, rtol=8e-3)
