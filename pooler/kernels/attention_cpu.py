@@ -139,11 +139,11 @@ BF16_ENABLED = True
 # sequences from BF16_SDPA_MIN_LEN go to SDPA first: this matters on AVX512_BF16 CPUs without
 # AMX (Zen 4, Cooper Lake), and for ColBERT's unattended suffixes. Measured on the Sapphire
 # Rapids VM (12 heads x 64, 2 threads, interleaved, best of 5-7, shared machine; tiled / whole
-# time over 4-7 runs; benchmarks/attention_bf16_tiled.py, docs/dev/journal.md): bf16 engine
-# 1.00-1.17 at 1,024, 0.99-1.03 at 2,048, 0.86-0.96 at 2,560-3,072, 0.48-0.93 at 4,096,
-# 0.55-0.83 at 8,192; bf16_products 1.00-1.17, 0.88-1.02, 0.95-0.98, 0.93-0.97, 0.91-0.98 (two
-# early 8k runs at 1.34-1.48, not repeated in five since). Below 2,560 not faster: the
-# whole-sequence units stay.
+# time over 2-7 runs; benchmarks/attention_bf16_tiled.py, docs/dev/journal.md): bf16 engine
+# 1.00-1.17 at 1,024, 0.90-1.03 at 2,048 (4 of 6 runs 0.99-1.03), 0.86-0.96 at 2,560-3,072,
+# 0.48-0.93 at 4,096, 0.55-0.83 at 8,192; bf16_products 1.00-1.17, 0.88-1.02, 0.94-0.98,
+# 0.93-0.97, 0.91-0.98 (two early 8k runs at 1.34-1.48, not repeated in six since). Below
+# 2,560 not clearly faster: the whole-sequence units stay.
 BF16_FLASH_MIN_LEN = 2560
 
 
