@@ -28,7 +28,12 @@
  *   otile: [QB][d] fp32, the fp32 P@V's block before it is rounded into a bf16 output.
  * An odd key count is padded with a zero key (zero probability, zero value), never read from
  * the source. Every output is computed by one thread in a fixed order: results do not depend on
- * the thread count. */
+ * the thread count.
+ *
+ * Long global sequences: a whole-sequence unit streams the head's K, V and a QB x L score row
+ * through L2 for every query block (~210 GFLOP/s at 1-4k tokens, ~90 at 8k on Sapphire
+ * Rapids); packed_tiled_attention_bf16 runs those of flash_min_len tokens or more in key blocks
+ * with an online softmax instead (attention_bf16_flash.h), the same numerics. */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -432,6 +437,82 @@ void packed_local_attention_bf16(const void *q, const void *k, const void *v, in
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < units; t++) bf16_attention_unit(&a, t / heads, t % heads, mine);
     }
+}
+
+/* FSUB, FK, FQ, FPV, PV_ROWS and the fp32 P@V tile with a rescale (flash_pv_tile) of the fp32
+ * flash kernel; its other functions go unused here */
+#include "flash_attention.h"
+#include "attention_bf16_flash.h"
+
+/* the sequences that take the flash units: flash_min_len tokens or more (0: none), global
+ * attention without a score bias */
+static int flash_min_len_for(int flash_min_len, int half_window, int biased) {
+    return flash_min_len > 0 && half_window < 0 && !biased ? flash_min_len : 0;
+}
+
+static int takes_flash(int len, int flash_min) { return flash_min > 0 && len >= flash_min; }
+
+/* bytes of one thread's scratch: the larger of a whole-sequence unit for the longest sequence
+ * below flash_min (attention_bf16.c's) and a flash unit */
+static size_t tiled_unit_bytes(int max_len, int d, int flash_min) {
+    int whole = flash_min > 0 && max_len >= flash_min ? flash_min - 1 : max_len;
+    size_t a = unit_bytes(whole > 0 ? whole : 1, d);
+    size_t b = flash_min > 0 ? flash_unit_bytes(d) : 0;
+    return a > b ? a : b;
+}
+
+/* work for packed_tiled_attention_bf16: biased nonzero when a score bias will be passed */
+long attention_bf16_tiled_scratch_bytes(int max_len, int d, int half_window, int biased,
+                                        int flash_min_len, int threads) {
+    int flash_min = flash_min_len_for(flash_min_len, half_window, biased);
+    return (long)threads * (long)tiled_unit_bytes(max_len, d, flash_min);
+}
+
+/* packed_local_attention_bf16 with its long global sequences (flash_min_len tokens or more, no
+ * score bias, half_window < 0; flash_min_len 0: none) in key blocks with an online softmax
+ * (attention_bf16_flash.h: 128-query units, O(block) scratch), the others in whole-sequence
+ * units as there. work: attention_bf16_tiled_scratch_bytes(max_len, d, half_window, bias !=
+ * NULL, flash_min_len, threads) bytes. */
+void packed_tiled_attention_bf16(const void *q, const void *k, const void *v, int ldq, int ldk,
+                                 int ldv, int in_bf16, void *out, int out_bf16, int p_bf16,
+                                 int heads, int d, int seqs, const int *starts, const int *keys,
+                                 const float *const *bias, float scale, int half_window,
+                                 int flash_min_len, int max_len, void *work, int threads) {
+    struct bf16_args a = {q, k, v, ldq, ldk, ldv, in_bf16, out, out_bf16, p_bf16, heads, d,
+                          seqs, starts, keys, bias, scale, half_window < 0 ? -1 : half_window};
+    int flash_min = flash_min_len_for(flash_min_len, a.half_window, bias != NULL);
+    size_t bytes = tiled_unit_bytes(max_len, d, flash_min);
+    /* units per sequence: heads whole-sequence units, or heads x query blocks (a head's blocks
+     * consecutive, so the threads share its K and V in L3) */
+    int *task_starts = malloc(sizeof(int) * (seqs + 1));
+    if (!task_starts) return;
+    task_starts[0] = 0;
+    for (int s = 0; s < seqs; s++) {
+        int len = starts[s + 1] - starts[s];
+        task_starts[s + 1] = task_starts[s] +
+                             heads * (takes_flash(len, flash_min) ? (len + FQ - 1) / FQ : 1);
+    }
+    int units = task_starts[seqs];
+#pragma omp parallel num_threads(threads)
+    {
+        char *mine = (char *)work + (size_t)omp_get_thread_num() * bytes;
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < units; t++) {
+            int lo = 0, hi = seqs - 1; /* the sequence: the last s with task_starts[s] <= t */
+            while (lo < hi) {
+                int mid = (lo + hi + 1) / 2;
+                if (task_starts[mid] <= t) lo = mid; else hi = mid - 1;
+            }
+            int rel = t - task_starts[lo], len = starts[lo + 1] - starts[lo];
+            if (takes_flash(len, flash_min)) {
+                int blocks = (len + FQ - 1) / FQ;
+                bf16_flash_unit(&a, lo, rel / blocks, rel % blocks, mine);
+            } else {
+                bf16_attention_unit(&a, lo, rel, mine);
+            }
+        }
+    }
+    free(task_starts);
 }
 
 /* The entry point before local attention (every key), kept for benchmarks that call older

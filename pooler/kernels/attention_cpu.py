@@ -27,7 +27,8 @@ Taken by packed_attention when all of these hold, else its torch paths run:
   block's band of keys (attention.h): O(L w) work and O(block (block + 2w)) scratch in the fp32
   kernel, where the torch path computed the full L x L product under a mask; the bf16 kernel
   scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
-  global attention).
+  global attention below BF16_FLASH_MIN_LEN tokens; from there, on BF16_FLASH_CPU_KINDS, its global sequences run in
+  key blocks with an online softmax, O(block) scratch).
 
 Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS) of a CPU kind it was measured
 on (FLASH_CPU_KINDS: AMX, i.e. Sapphire Rapids, so far), with heads of at most
@@ -131,6 +132,23 @@ SDPA_MIN_LEN = 1536
 
 # Benchmarks and tests turn the bf16 kernel alone off here (bf16 q/k/v then widen to fp32).
 BF16_ENABLED = True
+# bf16 kernel: global sequences (no score bias, an unattended suffix allowed) of at least this
+# many tokens run in 240-key blocks with an online softmax (attention_bf16_flash.h: 128-query
+# units, O(block) scratch) instead of whole-sequence units (K and V of the head re-laid out,
+# every query block streaming all of them); 0 turns that off. Where bf16_sdpa_is_fast() (AMX)
+# sequences from BF16_SDPA_MIN_LEN go to SDPA first: this matters on AVX512_BF16 CPUs without
+# AMX (Zen 4, Cooper Lake), and for ColBERT's unattended suffixes. Measured on the Sapphire
+# Rapids VM (12 heads x 64, 2 threads, interleaved, best of 5-7, shared machine; tiled / whole
+# time over 2-7 runs; benchmarks/attention_bf16_tiled.py, docs/dev/journal.md): bf16 engine
+# 1.00-1.17 at 1,024, 0.90-1.03 at 2,048 (4 of 6 runs 0.99-1.03), 0.86-0.96 at 2,560-3,072,
+# 0.48-0.93 at 4,096, 0.55-0.83 at 8,192; bf16_products 1.00-1.17, 0.88-1.02, 0.94-0.98,
+# 0.93-0.97, 0.91-0.98 (two early 8k runs at 1.34-1.48, not repeated in six since). Below
+# 2,560 not clearly faster: the whole-sequence units stay. BF16_FLASH_CPU_KINDS: the CPU kinds
+# (cpu_features().kind()) that was measured on; the CPUs it matters most for (Zen 4: AVX512_BF16
+# on 256-bit units, 1 MB L2) keep the whole-sequence units until measured there with
+# benchmarks/attention_bf16_tiled.py.
+BF16_FLASH_MIN_LEN = 2560
+BF16_FLASH_CPU_KINDS = ("AMX",)
 
 
 def bf16_attention_kernels() -> ctypes.CDLL | None:
@@ -172,6 +190,22 @@ def _bf16_build() -> ctypes.CDLL | None:
     lib.packed_local_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P, P, P,
                                                 ctypes.c_float, I, I, P, I]
     lib.packed_local_attention_bf16.restype = None
+    return lib
+
+
+def _bf16_tiled_entry_point(lib: ctypes.CDLL) -> ctypes.CDLL | None:
+    """lib with packed_tiled_attention_bf16's argument types set (once), or None for a build
+    without it (benchmarks load git revisions' builds)."""
+    if not hasattr(lib, "packed_tiled_attention_bf16"):
+        return None
+    if not getattr(lib, "tiled_typed", False):
+        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
+        lib.attention_bf16_tiled_scratch_bytes.argtypes = [I, I, I, I, I, I]
+        lib.attention_bf16_tiled_scratch_bytes.restype = ctypes.c_long
+        lib.packed_tiled_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P,
+                                                    P, P, ctypes.c_float, I, I, I, P, I]
+        lib.packed_tiled_attention_bf16.restype = None
+        lib.tiled_typed = True
     return lib
 
 
@@ -295,17 +329,29 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     threads = torch.get_num_threads()
     window = -1 if half_window is None else half_window
     if lib16 is not None:
-        work = torch.empty(lib16.attention_bf16_scratch_bytes(max_len, head_dim, threads),
-                           dtype=torch.uint8)
+        tiled = _bf16_tiled_entry_point(lib16)
+        if tiled is None:
+            work = torch.empty(lib16.attention_bf16_scratch_bytes(max_len, head_dim, threads),
+                               dtype=torch.uint8)
+        else:
+            flash_min = BF16_FLASH_MIN_LEN if cpu_features().kind() in BF16_FLASH_CPU_KINDS \
+                else 0
+            work = torch.empty(tiled.attention_bf16_tiled_scratch_bytes(
+                max_len, head_dim, window, int(bias is not None), flash_min, threads),
+                dtype=torch.uint8)
         out_dtype = torch.float32 if bf16_products else dtype
         out = torch.empty(num_tokens, heads, head_dim, dtype=out_dtype)
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
                 int(dtype == torch.bfloat16), out.data_ptr(), int(out_dtype == torch.bfloat16),
                 int(bf16_products),  # P rounded to bf16 too
                 heads, head_dim, count, cu_seqlens.data_ptr(), keys, bias, scale]
-        # global attention through the entry point older builds have too (benchmarks/
-        # interleaved.py calls a git revision's build through this function)
-        if half_window is None:
+        # long global sequences in key blocks (BF16_FLASH_MIN_LEN); builds without that entry
+        # point (benchmarks/interleaved.py calls git revisions' builds through this function)
+        # take the ones they have
+        if tiled is not None:
+            tiled.packed_tiled_attention_bf16(*args, window, flash_min, max_len,
+                                              work.data_ptr(), threads)
+        elif half_window is None:
             lib16.packed_attention_bf16(*args, max_len, work.data_ptr(), threads)
         else:
             lib16.packed_local_attention_bf16(*args, window, max_len, work.data_ptr(), threads)

@@ -1,0 +1,296 @@
+/* Global bf16 attention for long sequences in key blocks with an online softmax (the scheme of
+ * flash_attention.h, with attention_bf16.c's VDPBF16PS tiles and numerics). Included by
+ * attention_bf16.c after its tiles; packed_tiled_attention_bf16 there routes sequences of
+ * flash_min_len tokens or more (global, no score bias) here.
+ *
+ * Why: attention_bf16.c's unit is a whole (sequence, head): it re-lays the head's K and V out
+ * (O(L d) scratch) and each block of QB = 32 queries scores every key, keeping QB x L scores,
+ * so every query block streams all of K, V and a 1 MB score row (8k tokens) through L2: ~210
+ * GFLOP/s at 1-4k tokens fell to ~90 at 8k (12 heads x 64, 2 threads, Sapphire Rapids).
+ *
+ * Work unit: one (sequence, head, block of FQ = FSUB x QB = 128 queries). Per key block of FK
+ * (240) keys, the block's K and V are laid out once (kb [FK][d] bf16 contiguous; V as
+ * attention_bf16.c lays it out: with p_bf16 vp [FK / 2][d][2] bf16 key pairs, else vf32
+ * [FK][d] fp32) and serve the unit's FSUB query sub-blocks from L1/L2. Per sub-block:
+ *   st[j][i] = k_j . q_i (raw, VDPBF16PS, fp32 sums; transposed: lane-wise softmax), and the
+ *              running max m of the raw scores (scale > 0 keeps its argmax);
+ *   alpha = 2^(c (m_old - m_new)), p = 2^(c st - c m_new), c = scale log2(e) (the fp32 scores
+ *   are scaled, never bf16 q: one rounding, as attention_bf16.c);
+ *   l = l alpha + sum_j p (fp32 p, as attention_bf16.c sums them);
+ *   o = o alpha + P@V: with p_bf16 P rounded to bf16 pairs (pp [FK / 2][QB][2]) for VDPBF16PS,
+ *   else fp32 P in place and flash_attention.h's fp32 tile;
+ * and at the end out = o / l (rounded to bf16 when out_bf16). Scratch per thread: O(FK d + FQ d),
+ * whatever the length. Every output is computed by one thread in a fixed order: results do not
+ * depend on the thread count. */
+#ifndef POOLER_ATTENTION_BF16_FLASH_H
+#define POOLER_ATTENTION_BF16_FLASH_H
+
+/* one thread's scratch for a flash unit */
+struct flash_scratch {
+    uint16_t *qt, *kb;     /* FSUB x [d / 2][QB][2]; [FK][d] */
+    uint32_t *vp, *pp;     /* [FK / 2][d] pairs; [FK / 2][QB] pairs */
+    float *o, *state, *st; /* FSUB x [QB][d]; FSUB x (max, sum, alpha) x [QB]; [FK][QB] */
+    float *vf32;           /* [FK][d] */
+};
+
+static size_t flash_carve_into(char *work, int d, struct flash_scratch *w) {
+    char *base = work ? (char *)(((uintptr_t)work + 63) & ~(uintptr_t)63) : NULL;
+    size_t at = 0;
+#define TAKE(field, type, count) \
+    if (w) w->field = (type *)(base + at); \
+    at = up64(at + (size_t)(count) * sizeof(type));
+    TAKE(qt, uint16_t, (size_t)FSUB * d * QB)
+    TAKE(kb, uint16_t, (size_t)FK * d)
+    TAKE(vp, uint32_t, (size_t)pairs_of(FK) * d)
+    TAKE(pp, uint32_t, (size_t)pairs_of(FK) * QB)
+    TAKE(o, float, (size_t)FSUB * QB * d)
+    TAKE(state, float, (size_t)FSUB * 3 * QB)
+    TAKE(st, float, (size_t)FK * QB)
+    TAKE(vf32, float, (size_t)FK * d)
+#undef TAKE
+    return at + 64; /* + the alignment of work */
+}
+
+static size_t flash_unit_bytes(int d) { return flash_carve_into(NULL, d, NULL); }
+
+/* bf16_score_tile, also folding its scores into the running maxima m0, m1 of the two query
+ * vectors (kb: mr contiguous key rows of d bf16) */
+static inline __attribute__((always_inline)) void bf16_flash_score_tile(
+        int mr, const uint16_t *kb, const uint16_t *qt, int d, float *st, __m512 *m0,
+        __m512 *m1) {
+    __m512 acc[KR][2];
+    _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int c2 = 0; c2 < d / 2; c2++) {
+        __m512 b0 = (__m512)_mm512_loadu_si512(qt + (size_t)c2 * QB * 2);
+        __m512 b1 = (__m512)_mm512_loadu_si512(qt + (size_t)c2 * QB * 2 + 32);
+        _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) {
+            uint32_t pair;
+            memcpy(&pair, kb + (size_t)r * d + 2 * c2, 4);
+            __m512 a = (__m512)_mm512_set1_epi32((int)pair);
+            DPBF16(acc[r][0], a, b0);
+            DPBF16(acc[r][1], a, b1);
+        }
+    }
+    __m512 x0 = *m0, x1 = *m1;
+    _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) {
+        _mm512_storeu_ps(st + (size_t)r * QB, acc[r][0]);
+        _mm512_storeu_ps(st + (size_t)r * QB + 16, acc[r][1]);
+        x0 = _mm512_max_ps(acc[r][0], x0);
+        x1 = _mm512_max_ps(acc[r][1], x1);
+    }
+    *m0 = x0;
+    *m1 = x1;
+}
+
+/* o[r][0 .. nv*16) = alpha[r] o[r] + sum_j p[r][j] v[j] for mr query rows, P and V as bf16
+ * key pairs (pp offset to the tile's first query, row stride QB pairs; vp offset to the tile's
+ * first dim, row stride d pairs); o: fp32 rows of ldo */
+static inline __attribute__((always_inline)) void bf16_flash_pv_tile(
+        int mr, int nv, const uint32_t *pp, const uint32_t *vp, int d, int np,
+        const float *alpha, float *o, int ldo) {
+    __m512 acc[KR][4];
+    _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++)
+        _Pragma("GCC unroll 4") for (int w = 0; w < nv; w++) acc[r][w] = _mm512_setzero_ps();
+    for (int j2 = 0; j2 < np; j2++) {
+        const uint32_t *vj = vp + (size_t)j2 * d, *pj = pp + (size_t)j2 * QB;
+        __m512 b[4];
+        _Pragma("GCC unroll 4") for (int w = 0; w < nv; w++)
+            b[w] = (__m512)_mm512_loadu_si512(vj + 16 * w);
+        _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) {
+            __m512 a = (__m512)_mm512_set1_epi32((int)pj[r]);
+            _Pragma("GCC unroll 4") for (int w = 0; w < nv; w++) DPBF16(acc[r][w], a, b[w]);
+        }
+    }
+    _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++)
+        _Pragma("GCC unroll 4") for (int w = 0; w < nv; w++) {
+            float *orow = o + (size_t)r * ldo + 16 * w;
+            _mm512_storeu_ps(orow, _mm512_fmadd_ps(_mm512_loadu_ps(orow),
+                                                   _mm512_set1_ps(alpha[r]), acc[r][w]));
+        }
+}
+
+/* One (sequence, head, block of FQ queries) unit: every one of the sequence's first nk keys
+ * attended (a->keys: a trailing unattended suffix), no bias, no band. */
+static void bf16_flash_unit(const struct bf16_args *a, int s, int hd, int block, char *work) {
+    int d = a->d, first = a->starts[s], len = a->starts[s + 1] - first;
+    int nk = a->keys ? a->keys[s] : len;
+    int q0 = block * FQ, nq = len - q0 < FQ ? len - q0 : FQ;
+    int subs = (nq + QB - 1) / QB;
+    int in = a->in_bf16 ? 2 : 4; /* source bytes per value */
+    int ldo = a->heads * d;
+    size_t out_size = a->out_bf16 ? 2 : 4;
+    char *out = (char *)a->out + ((size_t)(first + q0) * ldo + (size_t)hd * d) * out_size;
+    if (nk <= 0) { /* no attended key: zeros, as SDPA's masked rows */
+        for (int i = 0; i < nq; i++) memset(out + (size_t)i * ldo * out_size, 0, d * out_size);
+        return;
+    }
+    const char *q = (const char *)a->q + ((size_t)(first + q0) * a->ldq + (size_t)hd * d) * in;
+    const char *k = (const char *)a->k + ((size_t)first * a->ldk + (size_t)hd * d) * in;
+    const char *v = (const char *)a->v + ((size_t)first * a->ldv + (size_t)hd * d) * in;
+    struct flash_scratch w;
+    flash_carve_into(work, d, &w);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    for (int b = 0; b < subs; b++) {
+        int n = nq - b * QB < QB ? nq - b * QB : QB;
+        queries_to_qt(q + (size_t)b * QB * a->ldq * in, a->ldq, a->in_bf16, n, d,
+                      (uint32_t *)(w.qt + (size_t)b * d * QB));
+        memset(w.o + (size_t)b * QB * d, 0, sizeof(float) * QB * d);
+        float *mx = w.state + (size_t)b * 3 * QB, *sum = mx + QB;
+        _mm512_storeu_ps(mx, ninf);
+        _mm512_storeu_ps(mx + 16, ninf);
+        _mm512_storeu_ps(sum, zero);
+        _mm512_storeu_ps(sum + 16, zero);
+    }
+    const __m512i weave = _mm512_loadu_si512(INTERLEAVE);
+    float c = a->scale * 1.44269504f; /* e^(scale x) = 2^(c x) */
+    for (int j0 = 0; j0 < nk; j0 += FK) {
+        int kb = nk - j0 < FK ? nk - j0 : FK, npb = pairs_of(kb);
+        /* the key block's K rows as contiguous bf16 (the source rows are a fused projection's,
+         * kilobytes apart: attention_bf16.c's prefetch) */
+        const char *kj = k + (size_t)j0 * a->ldk * in, *vj = v + (size_t)j0 * a->ldv * in;
+        for (int j = 0; j < kb; j++) {
+            const char *row = kj + (size_t)j * a->ldk * in;
+            prefetch_row(row + (size_t)AHEAD * a->ldk * in, d * in);
+            if (a->in_bf16)
+                memcpy(w.kb + (size_t)j * d, row, sizeof(uint16_t) * d);
+            else
+                row_to_bf16((const float *)row, d, w.kb + (size_t)j * d);
+        }
+        if (a->p_bf16) {
+            /* V as key pairs interleaved; an odd block's last pair with a zero value */
+            for (int j2 = 0; j2 < npb; j2++) {
+                const char *v0 = vj + (size_t)(2 * j2) * a->ldv * in;
+                const char *v1 = v0 + (size_t)a->ldv * in;
+                int has1 = 2 * j2 + 1 < kb;
+                prefetch_row(v0 + (size_t)AHEAD * a->ldv * in, d * in);
+                prefetch_row(v1 + (size_t)AHEAD * a->ldv * in, d * in);
+                for (int cc = 0; cc < d; cc += 16) {
+                    __m256i lo = load16_bf16(v0, a->in_bf16, cc);
+                    __m256i hi = has1 ? load16_bf16(v1, a->in_bf16, cc) : _mm256_setzero_si256();
+                    __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                    _mm512_storeu_si512(w.vp + (size_t)j2 * d + cc,
+                                        _mm512_permutexvar_epi16(weave, both));
+                }
+            }
+        } else {
+            for (int j = 0; j < kb; j++) { /* V as fp32 rows (bf16 widens exactly) */
+                const char *row = vj + (size_t)j * a->ldv * in;
+                prefetch_row(row + (size_t)AHEAD * a->ldv * in, d * in);
+                for (int cc = 0; cc < d; cc += 16)
+                    _mm512_storeu_ps(w.vf32 + (size_t)j * d + cc,
+                                     a->in_bf16
+                                         ? _mm512_cvtpbh_ps((__m256bh)load16_bf16(row, 1, cc))
+                                         : _mm512_loadu_ps((const float *)row + cc));
+            }
+        }
+        for (int b = 0; b < subs; b++) {
+            int n = nq - b * QB < QB ? nq - b * QB : QB;
+            const uint16_t *qt = w.qt + (size_t)b * d * QB;
+            float *o = w.o + (size_t)b * QB * d, *st = w.st;
+            float *mx = w.state + (size_t)b * 3 * QB, *sum = mx + QB, *alpha = sum + QB;
+            __m512 m0 = _mm512_loadu_ps(mx), m1 = _mm512_loadu_ps(mx + 16); /* running maxima */
+            __m512 n0 = m0, n1 = m1;                                          /* new ones */
+            for (int j = 0; j < kb; j += KR) {
+                int mr = kb - j < KR ? kb - j : KR;
+                const uint16_t *kr = w.kb + (size_t)j * d;
+                float *sr = st + (size_t)j * QB;
+                switch (mr) {
+#define TILE(R) case R: bf16_flash_score_tile(R, kr, qt, d, sr, &n0, &n1); break;
+                    TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+                    TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+#undef TILE
+                }
+            }
+            /* the first block: m_old = -inf, alpha ~ 0 (exp2_fast clamps) times o = 0, l = 0 */
+            __m512 cm0 = _mm512_mul_ps(n0, _mm512_set1_ps(c));
+            __m512 cm1 = _mm512_mul_ps(n1, _mm512_set1_ps(c));
+            __m512 a0 = (__m512)exp2_fast((vf)_mm512_fmsub_ps(m0, _mm512_set1_ps(c), cm0));
+            __m512 a1 = (__m512)exp2_fast((vf)_mm512_fmsub_ps(m1, _mm512_set1_ps(c), cm1));
+            vf s0 = vsplat(0.f), s1 = s0, vc = vsplat(c);
+            if (a->p_bf16) {
+                /* P for keys 2 j2 and 2 j2 + 1, rounded to bf16 and interleaved per query */
+                for (int j2 = 0; j2 < npb; j2++) {
+                    const float *r0 = st + (size_t)(2 * j2) * QB, *r1 = r0 + QB;
+                    int has1 = 2 * j2 + 1 < kb;
+                    for (int h = 0; h < 2; h++) {
+                        vf cm = (vf)(h ? cm1 : cm0);
+                        vf e0 = exp2_fast(*(const vf *)(r0 + 16 * h) * vc - cm);
+                        vf e1 = has1 ? exp2_fast(*(const vf *)(r1 + 16 * h) * vc - cm)
+                                     : vsplat(0.f);
+                        if (h) s1 += e0 + e1; else s0 += e0 + e1;
+                        __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0);
+                        _mm512_storeu_si512(w.pp + (size_t)j2 * QB + 16 * h,
+                                            _mm512_permutexvar_epi16(weave, both));
+                    }
+                }
+            } else {
+                for (int j = 0; j < kb; j++) { /* P in place, fp32 */
+                    float *sj = st + (size_t)j * QB;
+                    vf e0 = exp2_fast(*(const vf *)sj * vc - (vf)cm0);
+                    vf e1 = exp2_fast(*(const vf *)(sj + 16) * vc - (vf)cm1);
+                    *(vf *)sj = e0;
+                    *(vf *)(sj + 16) = e1;
+                    s0 += e0;
+                    s1 += e1;
+                }
+            }
+            _mm512_storeu_ps(mx, n0);
+            _mm512_storeu_ps(mx + 16, n1);
+            _mm512_storeu_ps(sum, _mm512_fmadd_ps(_mm512_loadu_ps(sum), a0, (__m512)s0));
+            _mm512_storeu_ps(sum + 16, _mm512_fmadd_ps(_mm512_loadu_ps(sum + 16), a1,
+                                                       (__m512)s1));
+            _mm512_storeu_ps(alpha, a0);
+            _mm512_storeu_ps(alpha + 16, a1);
+            for (int c0 = 0; c0 < d; c0 += FPV * 16) {
+                int nv = (d - c0) / 16 < FPV ? (d - c0) / 16 : FPV, rows = PV_ROWS(nv);
+                for (int i0 = 0; i0 < n; i0 += rows) {
+                    int mr = n - i0 < rows ? n - i0 : rows;
+                    float *oc = o + (size_t)i0 * d + c0;
+                    if (a->p_bf16) {
+                        const uint32_t *pt = w.pp + i0, *vc2 = w.vp + c0;
+                        switch (mr * 4 + nv - 1) {
+#define PV(R, NV) case 4 * R + NV - 1: \
+    if (R <= PV_ROWS(NV)) bf16_flash_pv_tile(R, NV, pt, vc2, d, npb, alpha + i0, oc, d); \
+    break;
+#define TILE(R) PV(R, 1) PV(R, 2) PV(R, 3) PV(R, 4)
+                            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+                            TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+#undef TILE
+#undef PV
+                        }
+                    } else {
+                        const float *pt = st + i0, *vc2 = w.vf32 + c0;
+                        switch (mr * 4 + nv - 1) {
+#define PV(R, NV) case 4 * R + NV - 1: \
+    if (R <= PV_ROWS(NV)) flash_pv_tile(R, NV, pt, vc2, d, kb, alpha + i0, oc, d); \
+    break;
+#define TILE(R) PV(R, 1) PV(R, 2) PV(R, 3) PV(R, 4)
+                            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+                            TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+#undef TILE
+#undef PV
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (int b = 0; b < subs; b++) {
+        int n = nq - b * QB < QB ? nq - b * QB : QB;
+        const float *o = w.o + (size_t)b * QB * d, *sum = w.state + (size_t)b * 3 * QB + QB;
+        for (int i = 0; i < n; i++) {
+            __m512 inv = _mm512_set1_ps(1.f / sum[i]); /* >= 1: the max's own weight */
+            char *orow = out + (size_t)(b * QB + i) * ldo * out_size;
+            for (int cc = 0; cc < d; cc += 16) {
+                __m512 y = _mm512_mul_ps(_mm512_loadu_ps(o + (size_t)i * d + cc), inv);
+                if (a->out_bf16)
+                    _mm256_storeu_si256((__m256i *)((uint16_t *)orow + cc),
+                                        (__m256i)_mm512_cvtneps_pbh(y));
+                else
+                    _mm512_storeu_ps((float *)orow + cc, y);
+            }
+        }
+    }
+}
+
+#endif
