@@ -27,7 +27,8 @@ Taken by packed_attention when all of these hold, else its torch paths run:
   block's band of keys (attention.h): O(L w) work and O(block (block + 2w)) scratch in the fp32
   kernel, where the torch path computed the full L x L product under a mask; the bf16 kernel
   scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
-  global attention below BF16_FLASH_MIN_LEN tokens; from there, on BF16_FLASH_CPU_KINDS, its global sequences run in
+  global attention below BF16_FLASH_MIN_LEN tokens; from there, on BF16_FLASH_CPU_KINDS, its global
+  sequences run in
   key blocks with an online softmax, O(block) scratch).
 
 Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS) of a CPU kind it was measured
@@ -502,7 +503,8 @@ def _long_apart(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows str
 # 3.2-3.3 at 4k, 4.2-4.5 at 8k; int8 (P rounded) 0.5-6.9 at 512, 1.6-3.8 at 768, 1.7-4.0 at 1k,
 # 2.5-3.4 at 2k, 3.9-4.5 at 4k, 4.3-5.1 at 8k; causal and causal GQA (today the fp32 masked
 # kernel on widened q/k/v) 0.96-3.4 at 1k, 2.6-3.3 at 2k-8k. 1,024: from there SDPA won every
-# run but one causal 1k one (0.96); at 512 the load swung it both ways. Shorter sequences keep the kernel, which runs a step's short
+# run but one causal 1k one (0.96); at 512 the load swung it both ways. Shorter sequences keep the
+# kernel, which runs a step's short
 # texts in one C call (the short-text ratios stay as they were). Local attention (ModernBERT's
 # half_window, a decoder's sliding window) stays on the kernels too: they score only the band,
 # SDPA the whole L x L under a mask (kernel / SDPA 0.55 at 1k-2k, 0.11-0.17 at 8k). Tests set
@@ -519,7 +521,8 @@ def bf16_sdpa_is_fast() -> bool:
     AVX512_CORE_BF16, MKL_ENABLE_INSTRUCTIONS=AVX512; an emulation of an AVX512_BF16-only CPU,
     not one), SDPA bf16 ran no faster than SDPA fp32 and 1.0-1.4x the kernel at 2k-8k (one
     loaded run), against 1.9-3.5x with AMX; on AVX2, oneDNN emulates bf16. Nothing there
-    clearly beat the kernel, so bf16 keeps its kernel (or widens to fp32) without AMX. Torch held to AVX2 (ATEN_CPU_CAPABILITY=avx2)
+    clearly beat the kernel, so bf16 keeps its kernel (or widens to fp32) without AMX. Torch held to
+    AVX2 (ATEN_CPU_CAPABILITY=avx2)
     on an AMX CPU raises in SDPA bf16 ("pack_vnni2 is only supported when avx512 is
     supported", torch 2.13): it must not be routed there either."""
     if not BF16_SDPA_ENABLED:
