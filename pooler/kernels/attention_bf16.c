@@ -153,6 +153,40 @@ static inline __m256i load16_bf16(const void *row, int in_bf16, int c) {
     return (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps((const float *)row + c));
 }
 
+/* nk rows of V (fp32 or bf16, row stride ldv elements of `in` bytes) re-laid out for P@V:
+ * with bf16 P, as key pairs interleaved, vp[j2][c] = (v[2 j2][c], v[2 j2 + 1][c]), an odd
+ * count's last pair with a zero value; else as fp32 rows vf32[j][c] (bf16 widens exactly).
+ * The whole-sequence units and the key-block units (attention_bf16_flash.h) share it. */
+static inline void relay_v(const char *v, int ldv, int in, int in_bf16, int p_bf16, int nk,
+                           int d, uint32_t *vp, float *vf32) {
+    if (p_bf16) {
+        const __m512i weave = _mm512_loadu_si512(INTERLEAVE);
+        for (int j2 = 0; j2 < (nk + 1) / 2; j2++) {
+            const char *v0 = v + (size_t)(2 * j2) * ldv * in;
+            const char *v1 = v0 + (size_t)ldv * in;
+            int has1 = 2 * j2 + 1 < nk;
+            prefetch_row(v0 + (size_t)AHEAD * ldv * in, d * in);
+            prefetch_row(v1 + (size_t)AHEAD * ldv * in, d * in);
+            for (int c = 0; c < d; c += 16) {
+                __m256i lo = load16_bf16(v0, in_bf16, c);
+                __m256i hi = has1 ? load16_bf16(v1, in_bf16, c) : _mm256_setzero_si256();
+                __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                _mm512_storeu_si512(vp + (size_t)j2 * d + c,
+                                    _mm512_permutexvar_epi16(weave, both));
+            }
+        }
+        return;
+    }
+    for (int j = 0; j < nk; j++) {
+        const char *vj = v + (size_t)j * ldv * in;
+        prefetch_row(vj + (size_t)AHEAD * ldv * in, d * in);
+        for (int c = 0; c < d; c += 16)
+            _mm512_storeu_ps(vf32 + (size_t)j * d + c,
+                             in_bf16 ? _mm512_cvtpbh_ps((__m256bh)load16_bf16(vj, 1, c))
+                                     : _mm512_loadu_ps((const float *)vj + c));
+    }
+}
+
 /* st[r][0..QB) = keys row r . queries, for mr key rows of kb (row stride ldk bf16) */
 static inline __attribute__((always_inline)) void bf16_score_tile(
         int mr, const uint16_t *kb, int ldk, const uint16_t *qt, int d, float *st) {
@@ -250,34 +284,8 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
         kr = w.kb;
         ldkb = d;
     }
+    relay_v(v, a->ldv, in, a->in_bf16, a->p_bf16, nk, d, w.vp, w.vf32);
     const __m512i weave = _mm512_loadu_si512(INTERLEAVE);
-    if (a->p_bf16) {
-        /* V as key pairs interleaved: vp[j2][c] = (v[2 j2][c], v[2 j2 + 1][c]) */
-        for (int j2 = 0; j2 < np; j2++) {
-            const char *v0 = v + (size_t)(2 * j2) * a->ldv * in;
-            const char *v1 = v0 + (size_t)a->ldv * in;
-            int has1 = 2 * j2 + 1 < nk;
-            prefetch_row(v0 + (size_t)AHEAD * a->ldv * in, d * in);
-            prefetch_row(v1 + (size_t)AHEAD * a->ldv * in, d * in);
-            for (int c = 0; c < d; c += 16) {
-                __m256i lo = load16_bf16(v0, a->in_bf16, c);
-                __m256i hi = has1 ? load16_bf16(v1, a->in_bf16, c) : _mm256_setzero_si256();
-                __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                _mm512_storeu_si512(w.vp + (size_t)j2 * d + c,
-                                    _mm512_permutexvar_epi16(weave, both));
-            }
-        }
-    } else {
-        /* V as fp32 rows (exact: bf16 widens without rounding) */
-        for (int j = 0; j < nk; j++) {
-            const char *vj = v + (size_t)j * a->ldv * in;
-            prefetch_row(vj + (size_t)AHEAD * a->ldv * in, d * in);
-            for (int c = 0; c < d; c += 16)
-                _mm512_storeu_ps(w.vf32 + (size_t)j * d + c,
-                                 a->in_bf16 ? _mm512_cvtpbh_ps((__m256bh)load16_bf16(vj, 1, c))
-                                            : _mm512_loadu_ps((const float *)vj + c));
-        }
-    }
     float scale = a->scale;
     const float *bias = a->bias ? a->bias[s] + (size_t)hd * len * len : NULL;
     int ldo = a->heads * d;

@@ -156,33 +156,7 @@ static void bf16_flash_unit(const struct bf16_args *a, int s, int hd, int block,
             else
                 row_to_bf16((const float *)row, d, w.kb + (size_t)j * d);
         }
-        if (a->p_bf16) {
-            /* V as key pairs interleaved; an odd block's last pair with a zero value */
-            for (int j2 = 0; j2 < npb; j2++) {
-                const char *v0 = vj + (size_t)(2 * j2) * a->ldv * in;
-                const char *v1 = v0 + (size_t)a->ldv * in;
-                int has1 = 2 * j2 + 1 < kb;
-                prefetch_row(v0 + (size_t)AHEAD * a->ldv * in, d * in);
-                prefetch_row(v1 + (size_t)AHEAD * a->ldv * in, d * in);
-                for (int cc = 0; cc < d; cc += 16) {
-                    __m256i lo = load16_bf16(v0, a->in_bf16, cc);
-                    __m256i hi = has1 ? load16_bf16(v1, a->in_bf16, cc) : _mm256_setzero_si256();
-                    __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                    _mm512_storeu_si512(w.vp + (size_t)j2 * d + cc,
-                                        _mm512_permutexvar_epi16(weave, both));
-                }
-            }
-        } else {
-            for (int j = 0; j < kb; j++) { /* V as fp32 rows (bf16 widens exactly) */
-                const char *row = vj + (size_t)j * a->ldv * in;
-                prefetch_row(row + (size_t)AHEAD * a->ldv * in, d * in);
-                for (int cc = 0; cc < d; cc += 16)
-                    _mm512_storeu_ps(w.vf32 + (size_t)j * d + cc,
-                                     a->in_bf16
-                                         ? _mm512_cvtpbh_ps((__m256bh)load16_bf16(row, 1, cc))
-                                         : _mm512_loadu_ps((const float *)row + cc));
-            }
-        }
+        relay_v(vj, a->ldv, in, a->in_bf16, a->p_bf16, kb, d, w.vp, w.vf32);
         for (int b = 0; b < subs; b++) {
             int n = nq - b * QB < QB ? nq - b * QB : QB;
             const uint16_t *qt = w.qt + (size_t)b * d * QB;
