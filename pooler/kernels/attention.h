@@ -157,6 +157,16 @@ static inline vi band_lanes(int q0, int first, int key, int w) {
 
 static int attention_blocks(int len) { return (len + QB - 1) / QB; }
 
+/* The sequence work unit t belongs to: the last s with task_starts[s] <= t. */
+static inline int unit_sequence(const int *task_starts, int seqs, int t) {
+    int lo = 0, hi = seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (task_starts[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
 /* task_starts[s]: the first work unit of sequence s; returns the number of units. */
 static int attention_tasks(int seqs, const int *starts, int heads, int *task_starts) {
     task_starts[0] = 0;
@@ -309,11 +319,7 @@ static void attention(const struct attention_args *a, float *work, long work_flo
     chunk = chunk < 1 ? 1 : chunk;
 #pragma omp for schedule(dynamic, chunk)
     for (int t = 0; t < units; t++) {
-        int lo = 0, hi = a->seqs - 1;  /* the sequence: the last s with task_starts[s] <= t */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (a->task_starts[mid] <= t) lo = mid; else hi = mid - 1;
-        }
+        int lo = unit_sequence(a->task_starts, a->seqs, t);
         int rel = t - a->task_starts[lo];
         int blocks = attention_blocks(a->starts[lo + 1] - a->starts[lo]);
         attention_unit(a, lo, rel / blocks, rel % blocks, mine);

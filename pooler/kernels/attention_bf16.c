@@ -506,11 +506,7 @@ void packed_tiled_attention_bf16(const void *q, const void *k, const void *v, in
         char *mine = (char *)work + (size_t)omp_get_thread_num() * bytes;
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < units; t++) {
-            int lo = 0, hi = seqs - 1; /* the sequence: the last s with task_starts[s] <= t */
-            while (lo < hi) {
-                int mid = (lo + hi + 1) / 2;
-                if (task_starts[mid] <= t) lo = mid; else hi = mid - 1;
-            }
+            int lo = unit_sequence(task_starts, seqs, t);
             int rel = t - task_starts[lo], len = starts[lo + 1] - starts[lo];
             if (takes_flash(len, flash_min)) {
                 int blocks = (len + FQ - 1) / FQ;

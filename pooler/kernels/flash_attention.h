@@ -235,11 +235,7 @@ static void flash_attention(const struct attention_args *a, float *work, long wo
     int units = a->task_starts[a->seqs];
 #pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < units; t++) {
-        int lo = 0, hi = a->seqs - 1;  /* the sequence: the last s with task_starts[s] <= t */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (a->task_starts[mid] <= t) lo = mid; else hi = mid - 1;
-        }
+        int lo = unit_sequence(a->task_starts, a->seqs, t);
         int rel = t - a->task_starts[lo];
         int blocks = flash_blocks(a->starts[lo + 1] - a->starts[lo]);
         flash_unit(a, lo, rel / blocks, rel % blocks, mine);
