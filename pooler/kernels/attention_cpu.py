@@ -182,31 +182,52 @@ def _bf16_build() -> ctypes.CDLL | None:
     if lib is None:
         log.info("bf16 attention kernel off (%s); bf16 attention widens to fp32.", why)
         return None
-    P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
-    lib.attention_bf16_scratch_bytes.argtypes = [I, I, I]
-    lib.attention_bf16_scratch_bytes.restype = ctypes.c_long
-    lib.packed_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P, P, P,
-                                          ctypes.c_float, I, P, I]
-    lib.packed_attention_bf16.restype = None
-    lib.packed_local_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P, P, P,
-                                                ctypes.c_float, I, I, P, I]
-    lib.packed_local_attention_bf16.restype = None
-    return lib
+    return _entry_points(lib, "bf16")
 
 
-def _bf16_tiled_entry_point(lib: ctypes.CDLL) -> ctypes.CDLL | None:
-    """lib with packed_tiled_attention_bf16's argument types set (once), or None for a build
-    without it (benchmarks load git revisions' builds)."""
-    if not hasattr(lib, "packed_tiled_attention_bf16"):
+_P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+# The C entry points by group: (function, argument types, return type) as the C files declare
+# them. _entry_points sets a group's types on a library once; a group whose functions a build
+# lacks (benchmarks load git revisions' builds) is None there.
+_ENTRY_POINTS = {
+    "bf16": (  # attention_bf16.c, whole-sequence units
+        ("attention_bf16_scratch_bytes", [_I, _I, _I], _L),
+        ("packed_attention_bf16", [_P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P, _P,
+                                   _P, _F, _I, _P, _I], None),
+        ("packed_local_attention_bf16", [_P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P,
+                                         _P, _P, _F, _I, _I, _P, _I], None)),
+    "bf16_tiled": (  # attention_bf16.c, long global sequences in key blocks
+        ("attention_bf16_tiled_scratch_bytes", [_I, _I, _I, _I, _I, _I], _L),
+        ("packed_tiled_attention_bf16", [_P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P,
+                                         _P, _P, _F, _I, _I, _I, _P, _I], None)),
+    "local": (  # encoder_cpu.c, local attention
+        ("local_attention_scratch_floats", [_I, _I, _I, _I], _L),
+        ("packed_local_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _P, _P, _F,
+                                        _I, _I, _P, _I], None)),
+    "masked": (  # encoder_cpu.c, causal and GQA (its scratch is local attention's)
+        ("local_attention_scratch_floats", [_I, _I, _I, _I], _L),
+        ("packed_masked_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _P, _P, _F,
+                                         _I, _I, _I, _P, _I], None)),
+    "flash": (  # encoder_cpu.c, long global fp32 sequences (flash_attention.h)
+        ("flash_attention_scratch_floats", [_I, _I], _L),
+        ("packed_flash_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _P, _F, _P,
+                                        _I], None)),
+}
+
+
+def _entry_points(lib: ctypes.CDLL, group: str) -> ctypes.CDLL | None:
+    """lib with the argument and return types of `group`'s functions (_ENTRY_POINTS) set
+    (once), or None for a build without them."""
+    flag = f"{group}_typed"
+    if getattr(lib, flag, False):
+        return lib
+    functions = _ENTRY_POINTS[group]
+    if not all(hasattr(lib, name) for name, _, _ in functions):
         return None
-    if not getattr(lib, "tiled_typed", False):
-        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
-        lib.attention_bf16_tiled_scratch_bytes.argtypes = [I, I, I, I, I, I]
-        lib.attention_bf16_tiled_scratch_bytes.restype = ctypes.c_long
-        lib.packed_tiled_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P,
-                                                    P, P, ctypes.c_float, I, I, I, P, I]
-        lib.packed_tiled_attention_bf16.restype = None
-        lib.tiled_typed = True
+    for name, argtypes, restype in functions:
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, restype
+    setattr(lib, flag, True)
     return lib
 
 
@@ -279,7 +300,8 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     lib = encoder_kernels()
     if lib is None or head_dim % lib.vector_floats or num_tokens == 0:
         return None
-    if decoder and not hasattr(lib, "packed_masked_attention_f32"):
+    masked = _entry_points(lib, "masked") if decoder else None
+    if decoder and masked is None:
         return None  # an older build (benchmarks load git revisions' builds)
     strides = [_row_stride(t, n, head_dim) for t, n in ((q, heads), (k, kv_heads),
                                                          (v, kv_heads))]
@@ -309,7 +331,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
             q, k, v, strides = _widened(q, k, v, strides)
     if (dtype == torch.float32 and not bf16_products and half_window is None and not decoder
             and position_bias is None and long_on_sdpa):
-        flash = _flash_entry_point(lib) if flash_route_here(lib.variant, head_dim) else None
+        flash = _entry_points(lib, "flash") if flash_route_here(lib.variant, head_dim) else None
         if max(seq_lens) >= (SDPA_MIN_LEN if flash is None else FLASH_MIN_LEN):
             return _long_apart(q, k, v, strides, seq_lens, scale, num_unattended, flash)
     count = len(seq_lens)
@@ -330,7 +352,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     threads = torch.get_num_threads()
     window = -1 if half_window is None else half_window
     if lib16 is not None:
-        tiled = _bf16_tiled_entry_point(lib16)
+        tiled = _entry_points(lib16, "bf16_tiled")
         if tiled is None:
             work = torch.empty(lib16.attention_bf16_scratch_bytes(max_len, head_dim, threads),
                                dtype=torch.uint8)
@@ -359,7 +381,6 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         return out
     out = torch.empty(num_tokens, heads, head_dim)
     if decoder:
-        masked = _masked_entry_point(lib)
         work = torch.empty(masked.local_attention_scratch_floats(max_len, head_dim, window,
                                                                  threads))
         masked.packed_masked_attention_f32(
@@ -373,52 +394,11 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         work = torch.empty(lib.attention_scratch_floats(max_len, head_dim, threads))
         lib.packed_attention_f32(*args, max_len, work.data_ptr(), threads)
     else:
-        local = _local_entry_points(lib)
+        local = _entry_points(lib, "local")
         work = torch.empty(local.local_attention_scratch_floats(max_len, head_dim, window,
                                                                 threads))
         local.packed_local_attention_f32(*args, window, max_len, work.data_ptr(), threads)
     return out if dtype == torch.float32 else out.to(dtype)
-
-
-def _masked_entry_point(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """lib with packed_masked_attention_f32's argument types set (once)."""
-    _local_entry_points(lib)
-    if not getattr(lib, "masked_typed", False):
-        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
-        lib.packed_masked_attention_f32.argtypes = [P, P, P, I, I, I, P, I, I, I, I, P, P,
-                                                    ctypes.c_float, I, I, I, P, I]
-        lib.packed_masked_attention_f32.restype = None
-        lib.masked_typed = True
-    return lib
-
-
-def _local_entry_points(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """lib with the argument types of its local-attention entry points set (once)."""
-    if not getattr(lib, "local_typed", False):
-        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
-        lib.local_attention_scratch_floats.argtypes = [I, I, I, I]
-        lib.local_attention_scratch_floats.restype = ctypes.c_long
-        lib.packed_local_attention_f32.argtypes = [P, P, P, I, I, I, P, I, I, I, P, P, P,
-                                                   ctypes.c_float, I, I, P, I]
-        lib.packed_local_attention_f32.restype = None
-        lib.local_typed = True
-    return lib
-
-
-def _flash_entry_point(lib: ctypes.CDLL) -> ctypes.CDLL | None:
-    """lib with packed_flash_attention_f32's argument types set (once), or None for a build
-    without it (benchmarks load git revisions' builds)."""
-    if not hasattr(lib, "packed_flash_attention_f32"):
-        return None
-    if not getattr(lib, "flash_typed", False):
-        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
-        lib.flash_attention_scratch_floats.argtypes = [I, I]
-        lib.flash_attention_scratch_floats.restype = ctypes.c_long
-        lib.packed_flash_attention_f32.argtypes = [P, P, P, I, I, I, P, I, I, I, P, P,
-                                                   ctypes.c_float, P, I]
-        lib.packed_flash_attention_f32.restype = None
-        lib.flash_typed = True
-    return lib
 
 
 def flash_attention(lib: ctypes.CDLL,
@@ -427,7 +407,7 @@ def flash_attention(lib: ctypes.CDLL,
                     strides: list[int], seq_lens: list[int], scale: float,
                     num_unattended: list[int] | None = None) -> torch.Tensor:
     """Global attention of each packed sequence through the flash kernel (lib: a build that
-    _flash_entry_point accepted); strides: q/k/v row strides (_row_stride)."""
+    _entry_points(lib, "flash") accepted); strides: q/k/v row strides (_row_stride)."""
     num_tokens, heads, head_dim = q.shape
     count = len(seq_lens)
     cu = torch.tensor([0, *seq_lens]).cumsum(0).to(torch.int32)  # [count + 1]
