@@ -49,10 +49,11 @@ and 0.5-0.6 from 2,048 (but 1.07-1.12 at 256-512: FLASH_MIN_LEN); a 2-layer GTE-
 build keeps SDPA (0.93-1.08x with MKL and oneDNN held to AVX2 too, as on an AVX2-only CPU: not
 measured there). bf16 q/k/v and bf16 products keep their kernels.
 
-Long bf16 and int8 attention (_long_bf16_on_sdpa, separate from the fp32 route): on a CPU with
-AMX-BF16 and torch on its AVX-512 kernels (bf16_sdpa_is_fast), a sequence of BF16_SDPA_MIN_LEN
-(1,024) tokens or more whose keys are all attended, global or causal (GQA included, no window, no
-score bias), with bf16 q/k/v (the bf16 engine) or `bf16_products` (int8 engines; fp32 q/k/v
+Long bf16 and int8 attention (_long_sequences_on_sdpa, which also takes long fp32 causal
+sequences, above; separate from the fp32 global route): on a CPU with AMX-BF16 and torch on
+its AVX-512 kernels (bf16_sdpa_is_fast), a sequence of BF16_SDPA_MIN_LEN (1,024) tokens or more
+whose keys are all attended, global or causal (GQA included, no window, no score bias), with
+bf16 q/k/v (the bf16 engine) or `bf16_products` (int8 engines; fp32 q/k/v
 rounded to bf16), runs torch's SDPA in bf16 (oneDNN's AMX brgemm): 1.1-5x faster than the bf16
 kernel from 1k tokens (2.3-5x at 2k-8k), and 1.0-3.4x faster than the fp32 masked kernel for
 causal bf16 at 1k-8k (see BF16_SDPA_MIN_LEN). Shorter sequences, local attention and sliding
@@ -314,12 +315,12 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         raise ValueError(f"half_window must be >= 0, got {half_window}.")
     if long_on_sdpa and _bf16_long_routes(dtype, bf16_products, seq_lens, half_window, causal,
                                           position_bias):
-        return _long_bf16_on_sdpa(q, k, v, seq_lens, scale, num_unattended, bf16_products,
-                                  causal)
+        return _long_sequences_on_sdpa(q, k, v, seq_lens, scale, num_unattended,
+                                       bf16_products, causal)
     if long_on_sdpa and _long_causal_f32_routes(dtype, bf16_products, seq_lens, half_window,
                                                 causal, position_bias):
-        return _long_bf16_on_sdpa(q, k, v, seq_lens, scale, num_unattended, False, True,
-                                  CAUSAL_SDPA_MIN_LEN, torch.float32)
+        return _long_sequences_on_sdpa(q, k, v, seq_lens, scale, num_unattended, False, True,
+                                       CAUSAL_SDPA_MIN_LEN, torch.float32)
     lib16 = _bf16_kernel_for(head_dim) if (dtype == torch.bfloat16 or bf16_products) \
         and not decoder else None
     if lib16 is None and dtype != torch.float32:  # bf16 without the bf16 kernel: fp32 inside
@@ -534,27 +535,29 @@ def _bf16_long_routes(dtype: torch.dtype, bf16_products: bool, seq_lens: list[in
                       half_window: int | None, causal: bool,
                       position_bias: dict[int, torch.Tensor] | None) -> bool:
     """Whether a bf16 (bf16 q/k/v) or int8 (`bf16_products`) call sends its long sequences to
-    _long_bf16_on_sdpa: global or causal attention without a score bias, a sequence of
-    BF16_SDPA_MIN_LEN tokens or more, and bf16_sdpa_is_fast()."""
+    SDPA in bf16 (_long_sequences_on_sdpa): global or causal attention without a score bias, a
+    sequence of BF16_SDPA_MIN_LEN tokens or more, and bf16_sdpa_is_fast()."""
     return ((dtype == torch.bfloat16 or bf16_products) and half_window is None
             and position_bias is None and max(seq_lens) >= BF16_SDPA_MIN_LEN
             and bf16_sdpa_is_fast())
 
 
-def _long_bf16_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] bf16 or fp32
-                       k: torch.Tensor, v: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
-                       seq_lens: list[int], scale: float, num_unattended: list[int] | None,
-                       bf16_products: bool, causal: bool, min_len: int = 0,
-                       sdpa_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """bf16 / int8 attention with each long sequence (BF16_SDPA_MIN_LEN tokens or more, no
-    unattended suffix) on torch's SDPA in bf16 (is_causal, enable_gqa for fewer k/v heads) and
-    each run of the others on the kernels (long_on_sdpa=False), in one output: fp32 for
-    `bf16_products` where the bf16 kernel takes the head size (what an int8 engine's output
-    projection quantizes from), else q's dtype, as the kernel paths return. SDPA reads strided
-    [1, heads, L, head_dim] views of the projection's rows when they are bf16 already (fp32
-    q/k/v of an int8 engine are rounded to bf16 first: its precision is below bf16's).
-    fp32 causal attention takes the same loop with `sdpa_dtype` fp32 and `min_len`
-    CAUSAL_SDPA_MIN_LEN (_long_causal_f32_routes)."""
+def _long_sequences_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] bf16 or fp32
+                            k: torch.Tensor, v: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+                            seq_lens: list[int], scale: float,
+                            num_unattended: list[int] | None, bf16_products: bool,
+                            causal: bool, min_len: int = 0,
+                            sdpa_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Attention with each long sequence (min_len tokens or more, no unattended suffix) on
+    torch's SDPA in `sdpa_dtype` (is_causal, enable_gqa for fewer k/v heads) and each run of the
+    others on the kernels (long_on_sdpa=False), in one output. Two routes take it: bf16 / int8
+    attention, global or causal (_bf16_long_routes: SDPA in bf16 from BF16_SDPA_MIN_LEN, the
+    defaults), and fp32 causal attention (_long_causal_f32_routes: SDPA in fp32 from
+    CAUSAL_SDPA_MIN_LEN). The output is fp32 for `bf16_products` where the bf16 kernel takes
+    the head size (what an int8 engine's output projection quantizes from), else q's dtype, as
+    the kernel paths return. SDPA reads strided [1, heads, L, head_dim] views of the
+    projection's rows when they are in `sdpa_dtype` already (fp32 q/k/v of an int8 engine are
+    rounded to bf16 first: its precision is below bf16's)."""
     min_len = min_len or BF16_SDPA_MIN_LEN
     heads, head_dim = q.shape[1], q.shape[2]
     gqa = k.shape[1] != heads
