@@ -74,7 +74,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -441,36 +443,60 @@ def _long_apart(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows str
         long = [n >= FLASH_MIN_LEN for n in seq_lens]
     else:
         long = [n >= SDPA_MIN_LEN and not u for n, u in zip(seq_lens, unattended)]
-    starts = [0]
-    for n in seq_lens:
-        starts.append(starts[-1] + n)
-    i = 0
-    while i < len(seq_lens):
-        j = i + 1  # a run of long or of other sequences
-        while j < len(seq_lens) and long[j] == long[i]:
-            j += 1
-        a, b = starts[i], starts[j]
+    for i, j, a, b in _runs(seq_lens, long):
         lens = seq_lens[i:j]
         part_unattended = None if num_unattended is None else num_unattended[i:j]
-        if long[i] and flash is not None:
+        if not long[i]:
+            out[a:b] = _on_kernels(q[a:b], k[a:b], v[a:b], lens, scale, part_unattended)
+        elif flash is not None:
             out[a:b] = flash_attention(flash, q[a:b], k[a:b], v[a:b], strides, lens, scale,
                                        part_unattended)
-        elif long[i]:
-            for s in range(i, j):
-                a, b = starts[s], starts[s + 1]
-                # [1, heads, L, head_dim] views
-                qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-                out[a:b] = F.scaled_dot_product_attention(
-                    qs, ks, vs, scale=scale)[0].transpose(0, 1)
         else:
-            part = attention_on_cpu(q[a:b], k[a:b], v[a:b], lens,
-                                    torch.tensor([0, *lens]).cumsum(0).to(torch.int32), scale,
-                                    part_unattended, long_on_sdpa=False)
-            if part is None:
-                raise RuntimeError("the attention kernel declined a run it was chosen for")
-            out[a:b] = part
-        i = j
+            _each_on_sdpa(out, q, k, v, lens, a, scale, q.dtype)
     return out
+
+
+def _runs(seq_lens: list[int], apart: list[bool]) -> Iterator[tuple[int, int, int, int]]:
+    """The packed sequences in maximal runs that are all apart or all not (apart[i]): (i, j, a,
+    b) for the run of sequences i .. j - 1, tokens a .. b - 1."""
+    starts = [0, *itertools.accumulate(seq_lens)]
+    i = 0
+    while i < len(seq_lens):
+        j = i + 1
+        while j < len(seq_lens) and apart[j] == apart[i]:
+            j += 1
+        yield i, j, starts[i], starts[j]
+        i = j
+
+
+def _on_kernels(q: torch.Tensor,  # [run_tokens, heads, head_dim]: one run's rows
+                k: torch.Tensor, v: torch.Tensor,  # [run_tokens, kv_heads, head_dim]
+                lens: list[int], scale: float, num_unattended: list[int] | None,
+                **options) -> torch.Tensor:  # [run_tokens, heads, head_dim]
+    """A run of sequences that stays on the kernels (attention_on_cpu's `options`, none of its
+    sequences sent apart again: long_on_sdpa=False)."""
+    cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)  # [len(lens) + 1]
+    part = attention_on_cpu(q, k, v, lens, cu, scale, num_unattended, long_on_sdpa=False,
+                            **options)
+    if part is None:
+        raise RuntimeError("the attention kernel declined a run it was chosen for")
+    return part
+
+
+def _each_on_sdpa(out: torch.Tensor,  # [num_tokens, heads, head_dim], written in place
+                  q: torch.Tensor,  # [num_tokens, heads, head_dim]
+                  k: torch.Tensor, v: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+                  lens: list[int], first: int, scale: float, dtype: torch.dtype,
+                  causal: bool = False) -> None:
+    """Each of the packed sequences `lens` from token `first` on torch's SDPA in `dtype` (q/k/v
+    of another dtype copied to it; is_causal, enable_gqa for fewer k/v heads), one call per
+    sequence on the strided [1, heads, L, head_dim] views of its rows."""
+    gqa = k.shape[1] != q.shape[1]
+    for a, b in itertools.pairwise(itertools.accumulate(lens, initial=first)):
+        qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0).to(dtype) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=causal,
+                                           enable_gqa=gqa)  # [1, heads, L, head_dim]
+        out[a:b] = o[0].transpose(0, 1)
 
 
 # bf16 and int8 (`bf16_products`) attention over sequences of at least this many tokens, global
@@ -564,37 +590,13 @@ def _long_sequences_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] bf
     wide = bf16_products and not (causal or gqa) and _bf16_kernel_for(head_dim) is not None
     out = torch.empty(q.shape, dtype=torch.float32 if wide else q.dtype)
     unattended = num_unattended or [0] * len(seq_lens)
-    starts = [0]
-    for n in seq_lens:
-        starts.append(starts[-1] + n)
-
-    def routed(i: int) -> bool:
-        return seq_lens[i] >= min_len and not unattended[i]
-
-    i = 0
-    while i < len(seq_lens):
-        a = starts[i]
-        if routed(i):
-            b = starts[i + 1]
-            # [1, heads, L, head_dim] views (bf16 copies for fp32 q/k/v on the bf16 route)
-            qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0).to(sdpa_dtype)
-                          for t in (q, k, v))
-            o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=causal,
-                                               enable_gqa=gqa)  # [1, heads, L, head_dim]
-            out[a:b] = o[0].transpose(0, 1)
-            i += 1
-            continue
-        j = i + 1  # a run of sequences for the kernels
-        while j < len(seq_lens) and not routed(j):
-            j += 1
-        b = starts[j]
+    routed = [n >= min_len and not u for n, u in zip(seq_lens, unattended)]
+    for i, j, a, b in _runs(seq_lens, routed):
         lens = seq_lens[i:j]
-        cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
-        part = attention_on_cpu(q[a:b], k[a:b], v[a:b], lens, cu, scale,
-                                None if num_unattended is None else num_unattended[i:j],
-                                bf16_products=bf16_products, causal=causal, long_on_sdpa=False)
-        if part is None:
-            raise RuntimeError("the attention kernel declined a run it was chosen for")
-        out[a:b] = part
-        i = j
+        if routed[i]:
+            _each_on_sdpa(out, q, k, v, lens, a, scale, sdpa_dtype, causal)
+        else:
+            out[a:b] = _on_kernels(q[a:b], k[a:b], v[a:b], lens, scale,
+                                   None if num_unattended is None else num_unattended[i:j],
+                                   bf16_products=bf16_products, causal=causal)
     return out
