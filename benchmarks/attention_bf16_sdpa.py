@@ -7,8 +7,8 @@ chosen; docs/models/precision.md, "Long documents").
         [--rounds 5] [--cases bf16,int8,local,causal,gqa,swa]
 
 Each step is --seqs packed sequences of L tokens. Global and causal cases time the route as
-attention_on_cpu runs it (_long_bf16_on_sdpa: one SDPA call per sequence, forced on whatever
-the threshold and CPU) against the kernels (long_on_sdpa=False); the banded cases call SDPA
+attention_on_cpu runs it (_long_sequences_on_sdpa: one SDPA call per sequence, forced on
+whatever the threshold and CPU) against the kernels (long_on_sdpa=False); the banded cases call SDPA
 with the mask directly (no route takes them there). Cases (q/k/v as strided views of one fused
 projection, as the models pass them):
 - bf16: the bf16 engine (bf16 q/k/v, bf16 out): kernel vs SDPA bf16;

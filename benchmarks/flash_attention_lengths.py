@@ -47,7 +47,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.cpu_time else time.perf_counter
     lib = encoder_kernels()
-    flash = attention_cpu._flash_entry_point(lib) if lib is not None else None
+    flash = attention_cpu._entry_points(lib, "flash") if lib is not None else None
     if flash is None:
         raise SystemExit("no encoder kernel build with the flash entry point here")
     scale = args.dim ** -0.5

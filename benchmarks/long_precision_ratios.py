@@ -65,12 +65,12 @@ def attention_log():
 
     seen: collections.Counter = collections.Counter()
     original = attention.attention_on_cpu
-    long_bf16 = attention_cpu._long_bf16_on_sdpa
+    long_on_sdpa = attention_cpu._long_sequences_on_sdpa
 
     def long_spy(q, *args, **kwargs):
-        seen[f"SDPA bf16 for long sequences (q {str(q.dtype)[6:]}, {q.shape[0]} tokens)"] += 1
-        return long_bf16(q, *args, **kwargs)
-    attention_cpu._long_bf16_on_sdpa = long_spy
+        seen[f"SDPA for long sequences (q {str(q.dtype)[6:]}, {q.shape[0]} tokens)"] += 1
+        return long_on_sdpa(q, *args, **kwargs)
+    attention_cpu._long_sequences_on_sdpa = long_spy
 
     def spy(q, *args, **kwargs):
         out = original(q, *args, **kwargs)

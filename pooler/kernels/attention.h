@@ -213,6 +213,32 @@ static inline __attribute__((always_inline)) void pv_tile(
         for (int w = 0; w < nv; w++) *(vf *)(o + (size_t)r * ldo + w * VW) = acc[r][w] * inv[r];
 }
 
+/* Query rows per P@V tile of nv vectors: 2 KR accumulators, KR rows of one or two vectors,
+ * fewer rows of more (flash_attention.h's tiles of up to FPV vectors). */
+#define PV_ROWS(nv) ((nv) <= 2 ? KR : 2 * KR / (nv))
+
+/* The P@V loops' one dispatch: the tiles take their rows and vectors as constants (always_inline,
+ * so their loops unroll into registers), and PV_DISPATCH(mr, nv, max_nv, tile, args...) runs
+ * tile(R, NV, args...) with the literals R = mr and NV = nv, for nv <= max_nv (at most 4) and
+ * mr <= PV_ROWS(nv). Used by every P@V loop: here, flash_attention.h, attention_bf16.c and
+ * attention_bf16_flash.h. */
+#define PV_CASE(R, NV, max_nv, tile, ...) \
+    case 4 * R + NV - 1: \
+        if (NV <= (max_nv) && R <= PV_ROWS(NV)) tile(R, NV, __VA_ARGS__); \
+        break;
+#define PV_CASES(R, max_nv, tile, ...) \
+    PV_CASE(R, 1, max_nv, tile, __VA_ARGS__) PV_CASE(R, 2, max_nv, tile, __VA_ARGS__) \
+    PV_CASE(R, 3, max_nv, tile, __VA_ARGS__) PV_CASE(R, 4, max_nv, tile, __VA_ARGS__)
+#define PV_DISPATCH(mr, nv, max_nv, tile, ...) \
+    switch ((mr) * 4 + (nv) - 1) { \
+        PV_CASES(1, max_nv, tile, __VA_ARGS__) PV_CASES(2, max_nv, tile, __VA_ARGS__) \
+        PV_CASES(3, max_nv, tile, __VA_ARGS__) PV_CASES(4, max_nv, tile, __VA_ARGS__) \
+        PV_CASES(5, max_nv, tile, __VA_ARGS__) PV_CASES(6, max_nv, tile, __VA_ARGS__) \
+        PV_CASES(7, max_nv, tile, __VA_ARGS__) PV_CASES(8, max_nv, tile, __VA_ARGS__) \
+        PV_CASES(9, max_nv, tile, __VA_ARGS__) PV_CASES(10, max_nv, tile, __VA_ARGS__) \
+        PV_CASES(11, max_nv, tile, __VA_ARGS__) PV_CASES(12, max_nv, tile, __VA_ARGS__) \
+    }
+
 /* One (sequence, head, query block) unit; work: attention_work_floats floats. */
 static void attention_unit(const struct attention_args *a, int s, int hd, int block,
                            float *work) {
@@ -297,14 +323,7 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
             int nv = d - c >= 2 * VW ? 2 : 1;
             const float *pt = st + i0, *vc = v + c;
             float *oc = o + (size_t)i0 * ldo + c;
-            switch (mr * 2 + nv - 1) {
-#define TILE(R) \
-    case 2 * R: if (R <= KR) pv_tile(R, 1, pt, vc, a->ldv, nk, inv + i0, oc, ldo); break; \
-    case 2 * R + 1: if (R <= KR) pv_tile(R, 2, pt, vc, a->ldv, nk, inv + i0, oc, ldo); break;
-                TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-            }
+            PV_DISPATCH(mr, nv, 2, pv_tile, pt, vc, a->ldv, nk, inv + i0, oc, ldo)
         }
     }
 }

@@ -46,8 +46,8 @@
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 #include "vector_math.h"
-/* QB (32 queries per block), KR (12 rows per register tile) and the fp32 P@V tile (pv_tile)
- * of the fp32 kernel; its other functions go unused here */
+/* QB (32 queries per block), KR (12 rows per register tile), the fp32 P@V tile (pv_tile) and
+ * the P@V tiles' dispatch (PV_DISPATCH) of the fp32 kernel; its other functions go unused here */
 #include "attention.h"
 
 /* acc += pairwise bf16 products of a and b (fp32 lanes). Inline asm, as int8_gemm.c's
@@ -394,25 +394,12 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
                 if (a->p_bf16) {
                     void *oc = o + ((size_t)i0 * ldo + c0) * out_size;
                     const uint32_t *pt = w.pp + i0, *vc = w.vp + (size_t)(lo / 2) * d + c0;
-                    switch (mr * 2 + nv - 1) {
-#define TILE(R) \
-    case 2 * R: bf16_pv_tile(R, 1, pt, vc, d, npb, w.inv + i0, oc, ldo, a->out_bf16); break; \
-    case 2 * R + 1: bf16_pv_tile(R, 2, pt, vc, d, npb, w.inv + i0, oc, ldo, a->out_bf16); break;
-                        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                        TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-                    }
+                    PV_DISPATCH(mr, nv, 2, bf16_pv_tile, pt, vc, d, npb, w.inv + i0, oc, ldo,
+                                a->out_bf16)
                 } else {
                     const float *pt = st + i0, *vc = w.vf32 + (size_t)lo * d + c0;
                     float *oc = of + (size_t)i0 * ldf + c0;
-                    switch (mr * 2 + nv - 1) {
-#define TILE(R) \
-    case 2 * R: pv_tile(R, 1, pt, vc, d, nb, w.inv + i0, oc, ldf); break; \
-    case 2 * R + 1: pv_tile(R, 2, pt, vc, d, nb, w.inv + i0, oc, ldf); break;
-                        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                        TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-                    }
+                    PV_DISPATCH(mr, nv, 2, pv_tile, pt, vc, d, nb, w.inv + i0, oc, ldf)
                 }
             }
         }
@@ -447,7 +434,7 @@ void packed_local_attention_bf16(const void *q, const void *k, const void *v, in
     }
 }
 
-/* FSUB, FK, FQ, FPV, PV_ROWS and the fp32 P@V tile with a rescale (flash_pv_tile) of the fp32
+/* FSUB, FK, FQ, FPV and the fp32 P@V tile with a rescale (flash_pv_tile) of the fp32
  * flash kernel; its other functions go unused here */
 #include "flash_attention.h"
 #include "attention_bf16_flash.h"

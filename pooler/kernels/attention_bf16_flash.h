@@ -222,28 +222,12 @@ static void bf16_flash_unit(const struct bf16_args *a, int s, int hd, int block,
                     float *oc = o + (size_t)i0 * d + c0;
                     if (a->p_bf16) {
                         const uint32_t *pt = w.pp + i0, *vc2 = w.vp + c0;
-                        switch (mr * 4 + nv - 1) {
-#define PV(R, NV) case 4 * R + NV - 1: \
-    if (R <= PV_ROWS(NV)) bf16_flash_pv_tile(R, NV, pt, vc2, d, npb, alpha + i0, oc, d); \
-    break;
-#define TILE(R) PV(R, 1) PV(R, 2) PV(R, 3) PV(R, 4)
-                            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                            TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-#undef PV
-                        }
+                        PV_DISPATCH(mr, nv, FPV, bf16_flash_pv_tile, pt, vc2, d, npb,
+                                    alpha + i0, oc, d)
                     } else {
                         const float *pt = st + i0, *vc2 = w.vf32 + c0;
-                        switch (mr * 4 + nv - 1) {
-#define PV(R, NV) case 4 * R + NV - 1: \
-    if (R <= PV_ROWS(NV)) flash_pv_tile(R, NV, pt, vc2, d, kb, alpha + i0, oc, d); \
-    break;
-#define TILE(R) PV(R, 1) PV(R, 2) PV(R, 3) PV(R, 4)
-                            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                            TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-#undef PV
-                        }
+                        PV_DISPATCH(mr, nv, FPV, flash_pv_tile, pt, vc2, d, kb, alpha + i0,
+                                    oc, d)
                     }
                 }
             }

@@ -49,10 +49,11 @@ and 0.5-0.6 from 2,048 (but 1.07-1.12 at 256-512: FLASH_MIN_LEN); a 2-layer GTE-
 build keeps SDPA (0.93-1.08x with MKL and oneDNN held to AVX2 too, as on an AVX2-only CPU: not
 measured there). bf16 q/k/v and bf16 products keep their kernels.
 
-Long bf16 and int8 attention (_long_bf16_on_sdpa, separate from the fp32 route): on a CPU with
-AMX-BF16 and torch on its AVX-512 kernels (bf16_sdpa_is_fast), a sequence of BF16_SDPA_MIN_LEN
-(1,024) tokens or more whose keys are all attended, global or causal (GQA included, no window, no
-score bias), with bf16 q/k/v (the bf16 engine) or `bf16_products` (int8 engines; fp32 q/k/v
+Long bf16 and int8 attention (_long_sequences_on_sdpa, which also takes long fp32 causal
+sequences, above; separate from the fp32 global route): on a CPU with AMX-BF16 and torch on
+its AVX-512 kernels (bf16_sdpa_is_fast), a sequence of BF16_SDPA_MIN_LEN (1,024) tokens or more
+whose keys are all attended, global or causal (GQA included, no window, no score bias), with
+bf16 q/k/v (the bf16 engine) or `bf16_products` (int8 engines; fp32 q/k/v
 rounded to bf16), runs torch's SDPA in bf16 (oneDNN's AMX brgemm): 1.1-5x faster than the bf16
 kernel from 1k tokens (2.3-5x at 2k-8k), and 1.0-3.4x faster than the fp32 masked kernel for
 causal bf16 at 1k-8k (see BF16_SDPA_MIN_LEN). Shorter sequences, local attention and sliding
@@ -73,7 +74,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -182,31 +185,52 @@ def _bf16_build() -> ctypes.CDLL | None:
     if lib is None:
         log.info("bf16 attention kernel off (%s); bf16 attention widens to fp32.", why)
         return None
-    P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
-    lib.attention_bf16_scratch_bytes.argtypes = [I, I, I]
-    lib.attention_bf16_scratch_bytes.restype = ctypes.c_long
-    lib.packed_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P, P, P,
-                                          ctypes.c_float, I, P, I]
-    lib.packed_attention_bf16.restype = None
-    lib.packed_local_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P, P, P,
-                                                ctypes.c_float, I, I, P, I]
-    lib.packed_local_attention_bf16.restype = None
-    return lib
+    return _entry_points(lib, "bf16")
 
 
-def _bf16_tiled_entry_point(lib: ctypes.CDLL) -> ctypes.CDLL | None:
-    """lib with packed_tiled_attention_bf16's argument types set (once), or None for a build
-    without it (benchmarks load git revisions' builds)."""
-    if not hasattr(lib, "packed_tiled_attention_bf16"):
+_P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+# The C entry points by group: (function, argument types, return type) as the C files declare
+# them. _entry_points sets a group's types on a library once; a group whose functions a build
+# lacks (benchmarks load git revisions' builds) is None there.
+_ENTRY_POINTS = {
+    "bf16": (  # attention_bf16.c, whole-sequence units
+        ("attention_bf16_scratch_bytes", [_I, _I, _I], _L),
+        ("packed_attention_bf16", [_P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P, _P,
+                                   _P, _F, _I, _P, _I], None),
+        ("packed_local_attention_bf16", [_P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P,
+                                         _P, _P, _F, _I, _I, _P, _I], None)),
+    "bf16_tiled": (  # attention_bf16.c, long global sequences in key blocks
+        ("attention_bf16_tiled_scratch_bytes", [_I, _I, _I, _I, _I, _I], _L),
+        ("packed_tiled_attention_bf16", [_P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P,
+                                         _P, _P, _F, _I, _I, _I, _P, _I], None)),
+    "local": (  # encoder_cpu.c, local attention
+        ("local_attention_scratch_floats", [_I, _I, _I, _I], _L),
+        ("packed_local_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _P, _P, _F,
+                                        _I, _I, _P, _I], None)),
+    "masked": (  # encoder_cpu.c, causal and GQA (its scratch is local attention's)
+        ("local_attention_scratch_floats", [_I, _I, _I, _I], _L),
+        ("packed_masked_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _P, _P, _F,
+                                         _I, _I, _I, _P, _I], None)),
+    "flash": (  # encoder_cpu.c, long global fp32 sequences (flash_attention.h)
+        ("flash_attention_scratch_floats", [_I, _I], _L),
+        ("packed_flash_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _P, _F, _P,
+                                        _I], None)),
+}
+
+
+def _entry_points(lib: ctypes.CDLL, group: str) -> ctypes.CDLL | None:
+    """lib with the argument and return types of `group`'s functions (_ENTRY_POINTS) set
+    (once), or None for a build without them."""
+    flag = f"{group}_typed"
+    if getattr(lib, flag, False):
+        return lib
+    functions = _ENTRY_POINTS[group]
+    if not all(hasattr(lib, name) for name, _, _ in functions):
         return None
-    if not getattr(lib, "tiled_typed", False):
-        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
-        lib.attention_bf16_tiled_scratch_bytes.argtypes = [I, I, I, I, I, I]
-        lib.attention_bf16_tiled_scratch_bytes.restype = ctypes.c_long
-        lib.packed_tiled_attention_bf16.argtypes = [P, P, P, I, I, I, I, P, I, I, I, I, I, P,
-                                                    P, P, ctypes.c_float, I, I, I, P, I]
-        lib.packed_tiled_attention_bf16.restype = None
-        lib.tiled_typed = True
+    for name, argtypes, restype in functions:
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, restype
+    setattr(lib, flag, True)
     return lib
 
 
@@ -279,7 +303,8 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     lib = encoder_kernels()
     if lib is None or head_dim % lib.vector_floats or num_tokens == 0:
         return None
-    if decoder and not hasattr(lib, "packed_masked_attention_f32"):
+    masked = _entry_points(lib, "masked") if decoder else None
+    if decoder and masked is None:
         return None  # an older build (benchmarks load git revisions' builds)
     strides = [_row_stride(t, n, head_dim) for t, n in ((q, heads), (k, kv_heads),
                                                          (v, kv_heads))]
@@ -292,12 +317,12 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         raise ValueError(f"half_window must be >= 0, got {half_window}.")
     if long_on_sdpa and _bf16_long_routes(dtype, bf16_products, seq_lens, half_window, causal,
                                           position_bias):
-        return _long_bf16_on_sdpa(q, k, v, seq_lens, scale, num_unattended, bf16_products,
-                                  causal)
+        return _long_sequences_on_sdpa(q, k, v, seq_lens, scale, num_unattended,
+                                       bf16_products, causal)
     if long_on_sdpa and _long_causal_f32_routes(dtype, bf16_products, seq_lens, half_window,
                                                 causal, position_bias):
-        return _long_bf16_on_sdpa(q, k, v, seq_lens, scale, num_unattended, False, True,
-                                  CAUSAL_SDPA_MIN_LEN, torch.float32)
+        return _long_sequences_on_sdpa(q, k, v, seq_lens, scale, num_unattended, False, True,
+                                       CAUSAL_SDPA_MIN_LEN, torch.float32)
     lib16 = _bf16_kernel_for(head_dim) if (dtype == torch.bfloat16 or bf16_products) \
         and not decoder else None
     if lib16 is None and dtype != torch.float32:  # bf16 without the bf16 kernel: fp32 inside
@@ -309,7 +334,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
             q, k, v, strides = _widened(q, k, v, strides)
     if (dtype == torch.float32 and not bf16_products and half_window is None and not decoder
             and position_bias is None and long_on_sdpa):
-        flash = _flash_entry_point(lib) if flash_route_here(lib.variant, head_dim) else None
+        flash = _entry_points(lib, "flash") if flash_route_here(lib.variant, head_dim) else None
         if max(seq_lens) >= (SDPA_MIN_LEN if flash is None else FLASH_MIN_LEN):
             return _long_apart(q, k, v, strides, seq_lens, scale, num_unattended, flash)
     count = len(seq_lens)
@@ -330,7 +355,7 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
     threads = torch.get_num_threads()
     window = -1 if half_window is None else half_window
     if lib16 is not None:
-        tiled = _bf16_tiled_entry_point(lib16)
+        tiled = _entry_points(lib16, "bf16_tiled")
         if tiled is None:
             work = torch.empty(lib16.attention_bf16_scratch_bytes(max_len, head_dim, threads),
                                dtype=torch.uint8)
@@ -359,7 +384,6 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         return out
     out = torch.empty(num_tokens, heads, head_dim)
     if decoder:
-        masked = _masked_entry_point(lib)
         work = torch.empty(masked.local_attention_scratch_floats(max_len, head_dim, window,
                                                                  threads))
         masked.packed_masked_attention_f32(
@@ -373,52 +397,11 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         work = torch.empty(lib.attention_scratch_floats(max_len, head_dim, threads))
         lib.packed_attention_f32(*args, max_len, work.data_ptr(), threads)
     else:
-        local = _local_entry_points(lib)
+        local = _entry_points(lib, "local")
         work = torch.empty(local.local_attention_scratch_floats(max_len, head_dim, window,
                                                                 threads))
         local.packed_local_attention_f32(*args, window, max_len, work.data_ptr(), threads)
     return out if dtype == torch.float32 else out.to(dtype)
-
-
-def _masked_entry_point(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """lib with packed_masked_attention_f32's argument types set (once)."""
-    _local_entry_points(lib)
-    if not getattr(lib, "masked_typed", False):
-        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
-        lib.packed_masked_attention_f32.argtypes = [P, P, P, I, I, I, P, I, I, I, I, P, P,
-                                                    ctypes.c_float, I, I, I, P, I]
-        lib.packed_masked_attention_f32.restype = None
-        lib.masked_typed = True
-    return lib
-
-
-def _local_entry_points(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """lib with the argument types of its local-attention entry points set (once)."""
-    if not getattr(lib, "local_typed", False):
-        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
-        lib.local_attention_scratch_floats.argtypes = [I, I, I, I]
-        lib.local_attention_scratch_floats.restype = ctypes.c_long
-        lib.packed_local_attention_f32.argtypes = [P, P, P, I, I, I, P, I, I, I, P, P, P,
-                                                   ctypes.c_float, I, I, P, I]
-        lib.packed_local_attention_f32.restype = None
-        lib.local_typed = True
-    return lib
-
-
-def _flash_entry_point(lib: ctypes.CDLL) -> ctypes.CDLL | None:
-    """lib with packed_flash_attention_f32's argument types set (once), or None for a build
-    without it (benchmarks load git revisions' builds)."""
-    if not hasattr(lib, "packed_flash_attention_f32"):
-        return None
-    if not getattr(lib, "flash_typed", False):
-        P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741
-        lib.flash_attention_scratch_floats.argtypes = [I, I]
-        lib.flash_attention_scratch_floats.restype = ctypes.c_long
-        lib.packed_flash_attention_f32.argtypes = [P, P, P, I, I, I, P, I, I, I, P, P,
-                                                   ctypes.c_float, P, I]
-        lib.packed_flash_attention_f32.restype = None
-        lib.flash_typed = True
-    return lib
 
 
 def flash_attention(lib: ctypes.CDLL,
@@ -427,7 +410,7 @@ def flash_attention(lib: ctypes.CDLL,
                     strides: list[int], seq_lens: list[int], scale: float,
                     num_unattended: list[int] | None = None) -> torch.Tensor:
     """Global attention of each packed sequence through the flash kernel (lib: a build that
-    _flash_entry_point accepted); strides: q/k/v row strides (_row_stride)."""
+    _entry_points(lib, "flash") accepted); strides: q/k/v row strides (_row_stride)."""
     num_tokens, heads, head_dim = q.shape
     count = len(seq_lens)
     cu = torch.tensor([0, *seq_lens]).cumsum(0).to(torch.int32)  # [count + 1]
@@ -460,36 +443,60 @@ def _long_apart(q: torch.Tensor,  # [num_tokens, heads, head_dim] fp32, rows str
         long = [n >= FLASH_MIN_LEN for n in seq_lens]
     else:
         long = [n >= SDPA_MIN_LEN and not u for n, u in zip(seq_lens, unattended)]
-    starts = [0]
-    for n in seq_lens:
-        starts.append(starts[-1] + n)
-    i = 0
-    while i < len(seq_lens):
-        j = i + 1  # a run of long or of other sequences
-        while j < len(seq_lens) and long[j] == long[i]:
-            j += 1
-        a, b = starts[i], starts[j]
+    for i, j, a, b in _runs(seq_lens, long):
         lens = seq_lens[i:j]
         part_unattended = None if num_unattended is None else num_unattended[i:j]
-        if long[i] and flash is not None:
+        if not long[i]:
+            out[a:b] = _on_kernels(q[a:b], k[a:b], v[a:b], lens, scale, part_unattended)
+        elif flash is not None:
             out[a:b] = flash_attention(flash, q[a:b], k[a:b], v[a:b], strides, lens, scale,
                                        part_unattended)
-        elif long[i]:
-            for s in range(i, j):
-                a, b = starts[s], starts[s + 1]
-                # [1, heads, L, head_dim] views
-                qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-                out[a:b] = F.scaled_dot_product_attention(
-                    qs, ks, vs, scale=scale)[0].transpose(0, 1)
         else:
-            part = attention_on_cpu(q[a:b], k[a:b], v[a:b], lens,
-                                    torch.tensor([0, *lens]).cumsum(0).to(torch.int32), scale,
-                                    part_unattended, long_on_sdpa=False)
-            if part is None:
-                raise RuntimeError("the attention kernel declined a run it was chosen for")
-            out[a:b] = part
-        i = j
+            _each_on_sdpa(out, q, k, v, lens, a, scale, q.dtype)
     return out
+
+
+def _runs(seq_lens: list[int], apart: list[bool]) -> Iterator[tuple[int, int, int, int]]:
+    """The packed sequences in maximal runs that are all apart or all not (apart[i]): (i, j, a,
+    b) for the run of sequences i .. j - 1, tokens a .. b - 1."""
+    starts = [0, *itertools.accumulate(seq_lens)]
+    i = 0
+    while i < len(seq_lens):
+        j = i + 1
+        while j < len(seq_lens) and apart[j] == apart[i]:
+            j += 1
+        yield i, j, starts[i], starts[j]
+        i = j
+
+
+def _on_kernels(q: torch.Tensor,  # [run_tokens, heads, head_dim]: one run's rows
+                k: torch.Tensor, v: torch.Tensor,  # [run_tokens, kv_heads, head_dim]
+                lens: list[int], scale: float, num_unattended: list[int] | None,
+                **options) -> torch.Tensor:  # [run_tokens, heads, head_dim]
+    """A run of sequences that stays on the kernels (attention_on_cpu's `options`, none of its
+    sequences sent apart again: long_on_sdpa=False)."""
+    cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)  # [len(lens) + 1]
+    part = attention_on_cpu(q, k, v, lens, cu, scale, num_unattended, long_on_sdpa=False,
+                            **options)
+    if part is None:
+        raise RuntimeError("the attention kernel declined a run it was chosen for")
+    return part
+
+
+def _each_on_sdpa(out: torch.Tensor,  # [num_tokens, heads, head_dim], written in place
+                  q: torch.Tensor,  # [num_tokens, heads, head_dim]
+                  k: torch.Tensor, v: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+                  lens: list[int], first: int, scale: float, dtype: torch.dtype,
+                  causal: bool = False) -> None:
+    """Each of the packed sequences `lens` from token `first` on torch's SDPA in `dtype` (q/k/v
+    of another dtype copied to it; is_causal, enable_gqa for fewer k/v heads), one call per
+    sequence on the strided [1, heads, L, head_dim] views of its rows."""
+    gqa = k.shape[1] != q.shape[1]
+    for a, b in itertools.pairwise(itertools.accumulate(lens, initial=first)):
+        qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0).to(dtype) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=causal,
+                                           enable_gqa=gqa)  # [1, heads, L, head_dim]
+        out[a:b] = o[0].transpose(0, 1)
 
 
 # bf16 and int8 (`bf16_products`) attention over sequences of at least this many tokens, global
@@ -554,64 +561,42 @@ def _bf16_long_routes(dtype: torch.dtype, bf16_products: bool, seq_lens: list[in
                       half_window: int | None, causal: bool,
                       position_bias: dict[int, torch.Tensor] | None) -> bool:
     """Whether a bf16 (bf16 q/k/v) or int8 (`bf16_products`) call sends its long sequences to
-    _long_bf16_on_sdpa: global or causal attention without a score bias, a sequence of
-    BF16_SDPA_MIN_LEN tokens or more, and bf16_sdpa_is_fast()."""
+    SDPA in bf16 (_long_sequences_on_sdpa): global or causal attention without a score bias, a
+    sequence of BF16_SDPA_MIN_LEN tokens or more, and bf16_sdpa_is_fast()."""
     return ((dtype == torch.bfloat16 or bf16_products) and half_window is None
             and position_bias is None and max(seq_lens) >= BF16_SDPA_MIN_LEN
             and bf16_sdpa_is_fast())
 
 
-def _long_bf16_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] bf16 or fp32
-                       k: torch.Tensor, v: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
-                       seq_lens: list[int], scale: float, num_unattended: list[int] | None,
-                       bf16_products: bool, causal: bool, min_len: int = 0,
-                       sdpa_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """bf16 / int8 attention with each long sequence (BF16_SDPA_MIN_LEN tokens or more, no
-    unattended suffix) on torch's SDPA in bf16 (is_causal, enable_gqa for fewer k/v heads) and
-    each run of the others on the kernels (long_on_sdpa=False), in one output: fp32 for
-    `bf16_products` where the bf16 kernel takes the head size (what an int8 engine's output
-    projection quantizes from), else q's dtype, as the kernel paths return. SDPA reads strided
-    [1, heads, L, head_dim] views of the projection's rows when they are bf16 already (fp32
-    q/k/v of an int8 engine are rounded to bf16 first: its precision is below bf16's).
-    fp32 causal attention takes the same loop with `sdpa_dtype` fp32 and `min_len`
-    CAUSAL_SDPA_MIN_LEN (_long_causal_f32_routes)."""
+def _long_sequences_on_sdpa(q: torch.Tensor,  # [num_tokens, heads, head_dim] bf16 or fp32
+                            k: torch.Tensor, v: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+                            seq_lens: list[int], scale: float,
+                            num_unattended: list[int] | None, bf16_products: bool,
+                            causal: bool, min_len: int = 0,
+                            sdpa_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Attention with each long sequence (min_len tokens or more, no unattended suffix) on
+    torch's SDPA in `sdpa_dtype` (is_causal, enable_gqa for fewer k/v heads) and each run of the
+    others on the kernels (long_on_sdpa=False), in one output. Two routes take it: bf16 / int8
+    attention, global or causal (_bf16_long_routes: SDPA in bf16 from BF16_SDPA_MIN_LEN, the
+    defaults), and fp32 causal attention (_long_causal_f32_routes: SDPA in fp32 from
+    CAUSAL_SDPA_MIN_LEN). The output is fp32 for `bf16_products` where the bf16 kernel takes
+    the head size (what an int8 engine's output projection quantizes from), else q's dtype, as
+    the kernel paths return. SDPA reads strided [1, heads, L, head_dim] views of the
+    projection's rows when they are in `sdpa_dtype` already (fp32 q/k/v of an int8 engine are
+    rounded to bf16 first: its precision is below bf16's)."""
     min_len = min_len or BF16_SDPA_MIN_LEN
     heads, head_dim = q.shape[1], q.shape[2]
     gqa = k.shape[1] != heads
     wide = bf16_products and not (causal or gqa) and _bf16_kernel_for(head_dim) is not None
     out = torch.empty(q.shape, dtype=torch.float32 if wide else q.dtype)
     unattended = num_unattended or [0] * len(seq_lens)
-    starts = [0]
-    for n in seq_lens:
-        starts.append(starts[-1] + n)
-
-    def routed(i: int) -> bool:
-        return seq_lens[i] >= min_len and not unattended[i]
-
-    i = 0
-    while i < len(seq_lens):
-        a = starts[i]
-        if routed(i):
-            b = starts[i + 1]
-            # [1, heads, L, head_dim] views (bf16 copies for fp32 q/k/v on the bf16 route)
-            qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0).to(sdpa_dtype)
-                          for t in (q, k, v))
-            o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=causal,
-                                               enable_gqa=gqa)  # [1, heads, L, head_dim]
-            out[a:b] = o[0].transpose(0, 1)
-            i += 1
-            continue
-        j = i + 1  # a run of sequences for the kernels
-        while j < len(seq_lens) and not routed(j):
-            j += 1
-        b = starts[j]
+    routed = [n >= min_len and not u for n, u in zip(seq_lens, unattended)]
+    for i, j, a, b in _runs(seq_lens, routed):
         lens = seq_lens[i:j]
-        cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
-        part = attention_on_cpu(q[a:b], k[a:b], v[a:b], lens, cu, scale,
-                                None if num_unattended is None else num_unattended[i:j],
-                                bf16_products=bf16_products, causal=causal, long_on_sdpa=False)
-        if part is None:
-            raise RuntimeError("the attention kernel declined a run it was chosen for")
-        out[a:b] = part
-        i = j
+        if routed[i]:
+            _each_on_sdpa(out, q, k, v, lens, a, scale, sdpa_dtype, causal)
+        else:
+            out[a:b] = _on_kernels(q[a:b], k[a:b], v[a:b], lens, scale,
+                                   None if num_unattended is None else num_unattended[i:j],
+                                   bf16_products=bf16_products, causal=causal)
     return out

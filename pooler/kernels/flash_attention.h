@@ -80,13 +80,12 @@ static inline __attribute__((always_inline)) void flash_score_tile(
     *m1 = x1;
 }
 
-/* Vectors of d per P@V tile (FPV) and query rows per tile for nv vectors (2 KR accumulators).
+/* Vectors of d per P@V tile (FPV; attention.h's PV_ROWS gives the rows for nv vectors).
  * AVX-512 at d = 64: 6 queries x 4 vectors, each P broadcast once per key (12 x 2 vectors read
  * it twice, over two column halves). */
 #ifndef FPV
 #define FPV (VW == 16 ? 4 : 2)
 #endif
-#define PV_ROWS(nv) ((nv) <= 2 ? KR : 2 * KR / (nv))
 
 /* o[r][0 .. nv*VW) = alpha[r] o[r] + sum_j pt[j][r] v[j] for mr query rows; pt: the tile's
  * first query in a [keys][QB] score block */
@@ -201,16 +200,7 @@ static void flash_unit(const struct attention_args *a, int s, int hd, int block,
                     int mr = n - i0 < rows ? n - i0 : rows;
                     const float *pt = st + i0, *vc = vj + c;
                     float *oc = o + (size_t)i0 * d + c;
-                    switch (mr * 4 + nv - 1) {
-#define PV(R, NV) case 4 * R + NV - 1: \
-    if (NV <= FPV && R <= PV_ROWS(NV)) flash_pv_tile(R, NV, pt, vc, d, kb, alpha + i0, oc, d); \
-    break;
-#define TILE(R) PV(R, 1) PV(R, 2) PV(R, 3) PV(R, 4)
-                        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                        TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-#undef PV
-                    }
+                    PV_DISPATCH(mr, nv, FPV, flash_pv_tile, pt, vc, d, kb, alpha + i0, oc, d)
                 }
             }
         }

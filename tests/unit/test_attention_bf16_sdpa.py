@@ -1,8 +1,9 @@
 """Long bf16 and int8 attention on torch's SDPA in bf16 (pooler/kernels/attention_cpu.py,
-_long_bf16_on_sdpa): which sequences of a packed step go there (long, global or causal, every
-key attended) and which stay on the kernels, the answers against fp32 SDPA at the tolerances the
-kernel tests use for bf16, in both kernel builds, and the rule that keeps bf16 off it on a CPU
-without AMX-BF16 or with torch held to AVX2."""
+_long_sequences_on_sdpa; its fp32 causal route: test_attention_decoder_kernel.py): which
+sequences of a packed step go there (long, global or causal, every key attended) and which stay
+on the kernels, the answers against fp32 SDPA at the tolerances the kernel tests use for bf16,
+in both kernel builds, and the rule that keeps bf16 off it on a CPU without AMX-BF16 or with
+torch held to AVX2."""
 from __future__ import annotations
 
 import pytest

@@ -41,7 +41,7 @@ def _fused_qkv(seq_lens, heads, dim, seed=0, spread=1.0):
 
 
 def _flash(lib, q, k, v, seq_lens, scale, unattended=None):
-    flash = attention_cpu._flash_entry_point(lib)
+    flash = attention_cpu._entry_points(lib, "flash")
     assert flash is not None
     strides = [t.stride(0) for t in (q, k, v)]
     return attention_cpu.flash_attention(flash, q, k, v, strides, seq_lens, scale, unattended)
