@@ -29,6 +29,8 @@
 #ifndef POOLER_ATTENTION_H
 #define POOLER_ATTENTION_H
 
+#include "tile_rows.h"
+
 #define QB (2 * VW) /* queries per block: two vectors */
 #ifdef __AVX512F__
 #define KR 12 /* rows per tile (keys in the score tile, queries in P@V): 12 x 2 accumulators */
@@ -217,11 +219,11 @@ static inline __attribute__((always_inline)) void pv_tile(
  * fewer rows of more (flash_attention.h's tiles of up to FPV vectors). */
 #define PV_ROWS(nv) ((nv) <= 2 ? KR : 2 * KR / (nv))
 
-/* The P@V loops' one dispatch: the tiles take their rows and vectors as constants (always_inline,
- * so their loops unroll into registers), and PV_DISPATCH(mr, nv, max_nv, tile, args...) runs
- * tile(R, NV, args...) with the literals R = mr and NV = nv, for nv <= max_nv (at most 4) and
- * mr <= PV_ROWS(nv). Used by every P@V loop: here, flash_attention.h, attention_bf16.c and
- * attention_bf16_flash.h. */
+/* The P@V loops' one dispatch (tile_rows.h's ROWS_DISPATCH with a vector count): the tiles take
+ * their rows and vectors as constants (always_inline, so their loops unroll into registers), and
+ * PV_DISPATCH(mr, nv, max_nv, tile, args...) runs tile(R, NV, args...) with the literals R = mr
+ * and NV = nv, for nv <= max_nv (at most 4) and mr <= PV_ROWS(nv). Used by every P@V loop:
+ * here, flash_attention.h, attention_bf16.c and attention_bf16_flash.h. */
 #define PV_CASE(R, NV, max_nv, tile, ...) \
     case 4 * R + NV - 1: \
         if (NV <= (max_nv) && R <= PV_ROWS(NV)) tile(R, NV, __VA_ARGS__); \
@@ -273,12 +275,7 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
         int mr = nk - j0 < KR ? nk - j0 : KR;
         const float *kr = k + (size_t)j0 * a->ldk;
         float *sr = st + (size_t)j0 * QB;
-        switch (mr) {
-#define TILE(R) case R: if (R <= KR) score_tile(R, kr, a->ldk, qt, d, sr); break;
-            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-            TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-        }
+        ROWS_DISPATCH(mr, KR, score_tile, kr, a->ldk, qt, d, sr)
     }
     if (a->bias) {
         const float *b = a->bias[s] + ((size_t)hd * len + q0) * len + lo;

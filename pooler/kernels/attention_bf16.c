@@ -46,8 +46,9 @@
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 #include "vector_math.h"
-/* QB (32 queries per block), KR (12 rows per register tile), the fp32 P@V tile (pv_tile) and
- * the P@V tiles' dispatch (PV_DISPATCH) of the fp32 kernel; its other functions go unused here */
+/* QB (32 queries per block), KR (12 rows per register tile), the fp32 P@V tile (pv_tile), the
+ * P@V tiles' dispatch (PV_DISPATCH) of the fp32 kernel and the score tiles' (tile_rows.h's
+ * ROWS_DISPATCH); its other functions go unused here */
 #include "attention.h"
 
 /* acc += pairwise bf16 products of a and b (fp32 lanes). Inline asm, as int8_gemm.c's
@@ -311,12 +312,7 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
             int mr = nb - j0 < KR ? nb - j0 : KR;
             const uint16_t *kj = kr + (size_t)(lo + j0) * ldkb;
             float *sr = w.st + (size_t)j0 * QB;
-            switch (mr) {
-#define TILE(R) case R: bf16_score_tile(R, kj, ldkb, w.qt, d, sr); break;
-                TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-            }
+            ROWS_DISPATCH(mr, KR, bf16_score_tile, kj, ldkb, w.qt, d, sr)
         }
         /* scores * scale (+ bias), then the softmax over the keys, lane-wise */
         float *st = w.st, exp_scale = scale;

@@ -168,12 +168,7 @@ static void bf16_flash_unit(const struct bf16_args *a, int s, int hd, int block,
                 int mr = kb - j < KR ? kb - j : KR;
                 const uint16_t *kr = w.kb + (size_t)j * d;
                 float *sr = st + (size_t)j * QB;
-                switch (mr) {
-#define TILE(R) case R: bf16_flash_score_tile(R, kr, qt, d, sr, &n0, &n1); break;
-                    TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                    TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-                }
+                ROWS_DISPATCH(mr, KR, bf16_flash_score_tile, kr, qt, d, sr, &n0, &n1)
             }
             /* the first block: m_old = -inf, alpha ~ 0 (exp2_fast clamps) times o = 0, l = 0 */
             __m512 cm0 = _mm512_mul_ps(n0, _mm512_set1_ps(c));

@@ -168,12 +168,7 @@ static void flash_unit(const struct attention_args *a, int s, int hd, int block,
                 int mr = kb - j < KR ? kb - j : KR;
                 const float *kr = kj + (size_t)j * d;
                 float *sr = st + (size_t)j * QB;
-                switch (mr) {
-#define TILE(R) case R: if (R <= KR) flash_score_tile(R, kr, qt, d, sr, &n0, &n1); break;
-                    TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                    TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-                }
+                ROWS_DISPATCH(mr, KR, flash_score_tile, kr, qt, d, sr, &n0, &n1)
             }
             /* online softmax, lane-wise over the QB queries (two vectors) */
             /* the first key block: m = -inf, alpha = 0 (AVX2: 2^-126) multiplies o = 0, sum = 0 */
