@@ -49,6 +49,7 @@ typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 #define NV (NR / VW) /* vectors per tile row: 2 */
 
 #include "vector_math.h"
+#include "tile_rows.h"
 
 /* What a GEMM does to its output: a residual add, or an activation (vector_math.h's codes). */
 enum epilogue { EPI_NONE = ACT_NONE, EPI_RESIDUAL = 1, EPI_GELU_ERF = ACT_GELU_ERF,
@@ -144,13 +145,7 @@ static void gemm(const float *x, const float *packed, const float *bias, const f
                 const float *xr = x + (size_t)m0 * k;
                 float *yr = y + (size_t)m0 * n + p * NR;
                 const float *rr = res ? res + (size_t)m0 * n + p * NR : NULL;
-                switch (mr) {
-#define TILE(R) \
-    case R: if (R <= MR) tile(R, xr, k, panel, bias + p * NR, rr, yr, n, cols, epi); break;
-                    TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                    TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-                }
+                ROWS_DISPATCH(mr, MR, tile, xr, k, panel, bias + p * NR, rr, yr, n, cols, epi)
             }
         }
 }
