@@ -177,9 +177,12 @@ static int attention_tasks(int seqs, const int *starts, int heads, int *task_sta
     return task_starts[seqs];
 }
 
-/* st[r][0..QB) = keys row r . qt (qt: [d][QB] queries, pre-scaled), for mr key rows */
+/* st[r][0..QB) = keys row r . qt (qt: [d][QB] queries, pre-scaled), for mr key rows of k (row
+ * stride ldk). m0, m1: flash_attention.h's running maxima of the two query vectors, into which
+ * the scores are also folded; NULL here, where the max comes after the bias and the band mask
+ * (always_inline: the NULL check compiles away) */
 static inline __attribute__((always_inline)) void score_tile(
-        int mr, const float *k, int ldk, const float *qt, int d, float *st) {
+        int mr, const float *k, int ldk, const float *qt, int d, float *st, vf *m0, vf *m1) {
     vf acc[KR][2];
     for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = vsplat(0.f);
     for (int c = 0; c < d; c++) {
@@ -190,9 +193,18 @@ static inline __attribute__((always_inline)) void score_tile(
             acc[r][1] += a * b1;
         }
     }
+    vf x0 = m0 ? *m0 : vsplat(0.f), x1 = m1 ? *m1 : vsplat(0.f);
     for (int r = 0; r < mr; r++) {
         *(vf *)(st + r * QB) = acc[r][0];
         *(vf *)(st + r * QB + VW) = acc[r][1];
+        if (m0) {
+            x0 = vmax(acc[r][0], x0);
+            x1 = vmax(acc[r][1], x1);
+        }
+    }
+    if (m0) {
+        *m0 = x0;
+        *m1 = x1;
     }
 }
 
@@ -275,7 +287,7 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
         int mr = nk - j0 < KR ? nk - j0 : KR;
         const float *kr = k + (size_t)j0 * a->ldk;
         float *sr = st + (size_t)j0 * QB;
-        ROWS_DISPATCH(mr, KR, score_tile, kr, a->ldk, qt, d, sr)
+        ROWS_DISPATCH(mr, KR, score_tile, kr, a->ldk, qt, d, sr, NULL, NULL)
     }
     if (a->bias) {
         const float *b = a->bias[s] + ((size_t)hd * len + q0) * len + lo;
