@@ -244,14 +244,7 @@ static inline __attribute__((always_inline)) void pv_tile(
     PV_CASE(R, 1, max_nv, tile, __VA_ARGS__) PV_CASE(R, 2, max_nv, tile, __VA_ARGS__) \
     PV_CASE(R, 3, max_nv, tile, __VA_ARGS__) PV_CASE(R, 4, max_nv, tile, __VA_ARGS__)
 #define PV_DISPATCH(mr, nv, max_nv, tile, ...) \
-    switch ((mr) * 4 + (nv) - 1) { \
-        PV_CASES(1, max_nv, tile, __VA_ARGS__) PV_CASES(2, max_nv, tile, __VA_ARGS__) \
-        PV_CASES(3, max_nv, tile, __VA_ARGS__) PV_CASES(4, max_nv, tile, __VA_ARGS__) \
-        PV_CASES(5, max_nv, tile, __VA_ARGS__) PV_CASES(6, max_nv, tile, __VA_ARGS__) \
-        PV_CASES(7, max_nv, tile, __VA_ARGS__) PV_CASES(8, max_nv, tile, __VA_ARGS__) \
-        PV_CASES(9, max_nv, tile, __VA_ARGS__) PV_CASES(10, max_nv, tile, __VA_ARGS__) \
-        PV_CASES(11, max_nv, tile, __VA_ARGS__) PV_CASES(12, max_nv, tile, __VA_ARGS__) \
-    }
+    switch ((mr) * 4 + (nv) - 1) { FOR_ROWS(PV_CASES, max_nv, tile, __VA_ARGS__) }
 
 /* One (sequence, head, query block) unit; work: attention_work_floats floats. */
 static void attention_unit(const struct attention_args *a, int s, int hd, int block,

@@ -9,18 +9,18 @@
 #ifndef POOLER_TILE_ROWS_H
 #define POOLER_TILE_ROWS_H
 
+/* CASE(R, args...) for every row count R = 1 .. 12 (the largest tile's): the case lists of
+ * ROWS_DISPATCH and of attention.h's PV_DISPATCH */
+#define FOR_ROWS(CASE, ...) \
+    CASE(1, __VA_ARGS__) CASE(2, __VA_ARGS__) CASE(3, __VA_ARGS__) CASE(4, __VA_ARGS__) \
+    CASE(5, __VA_ARGS__) CASE(6, __VA_ARGS__) CASE(7, __VA_ARGS__) CASE(8, __VA_ARGS__) \
+    CASE(9, __VA_ARGS__) CASE(10, __VA_ARGS__) CASE(11, __VA_ARGS__) CASE(12, __VA_ARGS__)
+
 #define ROWS_CASE(R, max_rows, tile, ...) \
     case R: \
         if (R <= (max_rows)) tile(R, __VA_ARGS__); \
         break;
 #define ROWS_DISPATCH(mr, max_rows, tile, ...) \
-    switch (mr) { \
-        ROWS_CASE(1, max_rows, tile, __VA_ARGS__) ROWS_CASE(2, max_rows, tile, __VA_ARGS__) \
-        ROWS_CASE(3, max_rows, tile, __VA_ARGS__) ROWS_CASE(4, max_rows, tile, __VA_ARGS__) \
-        ROWS_CASE(5, max_rows, tile, __VA_ARGS__) ROWS_CASE(6, max_rows, tile, __VA_ARGS__) \
-        ROWS_CASE(7, max_rows, tile, __VA_ARGS__) ROWS_CASE(8, max_rows, tile, __VA_ARGS__) \
-        ROWS_CASE(9, max_rows, tile, __VA_ARGS__) ROWS_CASE(10, max_rows, tile, __VA_ARGS__) \
-        ROWS_CASE(11, max_rows, tile, __VA_ARGS__) ROWS_CASE(12, max_rows, tile, __VA_ARGS__) \
-    }
+    switch (mr) { FOR_ROWS(ROWS_CASE, max_rows, tile, __VA_ARGS__) }
 
 #endif
