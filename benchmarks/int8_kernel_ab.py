@@ -28,8 +28,7 @@ def _old_build(rev: str, path: str):
     from pooler.kernels import int8_cpu
 
     cflags = next(c for name, _, c in int8_cpu._VARIANTS if name == path)
-    lib, folder = library_at(rev, ("int8_gemm.c", "vector_math.h"), cflags,
-                             int8_cpu.load_build(path),
+    lib, folder = library_at(rev, "int8_gemm.c", cflags, int8_cpu.load_build(path),
                              ("int8_levels", "int8_packed_bytes", "pack_int8_weight",
                               "int8_scratch_bytes", "int8_linear"))
     lib.variant, lib.levels = path, lib.int8_levels()

@@ -30,26 +30,28 @@ def add_round_arguments(parser: argparse.ArgumentParser) -> None:
 _KERNELS = Path(__file__).resolve().parents[1] / "pooler" / "kernels"
 
 
-def kernel_sources_at(rev: str, names: tuple[str, ...]) -> Path:
-    """A new folder holding pooler/kernels/<name> as git revision `rev` has each (an old build
-    to compile beside the working tree's)."""
+def kernel_sources_at(rev: str, source: str) -> Path:
+    """A new folder holding pooler/kernels/<source> and every header beside it (the headers
+    build.py hashes with a source) as git revision `rev` has them (an old build to compile
+    beside the working tree's)."""
     folder = Path(tempfile.mkdtemp(prefix="kernel-ab-"))
-    for name in names:
+    listing = subprocess.run(["git", "ls-tree", "--name-only", rev, "."], check=True,
+                             capture_output=True, text=True, cwd=_KERNELS).stdout.split()
+    for name in [source] + [n for n in listing if n.endswith(".h")]:
         text = subprocess.run(["git", "show", f"{rev}:pooler/kernels/{name}"], check=True,
                               capture_output=True, text=True, cwd=_KERNELS).stdout
         (folder / name).write_text(text)
     return folder
 
 
-def library_at(rev: str, sources: tuple[str, ...], cflags: list[str], like,
-               functions: tuple[str, ...]):
-    """sources[0] (with the headers after it) as git revision `rev` has them, compiled with
-    `cflags` beside the working tree's build `like`, its `functions` typed as `like` types
-    them. Returns (the library, the folder holding the sources)."""
+def library_at(rev: str, source: str, cflags: list[str], like, functions: tuple[str, ...]):
+    """`source` (with its headers) as git revision `rev` has it, compiled with `cflags` beside
+    the working tree's build `like`, its `functions` typed as `like` types them. Returns (the
+    library, the folder holding the sources)."""
     from pooler.kernels.build import load_library
 
-    folder = kernel_sources_at(rev, sources)
-    lib, why = load_library(cflags, folder / sources[0])
+    folder = kernel_sources_at(rev, source)
+    lib, why = load_library(cflags, folder / source)
     if lib is None:
         raise SystemExit(f"the {rev} build failed: {why}")
     for name in functions:
@@ -58,8 +60,7 @@ def library_at(rev: str, sources: tuple[str, ...], cflags: list[str], like,
     return lib, folder
 
 
-_ATTENTION_SOURCES = {"bf16": ("attention_bf16.c", "attention.h", "vector_math.h"),
-                      "fp32": ("encoder_cpu.c", "attention.h", "vector_math.h")}
+_ATTENTION_SOURCES = {"bf16": "attention_bf16.c", "fp32": "encoder_cpu.c"}
 _ATTENTION_ENTRY_POINTS = {"bf16": ("attention_bf16_scratch_bytes", "packed_attention_bf16"),
                            "fp32": ("attention_scratch_floats", "packed_attention_f32")}
 

@@ -29,6 +29,8 @@
 #ifndef POOLER_ATTENTION_H
 #define POOLER_ATTENTION_H
 
+#include "tile_rows.h"
+
 #define QB (2 * VW) /* queries per block: two vectors */
 #ifdef __AVX512F__
 #define KR 12 /* rows per tile (keys in the score tile, queries in P@V): 12 x 2 accumulators */
@@ -175,9 +177,12 @@ static int attention_tasks(int seqs, const int *starts, int heads, int *task_sta
     return task_starts[seqs];
 }
 
-/* st[r][0..QB) = keys row r . qt (qt: [d][QB] queries, pre-scaled), for mr key rows */
+/* st[r][0..QB) = keys row r . qt (qt: [d][QB] queries, pre-scaled), for mr key rows of k (row
+ * stride ldk). m0, m1: flash_attention.h's running maxima of the two query vectors, into which
+ * the scores are also folded; NULL here, where the max comes after the bias and the band mask
+ * (always_inline: the NULL check compiles away) */
 static inline __attribute__((always_inline)) void score_tile(
-        int mr, const float *k, int ldk, const float *qt, int d, float *st) {
+        int mr, const float *k, int ldk, const float *qt, int d, float *st, vf *m0, vf *m1) {
     vf acc[KR][2];
     for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = vsplat(0.f);
     for (int c = 0; c < d; c++) {
@@ -188,9 +193,18 @@ static inline __attribute__((always_inline)) void score_tile(
             acc[r][1] += a * b1;
         }
     }
+    vf x0 = m0 ? *m0 : vsplat(0.f), x1 = m1 ? *m1 : vsplat(0.f);
     for (int r = 0; r < mr; r++) {
         *(vf *)(st + r * QB) = acc[r][0];
         *(vf *)(st + r * QB + VW) = acc[r][1];
+        if (m0) {
+            x0 = vmax(acc[r][0], x0);
+            x1 = vmax(acc[r][1], x1);
+        }
+    }
+    if (m0) {
+        *m0 = x0;
+        *m1 = x1;
     }
 }
 
@@ -217,11 +231,11 @@ static inline __attribute__((always_inline)) void pv_tile(
  * fewer rows of more (flash_attention.h's tiles of up to FPV vectors). */
 #define PV_ROWS(nv) ((nv) <= 2 ? KR : 2 * KR / (nv))
 
-/* The P@V loops' one dispatch: the tiles take their rows and vectors as constants (always_inline,
- * so their loops unroll into registers), and PV_DISPATCH(mr, nv, max_nv, tile, args...) runs
- * tile(R, NV, args...) with the literals R = mr and NV = nv, for nv <= max_nv (at most 4) and
- * mr <= PV_ROWS(nv). Used by every P@V loop: here, flash_attention.h, attention_bf16.c and
- * attention_bf16_flash.h. */
+/* The P@V loops' one dispatch (tile_rows.h's ROWS_DISPATCH with a vector count): the tiles take
+ * their rows and vectors as constants (always_inline, so their loops unroll into registers), and
+ * PV_DISPATCH(mr, nv, max_nv, tile, args...) runs tile(R, NV, args...) with the literals R = mr
+ * and NV = nv, for nv <= max_nv (at most 4) and mr <= PV_ROWS(nv). Used by every P@V loop:
+ * here, flash_attention.h, attention_bf16.c and attention_bf16_flash.h. */
 #define PV_CASE(R, NV, max_nv, tile, ...) \
     case 4 * R + NV - 1: \
         if (NV <= (max_nv) && R <= PV_ROWS(NV)) tile(R, NV, __VA_ARGS__); \
@@ -230,14 +244,7 @@ static inline __attribute__((always_inline)) void pv_tile(
     PV_CASE(R, 1, max_nv, tile, __VA_ARGS__) PV_CASE(R, 2, max_nv, tile, __VA_ARGS__) \
     PV_CASE(R, 3, max_nv, tile, __VA_ARGS__) PV_CASE(R, 4, max_nv, tile, __VA_ARGS__)
 #define PV_DISPATCH(mr, nv, max_nv, tile, ...) \
-    switch ((mr) * 4 + (nv) - 1) { \
-        PV_CASES(1, max_nv, tile, __VA_ARGS__) PV_CASES(2, max_nv, tile, __VA_ARGS__) \
-        PV_CASES(3, max_nv, tile, __VA_ARGS__) PV_CASES(4, max_nv, tile, __VA_ARGS__) \
-        PV_CASES(5, max_nv, tile, __VA_ARGS__) PV_CASES(6, max_nv, tile, __VA_ARGS__) \
-        PV_CASES(7, max_nv, tile, __VA_ARGS__) PV_CASES(8, max_nv, tile, __VA_ARGS__) \
-        PV_CASES(9, max_nv, tile, __VA_ARGS__) PV_CASES(10, max_nv, tile, __VA_ARGS__) \
-        PV_CASES(11, max_nv, tile, __VA_ARGS__) PV_CASES(12, max_nv, tile, __VA_ARGS__) \
-    }
+    switch ((mr) * 4 + (nv) - 1) { FOR_ROWS(PV_CASES, max_nv, tile, __VA_ARGS__) }
 
 /* One (sequence, head, query block) unit; work: attention_work_floats floats. */
 static void attention_unit(const struct attention_args *a, int s, int hd, int block,
@@ -273,12 +280,7 @@ static void attention_unit(const struct attention_args *a, int s, int hd, int bl
         int mr = nk - j0 < KR ? nk - j0 : KR;
         const float *kr = k + (size_t)j0 * a->ldk;
         float *sr = st + (size_t)j0 * QB;
-        switch (mr) {
-#define TILE(R) case R: if (R <= KR) score_tile(R, kr, a->ldk, qt, d, sr); break;
-            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-            TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-        }
+        ROWS_DISPATCH(mr, KR, score_tile, kr, a->ldk, qt, d, sr, NULL, NULL)
     }
     if (a->bias) {
         const float *b = a->bias[s] + ((size_t)hd * len + q0) * len + lo;

@@ -46,8 +46,9 @@
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 #include "vector_math.h"
-/* QB (32 queries per block), KR (12 rows per register tile), the fp32 P@V tile (pv_tile) and
- * the P@V tiles' dispatch (PV_DISPATCH) of the fp32 kernel; its other functions go unused here */
+/* QB (32 queries per block), KR (12 rows per register tile), the fp32 P@V tile (pv_tile), the
+ * P@V tiles' dispatch (PV_DISPATCH) of the fp32 kernel and the score tiles' (tile_rows.h's
+ * ROWS_DISPATCH); its other functions go unused here */
 #include "attention.h"
 
 /* acc += pairwise bf16 products of a and b (fp32 lanes). Inline asm, as int8_gemm.c's
@@ -187,9 +188,13 @@ static inline void relay_v(const char *v, int ldv, int in, int in_bf16, int p_bf
     }
 }
 
-/* st[r][0..QB) = keys row r . queries, for mr key rows of kb (row stride ldk bf16) */
+/* st[r][0..QB) = keys row r . queries, for mr key rows of kb (row stride ldk bf16). m0, m1: the
+ * flash units' running maxima of the two query vectors (attention_bf16_flash.h), into which the
+ * scores are also folded; NULL in the whole-sequence units, whose max comes after the band mask
+ * (always_inline: the NULL check compiles away) */
 static inline __attribute__((always_inline)) void bf16_score_tile(
-        int mr, const uint16_t *kb, int ldk, const uint16_t *qt, int d, float *st) {
+        int mr, const uint16_t *kb, int ldk, const uint16_t *qt, int d, float *st, __m512 *m0,
+        __m512 *m1) {
     __m512 acc[KR][2];
     _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int c2 = 0; c2 < d / 2; c2++) {
@@ -203,9 +208,18 @@ static inline __attribute__((always_inline)) void bf16_score_tile(
             DPBF16(acc[r][1], a, b1);
         }
     }
+    __m512 x0 = m0 ? *m0 : _mm512_setzero_ps(), x1 = m1 ? *m1 : _mm512_setzero_ps();
     _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) {
         _mm512_storeu_ps(st + (size_t)r * QB, acc[r][0]);
         _mm512_storeu_ps(st + (size_t)r * QB + 16, acc[r][1]);
+        if (m0) {
+            x0 = _mm512_max_ps(acc[r][0], x0);
+            x1 = _mm512_max_ps(acc[r][1], x1);
+        }
+    }
+    if (m0) {
+        *m0 = x0;
+        *m1 = x1;
     }
 }
 
@@ -311,12 +325,7 @@ static void bf16_attention_unit(const struct bf16_args *a, int s, int hd, char *
             int mr = nb - j0 < KR ? nb - j0 : KR;
             const uint16_t *kj = kr + (size_t)(lo + j0) * ldkb;
             float *sr = w.st + (size_t)j0 * QB;
-            switch (mr) {
-#define TILE(R) case R: bf16_score_tile(R, kj, ldkb, w.qt, d, sr); break;
-                TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-            }
+            ROWS_DISPATCH(mr, KR, bf16_score_tile, kj, ldkb, w.qt, d, sr, NULL, NULL)
         }
         /* scores * scale (+ bias), then the softmax over the keys, lane-wise */
         float *st = w.st, exp_scale = scale;

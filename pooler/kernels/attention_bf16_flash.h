@@ -53,35 +53,6 @@ static size_t flash_carve_into(char *work, int d, struct flash_scratch *w) {
 
 static size_t flash_unit_bytes(int d) { return flash_carve_into(NULL, d, NULL); }
 
-/* bf16_score_tile, also folding its scores into the running maxima m0, m1 of the two query
- * vectors (kb: mr contiguous key rows of d bf16) */
-static inline __attribute__((always_inline)) void bf16_flash_score_tile(
-        int mr, const uint16_t *kb, const uint16_t *qt, int d, float *st, __m512 *m0,
-        __m512 *m1) {
-    __m512 acc[KR][2];
-    _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int c2 = 0; c2 < d / 2; c2++) {
-        __m512 b0 = (__m512)_mm512_loadu_si512(qt + (size_t)c2 * QB * 2);
-        __m512 b1 = (__m512)_mm512_loadu_si512(qt + (size_t)c2 * QB * 2 + 32);
-        _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) {
-            uint32_t pair;
-            memcpy(&pair, kb + (size_t)r * d + 2 * c2, 4);
-            __m512 a = (__m512)_mm512_set1_epi32((int)pair);
-            DPBF16(acc[r][0], a, b0);
-            DPBF16(acc[r][1], a, b1);
-        }
-    }
-    __m512 x0 = *m0, x1 = *m1;
-    _Pragma("GCC unroll 12") for (int r = 0; r < mr; r++) {
-        _mm512_storeu_ps(st + (size_t)r * QB, acc[r][0]);
-        _mm512_storeu_ps(st + (size_t)r * QB + 16, acc[r][1]);
-        x0 = _mm512_max_ps(acc[r][0], x0);
-        x1 = _mm512_max_ps(acc[r][1], x1);
-    }
-    *m0 = x0;
-    *m1 = x1;
-}
-
 /* o[r][0 .. nv*16) = alpha[r] o[r] + sum_j p[r][j] v[j] for mr query rows, P and V as bf16
  * key pairs (pp offset to the tile's first query, row stride QB pairs; vp offset to the tile's
  * first dim, row stride d pairs); o: fp32 rows of ldo */
@@ -168,12 +139,7 @@ static void bf16_flash_unit(const struct bf16_args *a, int s, int hd, int block,
                 int mr = kb - j < KR ? kb - j : KR;
                 const uint16_t *kr = w.kb + (size_t)j * d;
                 float *sr = st + (size_t)j * QB;
-                switch (mr) {
-#define TILE(R) case R: bf16_flash_score_tile(R, kr, qt, d, sr, &n0, &n1); break;
-                    TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                    TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-                }
+                ROWS_DISPATCH(mr, KR, bf16_score_tile, kr, d, qt, d, sr, &n0, &n1)
             }
             /* the first block: m_old = -inf, alpha ~ 0 (exp2_fast clamps) times o = 0, l = 0 */
             __m512 cm0 = _mm512_mul_ps(n0, _mm512_set1_ps(c));

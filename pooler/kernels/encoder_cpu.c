@@ -49,6 +49,7 @@ typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 #define NV (NR / VW) /* vectors per tile row: 2 */
 
 #include "vector_math.h"
+#include "tile_rows.h"
 
 /* What a GEMM does to its output: a residual add, or an activation (vector_math.h's codes). */
 enum epilogue { EPI_NONE = ACT_NONE, EPI_RESIDUAL = 1, EPI_GELU_ERF = ACT_GELU_ERF,
@@ -144,13 +145,7 @@ static void gemm(const float *x, const float *packed, const float *bias, const f
                 const float *xr = x + (size_t)m0 * k;
                 float *yr = y + (size_t)m0 * n + p * NR;
                 const float *rr = res ? res + (size_t)m0 * n + p * NR : NULL;
-                switch (mr) {
-#define TILE(R) \
-    case R: if (R <= MR) tile(R, xr, k, panel, bias + p * NR, rr, yr, n, cols, epi); break;
-                    TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                    TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-                }
+                ROWS_DISPATCH(mr, MR, tile, xr, k, panel, bias + p * NR, rr, yr, n, cols, epi)
             }
         }
 }
@@ -175,20 +170,27 @@ long local_attention_scratch_floats(int max_len, int d, int half_window, int thr
     return threads * attention_work_floats(attention_key_span(max_len, half_window), d);
 }
 
+/* attention() over every unit of a's sequences (a.task_starts set here) in a parallel region
+ * of `threads`: what the two entry points below share */
+static void attention_region(struct attention_args a, int max_len, float *work, int threads) {
+    int *task_starts = malloc(sizeof(int) * (a.seqs + 1));
+    if (!task_starts) return;
+    attention_tasks(a.seqs, a.starts, a.heads, task_starts);
+    a.task_starts = task_starts;
+    long per_thread = attention_work_floats(attention_key_span(max_len, a.half_window), a.d);
+#pragma omp parallel num_threads(threads)
+    attention(&a, work, per_thread);
+    free(task_starts);
+}
+
 void packed_local_attention_f32(const float *q, const float *k, const float *v, int ldq, int ldk,
                                 int ldv, float *out, int heads, int d, int seqs,
                                 const int *starts, const int *keys, const float *const *bias,
                                 float scale, int half_window, int max_len, float *work,
                                 int threads) {
-    int *task_starts = malloc(sizeof(int) * (seqs + 1));
-    if (!task_starts) return;
-    attention_tasks(seqs, starts, heads, task_starts);
     struct attention_args a = {q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, bias,
-                               scale, task_starts, half_window < 0 ? -1 : half_window};
-    long per_thread = attention_work_floats(attention_key_span(max_len, a.half_window), d);
-#pragma omp parallel num_threads(threads)
-    attention(&a, work, per_thread);
-    free(task_starts);
+                               scale, NULL, half_window < 0 ? -1 : half_window};
+    attention_region(a, max_len, work, threads);
 }
 
 /* Decoder-style attention (pooler/kernels/attention_cpu.py): as packed_local_attention_f32,
@@ -201,16 +203,10 @@ void packed_masked_attention_f32(const float *q, const float *k, const float *v,
                                  int seqs, const int *starts, const int *keys, float scale,
                                  int causal, int half_window, int max_len, float *work,
                                  int threads) {
-    int *task_starts = malloc(sizeof(int) * (seqs + 1));
-    if (!task_starts) return;
-    attention_tasks(seqs, starts, heads, task_starts);
     struct attention_args a = {q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, NULL,
-                               scale, task_starts, half_window < 0 ? -1 : half_window,
-                               kv_heads, causal};
-    long per_thread = attention_work_floats(attention_key_span(max_len, a.half_window), d);
-#pragma omp parallel num_threads(threads)
-    attention(&a, work, per_thread);
-    free(task_starts);
+                               scale, NULL, half_window < 0 ? -1 : half_window, kv_heads,
+                               causal};
+    attention_region(a, max_len, work, threads);
 }
 
 /* The entry points before local attention (every key), kept for benchmarks that call older

@@ -55,31 +55,6 @@ static inline vf vexp2_nonpos(vf x) {
 #endif
 }
 
-/* st[r][0..QB) = keys row r . qt (attention.h's score_tile) for mr contiguous key rows of d
- * floats, and the running maxima m0, m1 of the two query vectors over those rows */
-static inline __attribute__((always_inline)) void flash_score_tile(
-        int mr, const float *k, const float *qt, int d, float *st, vf *m0, vf *m1) {
-    vf acc[KR][2];
-    for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = vsplat(0.f);
-    for (int c = 0; c < d; c++) {
-        vf b0 = *(const vf *)(qt + c * QB), b1 = *(const vf *)(qt + c * QB + VW);
-        for (int r = 0; r < mr; r++) {
-            float a = k[(size_t)r * d + c];
-            acc[r][0] += a * b0;
-            acc[r][1] += a * b1;
-        }
-    }
-    vf x0 = *m0, x1 = *m1;
-    for (int r = 0; r < mr; r++) {
-        *(vf *)(st + r * QB) = acc[r][0];
-        *(vf *)(st + r * QB + VW) = acc[r][1];
-        x0 = vmax(acc[r][0], x0);
-        x1 = vmax(acc[r][1], x1);
-    }
-    *m0 = x0;
-    *m1 = x1;
-}
-
 /* Vectors of d per P@V tile (FPV; attention.h's PV_ROWS gives the rows for nv vectors).
  * AVX-512 at d = 64: 6 queries x 4 vectors, each P broadcast once per key (12 x 2 vectors read
  * it twice, over two column halves). */
@@ -168,12 +143,7 @@ static void flash_unit(const struct attention_args *a, int s, int hd, int block,
                 int mr = kb - j < KR ? kb - j : KR;
                 const float *kr = kj + (size_t)j * d;
                 float *sr = st + (size_t)j * QB;
-                switch (mr) {
-#define TILE(R) case R: if (R <= KR) flash_score_tile(R, kr, qt, d, sr, &n0, &n1); break;
-                    TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                    TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-                }
+                ROWS_DISPATCH(mr, KR, score_tile, kr, d, qt, d, sr, &n0, &n1)
             }
             /* online softmax, lane-wise over the QB queries (two vectors) */
             /* the first key block: m = -inf, alpha = 0 (AVX2: 2^-126) multiplies o = 0, sum = 0 */

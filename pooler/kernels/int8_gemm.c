@@ -102,6 +102,7 @@ typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));  /* any align
 typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4)));
 
 #include "vector_math.h"
+#include "tile_rows.h"
 
 static inline int round_up4(int k) { return (k + 3) & ~3; }
 
@@ -428,17 +429,8 @@ static void panel_rows(const uint8_t *q, const float *scale, const int32_t *zp, 
             const float *rr = res ? res + (size_t)r0 * n + col : NULL;
             const int32_t *cs = colsum + p * NR;
             const float *ws = wscale + p * NR, *bs = bias + p * NR;
-            switch (mr) {
-#define TILE(R)                                                                          \
-    case R:                                                                              \
-        if (R <= MR)                                                                     \
-            tile(R, qr, k4, panel, c0, scale + r0, zp + r0, cs, ws, bs, rr, yr, n, cols,  \
-                 act, out_bf16);                                                         \
-        break;
-                TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-                TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-#undef TILE
-            }
+            ROWS_DISPATCH(mr, MR, tile, qr, k4, panel, c0, scale + r0, zp + r0, cs, ws, bs, rr,
+                          yr, n, cols, act, out_bf16)
         }
     }
 }
@@ -458,15 +450,8 @@ static void pair_rows(const uint8_t *q, const float *scale, const int32_t *zp, i
         const uint8_t *qr = q + (size_t)r0 * k4;
         char *yr = (char *)y + ((size_t)r0 * n + p * NR) * out_bytes;
         const float *rr = res ? res + (size_t)r0 * n + p * NR : NULL;
-        switch (mr) {
-#define PAIR(R)                                                                          \
-    case R:                                                                              \
-        tile_pair(R, qr, k4, panel, scale + r0, zp + r0, cs, ws, bs, rr, yr, n, act,       \
-                  out_bf16, out_bytes);                                                  \
-        break;
-            PAIR(1) PAIR(2) PAIR(3) PAIR(4) PAIR(5) PAIR(6)
-#undef PAIR
-        }
+        ROWS_DISPATCH(mr, PR, tile_pair, qr, k4, panel, scale + r0, zp + r0, cs, ws, bs, rr, yr,
+                      n, act, out_bf16, out_bytes)
     }
 }
 #endif
