@@ -1,0 +1,65 @@
+"""Attention for one query row per sequence: the last encoder layer of a step whose pooling
+reads a single row of each sequence ([CLS], <s> or the last token).
+
+Such a step needs the last layer's output on those rows alone (the pooled-rows route,
+`ModelInputs.output_rows`): keys and values still come from every token, but the query, the
+attention, the output projection, the residual, the norms and the MLP run on one row per
+sequence. The attention here is vectorized over the packed tokens (no per-sequence loop): each
+token's key scores against its own sequence's query, a segment softmax over each sequence's
+scores, and the values summed by segment; a handful of ops whatever the step's sequence count,
+and [num_tokens, heads] scores instead of [L, L]. Grouped-query heads and unattended key
+suffixes (ColBERT query expansion) are respected. Computed in fp32 whatever the inputs' dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def sequence_ids(seq_lens: list[int], device: torch.device) -> torch.Tensor:
+    """[num_tokens] index of the sequence each packed token belongs to."""
+    return torch.repeat_interleave(torch.arange(len(seq_lens), device=device),
+                                   torch.tensor(seq_lens, device=device))
+
+
+def attention_for_rows(
+    q: torch.Tensor,  # [num_seqs, num_heads, head_dim] the query row of each sequence
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim] every packed token's key
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    seq_lens: list[int],
+    scale: float,
+    num_unattended: list[int] | None = None,  # [num_seqs] trailing keys nobody attends to
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim] in q's dtype
+    num_seqs, num_heads, head_dim = q.shape
+    num_tokens, num_kv_heads = k.shape[0], k.shape[1]
+    if num_seqs != len(seq_lens) or num_tokens != sum(seq_lens):
+        raise ValueError(f"attention_for_rows: {num_seqs} query rows and {num_tokens} keys for "
+                         f"{len(seq_lens)} sequences of {sum(seq_lens)} tokens; one query row "
+                         "per sequence is required.")
+    group = num_heads // num_kv_heads
+    seq = sequence_ids(seq_lens, q.device)  # [num_tokens]
+    # [num_tokens, kv_heads, group, head_dim]: each token's own sequence's query
+    q_per_token = q.float().view(num_seqs, num_kv_heads, group, head_dim).index_select(0, seq)
+    scores = torch.einsum("tkgd,tkd->tkg", q_per_token, k.float()).mul_(scale)
+    if num_unattended is not None and any(num_unattended):
+        ends = torch.tensor([n - u for n, u in zip(seq_lens, num_unattended)], device=q.device)
+        starts = torch.tensor([0] + seq_lens[:-1], device=q.device).cumsum(0)
+        position = torch.arange(num_tokens, device=q.device) - starts.index_select(0, seq)
+        scores.masked_fill_((position >= ends.index_select(0, seq))[:, None, None],
+                            float("-inf"))
+    # segment softmax over each sequence's keys: [num_seqs, kv_heads, group] max and sum
+    index = seq[:, None, None].expand_as(scores)
+    peak = torch.full((num_seqs, num_kv_heads, group), float("-inf"), device=q.device)
+    peak.scatter_reduce_(0, index, scores, reduce="amax")
+    weights = scores.sub_(peak.index_select(0, seq)).exp_()  # [num_tokens, kv_heads, group]
+    total = torch.zeros_like(peak).index_add_(0, seq, weights)
+    # sum of weight * value per sequence: [num_seqs, kv_heads, group, head_dim]
+    out = torch.zeros(num_seqs, num_kv_heads, group, head_dim, device=q.device)
+    out.index_add_(0, seq, weights[..., None] * v.float()[:, :, None, :])
+    out.div_(total[..., None])
+    return out.view(num_seqs, num_heads, head_dim).to(q.dtype)
+
+
+def scatter_rows(full: torch.Tensor, rows: torch.Tensor, compact: torch.Tensor) -> torch.Tensor:
+    """full: [num_tokens, hidden] with compact [num_rows, hidden] written at `rows`, in place;
+    the other rows keep what they held (the pooling never reads them)."""
+    return full.index_copy_(0, rows, compact.to(full.dtype))
