@@ -172,9 +172,13 @@ def long_route_min_len(model: nn.Module) -> int | None:
 
 
 # Steps of at most this many tokens that a C layer stack takes run the whole stack in C even
-# when the pooling reads one row per sequence: the pruned last layer's ~15 torch ops cost more
-# than the C stack's last layer on so few rows (benchmarks/prune_last_layer.py, short steps).
-C_STACK_PRUNE_MIN_TOKENS = 0
+# when the pooling reads one row per sequence: the last layer in torch on the rows costs ~15
+# eager ops and five oneDNN calls (~66 us each on a few rows), more than the C stack's last
+# layer on so few tokens. Off/on time, fp32 C stack either way, Xeon (Sapphire Rapids) VM, 2
+# threads, best of 5 alternating (benchmarks/prune_last_layer.py --parts short): MiniLM-L6
+# 0.69 at 12 tokens, 0.89 at 48, 0.97 at 96, 1.02 at 192, 1.08 at 256; BERT-base 0.90 at 12,
+# 0.98 at 48, 1.03 at 96, 1.04 at 192. The int8 stack's steps (at most 64 tokens) stay whole.
+C_STACK_PRUNE_MIN_TOKENS = 128
 
 
 def pruned_rows(model: nn.Module, inputs: ModelInputs,
