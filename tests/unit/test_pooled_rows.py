@@ -13,6 +13,7 @@ from pooler.kernels import bert_cpu, bert_int8_cpu
 from pooler.kernels.build import encoder_kernels
 from pooler.kernels.int8_cpu import runnable_paths
 from pooler.layers.quantization import quantize_linears, record_input_ranges
+from pooler.layers import row_attention
 from pooler.layers.row_attention import attention_for_rows
 from pooler.models import bert
 from pooler.models.bert import BertModel
@@ -39,18 +40,23 @@ def _reference_rows(q_full, k, v, lengths, rows, unattended):
     return torch.stack(out)
 
 
+@pytest.mark.parametrize("one_at_a_time", [False, True])
 @pytest.mark.parametrize("heads,kv_heads,unattended", [(4, 4, None), (4, 2, None),
                                                        (6, 2, [0, 2, 0, 3])])
-def test_attention_for_rows_equals_full_attention_at_the_rows(heads, kv_heads, unattended):
+def test_attention_for_rows_equals_full_attention_at_the_rows(heads, kv_heads, unattended,
+                                                              one_at_a_time, monkeypatch):
+    monkeypatch.setattr(row_attention, "_LOOP_MIN_MEAN_LEN", 0 if one_at_a_time else 10**6)
+    copies = 3
     torch.manual_seed(0)
-    lengths, d = [1, 7, 30, 12], 16
+    lengths, d = [1, 7, 30, 12] * copies, 16
+    unattended = None if unattended is None else unattended * copies
     total = sum(lengths)
     q_full = torch.randn(total, heads, d)
     k, v = torch.randn(total, kv_heads, d), torch.randn(total, kv_heads, d)
-    starts = [0, 1, 8, 38]
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
     rows = [s + (i * 5) % n for i, (s, n) in enumerate(zip(starts, lengths))]  # any row
     out = attention_for_rows(q_full[rows], k, v, lengths, d ** -0.5, unattended)
-    expected = _reference_rows(q_full, k, v, lengths, rows, unattended or [0] * 4)
+    expected = _reference_rows(q_full, k, v, lengths, rows, unattended or [0] * len(lengths))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
 
 
