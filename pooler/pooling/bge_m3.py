@@ -52,6 +52,11 @@ class BGEM3Pooler(nn.Module):
         if outputs is not None:
             params.extra[OUTPUTS_KEY] = list(check_outputs(outputs))
 
+    @property
+    def reads_one_row(self) -> bool:
+        """Whether rows_read can answer: the dense pooler's, for steps of dense outputs."""
+        return bool(getattr(self.dense, "reads_one_row", False))
+
     def rows_read(self, metadata: PoolingMetadata) -> list[int] | None:
         """The dense pooler's rows when no request asks for sparse or ColBERT outputs (those
         read every token), else None."""

@@ -157,6 +157,8 @@ class SequenceClassifyPooler(nn.Module):
             indices.append(start + (int(keep[-1]) if len(keep) else 0))
         return indices
 
+    reads_one_row = True  # rows_read always answers
+
     def rows_read(self, metadata: PoolingMetadata) -> list[int] | None:
         """The one row per request the head reads: the very rows forward indexes."""
         return self._token_indices(metadata)

@@ -59,6 +59,11 @@ class DispatchPooler(nn.Module):
                 rows[i] = row
         return rows  # type: ignore[return-value]
 
+    def reads_one_row(self) -> bool:
+        """Whether some task's pooler may read one row per request (rows_read may answer for
+        a step of that task): what Engine.step_paths() reports."""
+        return any(getattr(p, "reads_one_row", False) for p in self.poolers.values())
+
     @staticmethod
     def _by_task(metadata: PoolingMetadata) -> dict[str, list[int]]:
         by_task: dict[str, list[int]] = {}

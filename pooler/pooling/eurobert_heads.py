@@ -34,6 +34,10 @@ class EuroBertClassifyPooler(nn.Module):
     def _head(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., num_labels]
         return self.classifier(F.gelu(self.dense(x)))
 
+    @property
+    def reads_one_row(self) -> bool:
+        return self.pooling == "bos"
+
     def rows_read(self, metadata: PoolingMetadata) -> list[int] | None:
         """The first token of each request for "bos" pooling; None for "mean" and "late",
         which read every token."""

@@ -26,6 +26,11 @@ class EmbeddingPooler(nn.Module):
         """Length of an output vector: the last Dense module's, else the hidden size."""
         return self.projector.out_features or self.hidden_size
 
+    @property
+    def reads_one_row(self) -> bool:
+        """Whether rows_read can answer (cls, lasttoken), whatever the step."""
+        return self.mode in ("cls", "lasttoken")
+
     def rows_read(self, metadata: PoolingMetadata) -> list[int] | None:
         """The one row per request this pooler reads (cls, lasttoken), or None (mean, max)."""
         return rows_read(self.mode, metadata)
