@@ -1,9 +1,9 @@
 """The pooled-rows route (pooler/worker/pooled_rows.py): a step whose pooling reads one row per
 sequence computes the last layer on those rows alone. Engine outputs with the route equal the
-outputs without it (1e-5) for BERT, XLM-R, GTE, NomicBert and EuroBERT tiny models (embed with
-CLS pooling, classify), single texts and mixed-length batches; a forward hook shows the last
-layer's MLP saw one row per text, and that mean pooling, token_embed and the switch
-POOLER_PRUNE_LAST_LAYER=0 keep every row."""
+outputs without it (1e-5) for BERT, XLM-R, DistilBERT, ELECTRA, GTE, NomicBert and EuroBERT
+tiny models (embed with CLS pooling, classify), single texts and mixed-length batches; a
+forward hook shows the last layer's MLP saw one row per text, and that mean pooling,
+token_embed and the switch POOLER_PRUNE_LAST_LAYER=0 keep every row."""
 from __future__ import annotations
 
 import shutil
@@ -155,5 +155,15 @@ def test_rotary_encoders_embed_and_classify(family, tmp_path):
     seq = tmp_path / "seq"
     build_family(seq, family, "ForSequenceClassification", seed=1)
     engine = Engine(str(seq), device="cpu", runner="native")
+    _assert_probs_equal(engine, TEXTS)
+    assert _rows_seen(engine, lambda: engine.classify(TEXTS)) == [len(TEXTS)]
+
+
+@pytest.mark.parametrize("family", ["distilbert", "electra"])
+def test_distilbert_and_electra_classify(family, tmp_path):
+    from tests.models import encoder_folders
+
+    save = getattr(encoder_folders, f"save_{family}")
+    engine = Engine(str(save(tmp_path / family, "seq", seed=2)), device="cpu")
     _assert_probs_equal(engine, TEXTS)
     assert _rows_seen(engine, lambda: engine.classify(TEXTS)) == [len(TEXTS)]
