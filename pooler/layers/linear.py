@@ -125,13 +125,15 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
 _PACKED_COLUMNS = "_onednn_packed_columns"
 
 
-def linear_columns(layer: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+def linear_columns(layer: nn.Module, x: torch.Tensor, start: int, stop: int,
+                   keep_bf16: bool = False) -> torch.Tensor:
     """layer(x)[:, start:stop] computing only those output features where the layer is a plain
     fp32 nn.Linear (the pruned last layer's K/V over every token and its Q over the pooled
     rows: pooler/layers/row_attention.py); any other layer (int8, bf16, with LoRA) computes
-    all of them and the slice is returned. x: [rows, in] -> [rows, stop - start]."""
+    all of them and the slice is returned, in bf16 with `keep_bf16` as linear_act gives it.
+    x: [rows, in] -> [rows, stop - start]."""
     if type(layer) is not nn.Linear or has_lora(layer) or x.dtype != layer.weight.dtype:
-        return linear_act(layer, x)[:, start:stop]
+        return linear_act(layer, x, keep_bf16=keep_bf16)[:, start:stop]
     weight, bias = layer.weight[start:stop], layer.bias
     bias = None if bias is None else bias[start:stop]
     if not (_HAS_ONEDNN and x.is_cpu and x.dim() == 2 and x.dtype == torch.float32) or (

@@ -108,15 +108,19 @@ class BertLayer(nn.Module):
         return linear_add_norm(self.down_proj, h, x, self.mlp_norm)
 
 
-    def forward_rows(self, x: torch.Tensor, inputs: ModelInputs,
-                     rows: torch.Tensor) -> torch.Tensor:
+    def forward_rows(self, x: torch.Tensor, inputs: ModelInputs, rows: torch.Tensor,
+                     keep_bf16: bool | None = None) -> torch.Tensor:
         """This layer's output on `rows` alone ([num_seqs] packed indices, one per sequence,
         in sequence order): keys and values from every token of x [num_tokens, hidden], the
-        rest on the rows. Returns [num_seqs, hidden] (the pooled-rows route: run_layers)."""
+        rest on the rows. Returns [num_seqs, hidden] (the pooled-rows route: run_layers).
+        keep_bf16: whether q/k/v leave bf16 and int8 linears rounded to bf16; None: as
+        forward's (False after a C stack, whose attention reads them in fp32)."""
         h = x.shape[1]
-        kv = linear_columns(self.qkv_proj, x, h, 3 * h)  # [num_tokens, 2 * hidden]
+        keep = keep_bf16 if keep_bf16 is not None else \
+            not self.attention_bf16_products or bf16_kernel_takes(self.head_dim)
+        kv = linear_columns(self.qkv_proj, x, h, 3 * h, keep)  # [num_tokens, 2 * hidden]
         x_rows = x.index_select(0, rows)  # [num_seqs, hidden]
-        q = linear_columns(self.qkv_proj, x_rows, 0, h)  # [num_seqs, hidden]
+        q = linear_columns(self.qkv_proj, x_rows, 0, h, keep)  # [num_seqs, hidden]
         k, v = (t.view(x.shape[0], self.num_heads, self.head_dim) for t in kv.split(h, -1))
         attn = attention_for_rows(q.view(-1, self.num_heads, self.head_dim), k, v,
                                   inputs.seq_lens, self.head_dim ** -0.5, inputs.num_unattended)
@@ -246,7 +250,8 @@ def _run_layers_then_rows(model: nn.Module, x: torch.Tensor, inputs: ModelInputs
             if stack is None:
                 stack = bert_layers_on_cpu(model, x, inputs, num_layers=num_layers - 1)
             if stack is not None:
-                return scatter_rows(stack, rows, last.forward_rows(stack, inputs, rows))
+                return scatter_rows(stack, rows,
+                                    last.forward_rows(stack, inputs, rows, keep_bf16=False))
     x = _torch_layers(model, model.layers[:-1], x, inputs)
     return scatter_rows(x, rows, model.layers[-1].forward_rows(x, inputs, rows))
 

@@ -179,11 +179,14 @@ class RotaryAttention(nn.Module):
         """Attention of `rows` alone ([num_seqs] packed indices, one per sequence) against
         every token's keys and values (the pooled-rows route: RotaryEncoder.forward)."""
         n, q_size = x.shape[0], self.sizes[0]
-        kv = linear_columns(self.qkv_proj, x, q_size, sum(self.sizes))  # [num_tokens, k + v]
+        # q/k/v rounded to bf16 where attend's would be (bf16 and int8 engines)
+        keep = self.num_heads == self.num_kv_heads and (
+            not self.attention_bf16_products or bf16_kernel_takes(self.head_dim))
+        kv = linear_columns(self.qkv_proj, x, q_size, sum(self.sizes), keep)  # [tokens, k + v]
         k, v = kv.split(self.sizes[1:], dim=-1)
         k = apply_rotary_fp32(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        q = linear_columns(self.qkv_proj, x.index_select(0, rows), 0, q_size)  # [num_seqs, q]
+        q = linear_columns(self.qkv_proj, x.index_select(0, rows), 0, q_size, keep)  # [seqs, q]
         q = apply_rotary_fp32(q.view(-1, self.num_heads, self.head_dim),
                               cos.index_select(0, rows), sin.index_select(0, rows))
         out = attention_for_rows(q, k, v, inputs.seq_lens, self.head_dim ** -0.5,
