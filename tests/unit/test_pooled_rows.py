@@ -25,15 +25,20 @@ from pooler.pooling.poolers import EmbeddingPooler, TokenEmbeddingPooler
 from tests.unit.bert_stack import packed_inputs, tiny_bert
 
 
-def _reference_rows(q_full, k, v, lengths, rows, unattended):
+def _reference_rows(q_full, k, v, lengths, rows, unattended, causal=False, half_window=None):
     """Full attention per sequence (SDPA, GQA by repeating kv heads), read at `rows`."""
     out, start = [], 0
     group = q_full.shape[1] // k.shape[1]
     for i, n in enumerate(lengths):
         qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q_full, k, v))
         ks, vs = ks.repeat_interleave(group, 0), vs.repeat_interleave(group, 0)
-        mask = torch.arange(n) < n - unattended[i]
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask[None, None, :])
+        query, key = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        mask = (key < n - unattended[i]).expand(n, n)
+        if causal:
+            mask = mask & (key <= query)
+        if half_window is not None:
+            mask = mask & ((query - key).abs() <= half_window)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask[None])
         out.append(o.transpose(0, 1)[rows[i] - start])
         start += n
     return torch.stack(out)
@@ -55,6 +60,24 @@ def test_attention_for_rows_equals_full_attention_at_the_rows(heads, kv_heads, u
     out = attention_for_rows(q_full[rows], k, v, lengths, d ** -0.5, unattended)
     expected = _reference_rows(q_full, k, v, lengths, rows, unattended or [0] * len(lengths))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lengths", [[40], [1, 7, 30, 12, 9]])
+@pytest.mark.parametrize("causal,half_window", [(True, None), (True, 4), (False, 3)])
+def test_causal_and_windowed_rows(lengths, causal, half_window):
+    torch.manual_seed(2)
+    total = sum(lengths)
+    q_full = torch.randn(total, 4, 16)
+    k, v = torch.randn(total, 2, 16), torch.randn(total, 2, 16)
+    positions = [(i * 7) % n for i, n in enumerate(lengths)]  # not only the last token
+    rows = [sum(lengths[:i]) + p for i, p in enumerate(positions)]
+    out = attention_for_rows(q_full[rows], k, v, lengths, 0.25, query_positions=positions,
+                             causal=causal, half_window=half_window)
+    expected = _reference_rows(q_full, k, v, lengths, rows, [0] * len(lengths), causal,
+                               half_window)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="query_positions"):
+        attention_for_rows(q_full[rows], k, v, lengths, 0.25, causal=True)
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2)])
