@@ -28,8 +28,10 @@ def _runner(engine: Engine):
 
 
 def _last_mlp_norm(engine: Engine):
-    """The norm that closes the backbone's last layer: it sees the rows the layer computed."""
-    return _runner(engine).model.backbone.layers[-1].mlp_norm
+    """The norm at the backbone's last layer's MLP: it sees the rows the layer computed."""
+    layer = _runner(engine).model.backbone.layers[-1]
+    norm = getattr(layer, "mlp_norm", None)
+    return norm if norm is not None else layer.post_attention_layernorm  # decoders
 
 
 def _rows_seen(engine: Engine, call) -> list[int]:
@@ -195,3 +197,30 @@ def test_bf16_and_int8_engines(bert_cls, bert_engine, dtype, quantization, monke
                         lambda q, *a, **k: queries.append(q.shape[0]) or real(q, *a, **k))
     call()
     assert queries == [len(TEXTS)]
+
+
+@pytest.mark.parametrize("family,window", [("llama", None), ("qwen3", None), ("mistral", 3)])
+def test_decoders_last_token_embed_and_classify(family, window, tmp_path):
+    """Causal attention from each pooled row's own position: the last token for embed, the
+    last non-pad token for classify (a text ending in the pad id pools an earlier row), within
+    Mistral's sliding window."""
+    from tests.models.tiny_task_models import random_ids, save_decoder_model
+
+    extra = {} if window is None else {"sliding_window": window}
+    ids = random_ids([3, 9, 1, 12], 97, seed=4)
+    engine = Engine(str(save_decoder_model(tmp_path / "causal", family, "causal", **extra)))
+
+    def embed():
+        return np.stack([o.embedding for o in engine.embed(ids, normalize=False)])
+    pruned, full = _pruned_and_full(engine, embed)
+    np.testing.assert_allclose(pruned, full, atol=ATOL)
+    assert _rows_seen(engine, embed) == [len(ids)]
+    engine = Engine(str(save_decoder_model(tmp_path / "seq", family, "seq", num_labels=3,
+                                           **extra)))
+    ids = ids + [[5, 6, 7, 8, 9, 0, 0]]  # ends in the pad id: token 9 (row 4 of 7) is read
+
+    def classify():
+        return np.stack([o.probs for o in engine.classify(ids, use_activation=False)])
+    pruned, full = _pruned_and_full(engine, classify)
+    np.testing.assert_allclose(pruned, full, atol=ATOL)
+    assert _rows_seen(engine, classify) == [len(ids)]
