@@ -1,9 +1,10 @@
 """Which rows of a step the pooling reads, for the pooled-rows route: when every request pools
-a single row of its sequence ([CLS] or last-token embeddings; classifiers and cross-encoders
-that read [CLS], <s> or the last token), the backbone's last layer needs only those rows'
-outputs. Keys and values still come from every token, but the query, attention, output
-projection, norms and MLP of that layer run on one row per sequence: (1 - ~1/6) / num_layers
-of the step's work saved at any length, outputs unchanged (pooler/layers/row_attention.py).
+a single row of its sequence ([CLS] or last-token embeddings; classifiers, cross-encoders and
+decoder rerankers that read [CLS], <s> or the last non-pad token), the backbone's last layer
+needs only those rows' outputs. Keys and values still come from every token, but the query,
+attention, output projection, norms and MLP of that layer run on one row per sequence:
+(1 - ~1/6) / num_layers of the step's work saved at any length, outputs unchanged
+(pooler/layers/row_attention.py).
 
 The pooler answers (DispatchPooler.rows_read: None from any task that reads more, or does not
 say); the backbone declares that it can (`prunes_last_layer`); the step must have no LoRA
