@@ -165,7 +165,8 @@ def int8_bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
     if sequences is None:
         return None
     count, starts, keys, bias = sequences
+    stack = len(layers) if num_layers is None else num_layers
     lib.int8_bert_layers(x.data_ptr(), m, count, starts, keys, bias, h, heads, inter,
-                         len(layers) if num_layers is None else num_layers, state.table, state.ratios, cfg.layer_norm_eps, act,
+                         stack, state.table, state.ratios, cfg.layer_norm_eps, act,
                          scratch.data_ptr(), threads)
     return x
