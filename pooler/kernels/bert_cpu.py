@@ -180,12 +180,13 @@ def sequence_tables(seq_lens: list[int], unattended: list[int], position_bias):
 
 
 def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
-                       position_bias: dict[int, torch.Tensor] | None = None
-                       ) -> torch.Tensor | None:
+                       position_bias: dict[int, torch.Tensor] | None = None,
+                       num_layers: int | None = None) -> torch.Tensor | None:
     """model.layers applied to x [num_tokens, hidden] (the step's sequences packed back to
     back) in one C call, or None when the step or the model does not qualify (see the module
     docstring); x is overwritten. position_bias: length -> [heads, L, L] fp32 score bias shared
-    by every layer (MPNet), as BertLayer takes it."""
+    by every layer (MPNet), as BertLayer takes it. num_layers: the first that many layers only
+    (the pooled-rows route runs the last one itself: pooler/models/bert.py); all by default."""
     if not ((x.shape[0] <= MAX_TOKENS or model.__dict__.get(LARGE_STEPS)) and x.is_cpu
             and x.dtype == torch.float32 and x.is_contiguous()):
         return None
@@ -220,8 +221,9 @@ def bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
     if sequences is None:
         return None
     count, starts, keys, bias = sequences
+    layers = len(model.layers) if num_layers is None else num_layers
     lib.bert_layers(x.data_ptr(), m, count, starts, keys, bias, h, heads, inter,
-                    len(model.layers), state.table, cfg.layer_norm_eps, act, scratch.data_ptr(),
+                    layers, state.table, cfg.layer_norm_eps, act, scratch.data_ptr(),
                     threads)
     return x
 

@@ -124,12 +124,20 @@ def _key(model: nn.Module, layers: list[list[Int8Linear]]) -> list:
     return key
 
 
+def int8_stack_layers(model: nn.Module):
+    """The BertLayers this stack runs for `model` (the int8 twin's an fp32 model keeps for
+    short steps, else the model's own), in order."""
+    return _bert_layers(model)
+
+
 def int8_bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
-                            position_bias: dict[int, torch.Tensor] | None = None
-                            ) -> torch.Tensor | None:
+                            position_bias: dict[int, torch.Tensor] | None = None,
+                            num_layers: int | None = None) -> torch.Tensor | None:
     """model.layers applied to x [num_tokens, hidden] in one C call with int8 linears, or
     None when the step or the model does not qualify (see the module docstring); x is
-    overwritten. position_bias: length -> [heads, L, L] fp32 (MPNet), as BertLayer takes it."""
+    overwritten. position_bias: length -> [heads, L, L] fp32 (MPNet), as BertLayer takes it.
+    num_layers: the first that many layers only (the pooled-rows route runs the last one
+    itself, int8_stack_layers(model)[-1]: pooler/models/bert.py); all by default."""
     if not (x.shape[0] <= MAX_TOKENS and x.is_cpu and x.dtype == torch.float32
             and x.is_contiguous()) or torch.is_grad_enabled():
         return None
@@ -157,7 +165,8 @@ def int8_bert_layers_on_cpu(model: nn.Module, x: torch.Tensor, inputs,
     if sequences is None:
         return None
     count, starts, keys, bias = sequences
+    stack = len(layers) if num_layers is None else num_layers
     lib.int8_bert_layers(x.data_ptr(), m, count, starts, keys, bias, h, heads, inter,
-                         len(layers), state.table, state.ratios, cfg.layer_norm_eps, act,
+                         stack, state.table, state.ratios, cfg.layer_norm_eps, act,
                          scratch.data_ptr(), threads)
     return x

@@ -87,6 +87,7 @@ def drop_packed_weights(module: nn.Module) -> None:
     layer stack no longer reads them; a later call that needs one packs it again)."""
     for child in module.modules():
         child.__dict__.pop(_PACKED, None)
+        child.__dict__.pop(_PACKED_COLUMNS, None)
 
 
 def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
@@ -117,6 +118,38 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
         return _LINEAR(x, packed, layer.bias, postop[0], [], postop[1])
     y = _LINEAR(x.to(torch.bfloat16), packed, layer.bias, postop[0], [], postop[1])
     return y if keep_bf16 else y.to(x.dtype)
+
+
+# Each layer asked for a slice of its outputs (linear_columns) keeps, per slice, (weight key,
+# the slice's weight packed for oneDNN, its bias) in its __dict__ under _PACKED_COLUMNS.
+_PACKED_COLUMNS = "_onednn_packed_columns"
+
+
+def linear_columns(layer: nn.Module, x: torch.Tensor, start: int, stop: int,
+                   keep_bf16: bool = False) -> torch.Tensor:
+    """layer(x)[:, start:stop] computing only those output features where the layer is a plain
+    fp32 nn.Linear (the pruned last layer's K/V over every token and its Q over the pooled
+    rows: pooler/layers/row_attention.py); any other layer (int8, bf16, with LoRA) computes
+    all of them and the slice is returned, in bf16 with `keep_bf16` as linear_act gives it.
+    x: [rows, in] -> [rows, stop - start]."""
+    if type(layer) is not nn.Linear or has_lora(layer) or x.dtype != layer.weight.dtype:
+        return linear_act(layer, x, keep_bf16=keep_bf16)[:, start:stop]
+    weight, bias = layer.weight[start:stop], layer.bias
+    bias = None if bias is None else bias[start:stop]
+    if not (_HAS_ONEDNN and x.is_cpu and x.dim() == 2 and x.dtype == torch.float32) or (
+            weight.requires_grad and torch.is_grad_enabled()):
+        return F.linear(x, weight, bias)
+    # the same key as _packed_for: a reload in place bumps the version (a view shares it)
+    version = -1 if layer.weight.is_inference() else layer.weight._version
+    key = (layer.weight.data_ptr(), version, layer.weight.shape)
+    slices = layer.__dict__.setdefault(_PACKED_COLUMNS, {})
+    cached = slices.get((start, stop))
+    if cached is None or cached[0] != key:
+        with torch.inference_mode():
+            cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous()),
+                      None if bias is None else bias.detach().contiguous())
+        slices[(start, stop)] = cached
+    return _LINEAR(x, cached[1], cached[2], "none", [], "")
 
 
 def takes_bf16(layer: nn.Module) -> bool:

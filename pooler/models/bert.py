@@ -18,10 +18,12 @@ from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.kernels.bert_cpu import bert_layers_on_cpu
 from pooler.kernels.build import encoder_kernels
-from pooler.kernels.bert_int8_cpu import int8_bert_layers_on_cpu
+from pooler.kernels.bert_int8_cpu import int8_bert_layers_on_cpu, int8_stack_layers
 from pooler.kernels import attention_cpu
 from pooler.kernels.attention_cpu import bf16_kernel_takes
-from pooler.layers.linear import linear_act, linear_add_norm, onednn_postop, takes_bf16
+from pooler.layers.linear import (linear_act, linear_add_norm, linear_columns, onednn_postop,
+                                  takes_bf16)
+from pooler.layers.row_attention import attention_for_rows, scatter_rows
 from pooler.layers.workspace import Workspace, act_in_place_by_name, linear_into, writes_into
 from pooler.layers.lora import lora_active
 from pooler.models.inputs import ModelInputs
@@ -106,6 +108,26 @@ class BertLayer(nn.Module):
         return linear_add_norm(self.down_proj, h, x, self.mlp_norm)
 
 
+    def forward_rows(self, x: torch.Tensor, inputs: ModelInputs, rows: torch.Tensor,
+                     keep_bf16: bool | None = None) -> torch.Tensor:
+        """This layer's output on `rows` alone ([num_seqs] packed indices, one per sequence,
+        in sequence order): keys and values from every token of x [num_tokens, hidden], the
+        rest on the rows. Returns [num_seqs, hidden] (the pooled-rows route: run_layers).
+        keep_bf16: whether q/k/v leave bf16 and int8 linears rounded to bf16; None: as
+        forward's (False after a C stack, whose attention reads them in fp32)."""
+        h = x.shape[1]
+        keep = keep_bf16 if keep_bf16 is not None else \
+            not self.attention_bf16_products or bf16_kernel_takes(self.head_dim)
+        kv = linear_columns(self.qkv_proj, x, h, 3 * h, keep)  # [num_tokens, 2 * hidden]
+        x_rows = x.index_select(0, rows)  # [num_seqs, hidden]
+        q = linear_columns(self.qkv_proj, x_rows, 0, h, keep)  # [num_seqs, hidden]
+        k, v = (t.view(x.shape[0], self.num_heads, self.head_dim) for t in kv.split(h, -1))
+        attn = attention_for_rows(q.view(-1, self.num_heads, self.head_dim), k, v,
+                                  inputs.seq_lens, self.head_dim ** -0.5, inputs.num_unattended)
+        y = linear_add_norm(self.o_proj, attn.reshape(x_rows.shape[0], -1), x_rows,
+                            self.attn_norm)
+        return linear_add_norm(self.down_proj, self._up(y, None), y, self.mlp_norm)
+
     def _up(self, x: torch.Tensor, workspace: Workspace | None) -> torch.Tensor:
         if workspace is not None and writes_into(self.up_proj, x):
             # a long fp32 step: the GEMM into the shared buffer, then the activation in place
@@ -153,27 +175,85 @@ def long_route_min_len(model: nn.Module) -> int | None:
     return attention_cpu.FLASH_MIN_LEN if flash_route(model) else attention_cpu.SDPA_MIN_LEN
 
 
+# Steps of at most this many tokens that a C layer stack takes run the whole stack in C even
+# when the pooling reads one row per sequence: the last layer in torch on the rows costs ~15
+# eager ops and five oneDNN calls (~66 us each on a few rows), more than the C stack's last
+# layer on so few tokens. Off/on time, fp32 C stack either way, Xeon (Sapphire Rapids) VM, 2
+# threads, best of 5 alternating (benchmarks/prune_last_layer.py --parts short): MiniLM-L6
+# 0.69 at 12 tokens, 0.89 at 48, 0.97 at 96, 1.02 at 192, 1.08 at 256; BERT-base 0.90 at 12,
+# 0.98 at 48, 1.03 at 96, 1.04 at 192. The int8 stack's steps (at most 64 tokens) stay whole.
+C_STACK_PRUNE_MIN_TOKENS = 128
+
+
+def pruned_rows(model: nn.Module, inputs: ModelInputs,
+                position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor | None:
+    """The rows whose last-layer output the step's pooling reads ([num_seqs] packed indices,
+    ModelInputs.output_rows), where `model` takes the pooled-rows route: it declares
+    `prunes_last_layer`, no score bias (MPNet's relative positions), no LoRA adapter in the
+    pass; None means every row."""
+    rows = inputs.output_rows
+    if rows is None or not getattr(model, "prunes_last_layer", False) or \
+            position_bias is not None or lora_active():
+        return None
+    return rows
+
+
 def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
                position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
     """model.layers (BertLayers) over x [num_tokens, hidden]: a short step in one C call
     (pooler/kernels/bert_int8_cpu.py for int8 layers that kept no fp32 copy, or the int8 layers
     an fp32 model keeps for short steps; else bert_cpu.py in fp32), anything else layer by
     layer. BERT, DistilBERT and MPNet. A step with LoRA adapters goes layer by layer: the C
-    stacks cannot add their updates; so does a step with a long document (long_route_takes_one)."""
+    stacks cannot add their updates; so does a step with a long document (long_route_takes_one).
+    With `inputs.output_rows` (pruned_rows), the last layer runs on those rows alone
+    (BertLayer.forward_rows), after the others in C or in torch; only those rows of the result
+    hold the last layer's output."""
+    rows = pruned_rows(model, inputs, position_bias)
+    if rows is not None and len(model.layers) and x.shape[0] > rows.shape[0]:
+        return _run_layers_then_rows(model, x, inputs, rows)
     if not lora_active() and not long_route_takes_one(model, inputs, position_bias):
         fused = int8_bert_layers_on_cpu(model, x, inputs, position_bias)
         if fused is None:
             fused = bert_layers_on_cpu(model, x, inputs, position_bias)
         if fused is not None:
             return fused
+    return _torch_layers(model, model.layers, x, inputs, position_bias)
+
+
+def _torch_layers(model: nn.Module, layers, x: torch.Tensor, inputs: ModelInputs,
+                  position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
     # long fp32 steps: the widest activations in buffers the layers share for this pass
     # (q/k/v and the up projection share its "wide" buffer)
     # (from the config: calibration may have wrapped the linear layers)
     cfg = model.config
     workspace = Workspace.for_step(x, max(3 * cfg.hidden_size, cfg.intermediate_size))
-    for layer in model.layers:
+    for layer in layers:
         x = layer(x, inputs, position_bias, workspace)
     return x
+
+
+def _run_layers_then_rows(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
+                          rows: torch.Tensor) -> torch.Tensor:
+    """All layers but the last as run_layers would run them (the C stacks take a layer count:
+    the same call one layer short), then the last on `rows`, written into x's rows. A step of
+    at most C_STACK_PRUNE_MIN_TOKENS tokens that a C stack takes runs the whole stack in C."""
+    num_layers = len(model.layers)
+    if not long_route_takes_one(model, inputs, None):
+        if x.shape[0] <= C_STACK_PRUNE_MIN_TOKENS:
+            if int8_bert_layers_on_cpu(model, x, inputs) is not None or \
+                    bert_layers_on_cpu(model, x, inputs) is not None:
+                return x
+        else:
+            stack = int8_bert_layers_on_cpu(model, x, inputs, num_layers=num_layers - 1)
+            # the int8 stack's own last layer (an fp32 model's int8 twin for short steps)
+            last = int8_stack_layers(model)[-1] if stack is not None else model.layers[-1]
+            if stack is None:
+                stack = bert_layers_on_cpu(model, x, inputs, num_layers=num_layers - 1)
+            if stack is not None:
+                return scatter_rows(stack, rows,
+                                    last.forward_rows(stack, inputs, rows, keep_bf16=False))
+    x = _torch_layers(model, model.layers[:-1], x, inputs)
+    return scatter_rows(x, rows, model.layers[-1].forward_rows(x, inputs, rows))
 
 
 # HF parameter name (after the model prefix) -> (our name, slot in a fused q/k/v weight).
@@ -197,6 +277,9 @@ class BertModel(nn.Module):
     loads_weights_in_one_pass = True
     # its short steps run the C layer stack (run_layers): int8 keeps fp32 copies for it
     short_steps_in_c = True
+    # a step whose pooling reads one row per sequence runs the last layer on those rows alone
+    # (ModelInputs.output_rows, run_layers)
+    prunes_last_layer = True
 
     # Checkpoint prefixes of the task models (BertForX keeps the encoder under `bert.`).
     weight_prefixes = ("bert.", "roberta.", "model.")

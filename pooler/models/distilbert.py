@@ -48,6 +48,9 @@ class DistilBertModel(nn.Module):
     loads_weights_in_one_pass = True
     # its short steps run the C layer stack (run_layers): int8 keeps fp32 copies for it
     short_steps_in_c = True
+    # a step whose pooling reads one row per sequence runs the last layer on those rows alone
+    # (ModelInputs.output_rows, bert.run_layers)
+    prunes_last_layer = True
 
     # DistilBertFor* keep the encoder under `distilbert.`; a bare DistilBertModel has none.
     weight_prefixes = ("distilbert.",)

@@ -22,6 +22,12 @@ class ModelInputs:
     # LoRA: adapter i of the step owns tokens [lora.bounds[i], lora.bounds[i+1]) ([num_adapters
     # + 1] bounds; sequences are ordered by adapter); None when the step is the base's alone.
     lora: LoraRows | None = None
+    # [num_seqs] int64: the one packed row per sequence (in sequence order) that the step's
+    # pooling reads, set by the model runner only when every request pools a single row
+    # ([CLS], <s>, the last token). A backbone that declares `prunes_last_layer` then computes
+    # its last layer on these rows alone and only they hold correct outputs; the others ignore
+    # it. None: every row is read.
+    output_rows: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,8 @@ from torch import nn
 
 from pooler.layers.attention import packed_attention
 from pooler.layers.gated_mlp import GatedMLP
+from pooler.layers.lora import lora_active
+from pooler.layers.row_attention import attention_for_rows, scatter_rows
 from pooler.layers.rotary import apply_rotary, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_named_weights
@@ -130,6 +132,24 @@ class Attention(nn.Module):
         # out: [num_tokens, heads, head_dim]
         return self.o_proj(out.reshape(n, -1))
 
+    def forward_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     inputs: ModelInputs, rows: torch.Tensor,
+                     positions: list[int]) -> torch.Tensor:  # [num_seqs, hidden]
+        """Attention of `rows` alone (one per sequence, at `positions` in it) against the keys
+        and values of every token they see (the pooled-rows route: LlamaModel.forward)."""
+        n, s = x.shape[0], rows.shape[0]
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q = self.q_proj(x.index_select(0, rows)).view(s, self.num_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q, cos.index_select(0, rows), sin.index_select(0, rows))
+        k = apply_rotary(k, cos, sin)
+        out = attention_for_rows(q, k, v, inputs.seq_lens, self.head_dim ** -0.5,
+                                 inputs.num_unattended, query_positions=positions, causal=True,
+                                 half_window=self.half_window)
+        return self.o_proj(out.reshape(s, -1))
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: LlamaConfig):
@@ -144,10 +164,20 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, inputs)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def forward_rows(self, x, cos, sin, inputs: ModelInputs, rows: torch.Tensor,
+                     positions: list[int]) -> torch.Tensor:  # [num_seqs, hidden]
+        """This layer's output on `rows` alone (keys and values still from every token)."""
+        x_rows = x.index_select(0, rows) + self.self_attn.forward_rows(
+            self.input_layernorm(x), cos, sin, inputs, rows, positions)
+        return x_rows + self.mlp(self.post_attention_layernorm(x_rows))
+
 
 class LlamaModel(nn.Module):
     # LlamaForCausalLM / *ForSequenceClassification keep the decoder under `model.`.
     weight_prefixes = ("model.",)
+    # a step whose pooling reads one row per sequence (the last token, or the last non-pad
+    # one) runs the last layer on those rows alone (ModelInputs.output_rows)
+    prunes_last_layer = True
 
     def __init__(self, hf_config: dict):
         super().__init__()
@@ -167,9 +197,18 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(inputs.input_ids)
         cos, sin = rotary_cos_sin(inputs.positions, self.config.head_dim, self.config.rope_theta,
                                   x.dtype)
-        for layer in self.layers:
+        rows = inputs.output_rows if not lora_active() else None
+        if rows is None or not len(self.layers) or rows.shape[0] >= x.shape[0]:
+            for layer in self.layers:
+                x = layer(x, cos, sin, inputs)
+            return self.norm(x)
+        for layer in self.layers[:-1]:
             x = layer(x, cos, sin, inputs)
-        return self.norm(x)
+        # each row's index in its own sequence: causal attention sees the keys up to it
+        positions = (rows - inputs.cu_seqlens[:-1].to(rows.dtype)).tolist()
+        out = self.layers[-1].forward_rows(x, cos, sin, inputs, rows, positions)
+        # only the pooled rows hold the model's output: the pooling reads no other
+        return scatter_rows(x, rows, self.norm(out))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Checkpoint names (prefix stripped) equal our parameter names; returns those consumed."""

@@ -22,8 +22,9 @@ from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.kernels.attention_cpu import bf16_kernel_takes
 from pooler.layers.linear import (act_in_place, linear_act, linear_add, linear_add_norm,
-                                  onednn_postop)
-from pooler.layers.lora import has_lora
+                                  linear_columns, onednn_postop)
+from pooler.layers.lora import has_lora, lora_active
+from pooler.layers.row_attention import attention_for_rows, scatter_rows
 from pooler.layers.rotary import apply_rotary_fp32, rotary_cos_sin
 from pooler.layers.workspace import Workspace, act_in_place_by_name, linear_into, writes_into
 from pooler.models.inputs import ModelInputs
@@ -172,6 +173,27 @@ class RotaryAttention(nn.Module):
         return out.reshape(n, -1)  # out: [num_tokens, heads, head_dim]
 
 
+    def attend_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    inputs: ModelInputs, rows: torch.Tensor
+                    ) -> torch.Tensor:  # [num_seqs, heads * head_dim]
+        """Attention of `rows` alone ([num_seqs] packed indices, one per sequence) against
+        every token's keys and values (the pooled-rows route: RotaryEncoder.forward)."""
+        n, q_size = x.shape[0], self.sizes[0]
+        # q/k/v rounded to bf16 where attend's would be (bf16 and int8 engines)
+        keep = self.num_heads == self.num_kv_heads and (
+            not self.attention_bf16_products or bf16_kernel_takes(self.head_dim))
+        kv = linear_columns(self.qkv_proj, x, q_size, sum(self.sizes), keep)  # [tokens, k + v]
+        k, v = kv.split(self.sizes[1:], dim=-1)
+        k = apply_rotary_fp32(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        q = linear_columns(self.qkv_proj, x.index_select(0, rows), 0, q_size, keep)  # [seqs, q]
+        q = apply_rotary_fp32(q.view(-1, self.num_heads, self.head_dim),
+                              cos.index_select(0, rows), sin.index_select(0, rows))
+        out = attention_for_rows(q, k, v, inputs.seq_lens, self.head_dim ** -0.5,
+                                 inputs.num_unattended)
+        return out.reshape(rows.shape[0], -1)
+
+
 class RotaryMLP(nn.Module):
     """Gated: mlp_in makes [gate | up], act(gate) * up goes through mlp_out. Plain: mlp_in is
     fc1, act, then mlp_out (fc2)."""
@@ -233,9 +255,27 @@ class RotaryEncoderLayer(nn.Module):
         return linear_add_norm(mlp.mlp_out, mlp.inner(x, workspace), x, self.mlp_norm)
 
 
+    def forward_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     inputs: ModelInputs, rows: torch.Tensor) -> torch.Tensor:
+        """This layer's output on `rows` alone: [num_seqs, hidden] (keys and values still
+        from every token of x [num_tokens, hidden])."""
+        attn, mlp = self.attn, self.mlp
+        if self.pre_norm:
+            normed = self.attn_norm(x)  # every token: the keys and values read it
+            x = linear_add(attn.o_proj, attn.attend_rows(normed, cos, sin, inputs, rows),
+                           x.index_select(0, rows))
+            return linear_add(mlp.mlp_out, mlp.inner(self.mlp_norm(x)), x)
+        x = linear_add_norm(attn.o_proj, attn.attend_rows(x, cos, sin, inputs, rows),
+                            x.index_select(0, rows), self.attn_norm)
+        return linear_add_norm(mlp.mlp_out, mlp.inner(x), x, self.mlp_norm)
+
+
 class RotaryEncoder(nn.Module):
     """The backbone: embeddings, layers, and (pre-norm) the final norm. Subclasses (one thin
     file per family) give the config and the checkpoint's names."""
+    # a step whose pooling reads one row per sequence runs the last layer on those rows alone
+    # (ModelInputs.output_rows)
+    prunes_last_layer = True
 
     def __init__(self, cfg: RotaryEncoderConfig, layout: str):
         super().__init__()
@@ -262,9 +302,16 @@ class RotaryEncoder(nn.Module):
         # (q/k/v and the MLP's input projection share its "wide" buffer)
         workspace = Workspace.for_step(x, max(sum(cfg.qkv_sizes), cfg.intermediate_size * (
             2 if cfg.gated_mlp else 1)))
-        for layer in self.layers:
+        rows = inputs.output_rows if self.prunes_last_layer and not lora_active() else None
+        if rows is None or not len(self.layers) or rows.shape[0] >= x.shape[0]:
+            for layer in self.layers:
+                x = layer(x, cos, sin, inputs, workspace)
+            return x if self.norm is None else self.norm(x)
+        for layer in self.layers[:-1]:
             x = layer(x, cos, sin, inputs, workspace)
-        return x if self.norm is None else self.norm(x)
+        out = self.layers[-1].forward_rows(x, cos, sin, inputs, rows)  # [num_seqs, hidden]
+        # only the pooled rows hold the model's output: the pooling reads no other
+        return scatter_rows(x, rows, out if self.norm is None else self.norm(out))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         from pooler.models.rotary_weights import load_rotary_weights

@@ -52,6 +52,20 @@ class BGEM3Pooler(nn.Module):
         if outputs is not None:
             params.extra[OUTPUTS_KEY] = list(check_outputs(outputs))
 
+    @property
+    def reads_one_row(self) -> bool:
+        """Whether rows_read can answer: the dense pooler's, for steps of dense outputs."""
+        return bool(getattr(self.dense, "reads_one_row", False))
+
+    def rows_read(self, metadata: PoolingMetadata) -> list[int] | None:
+        """The dense pooler's rows when no request asks for sparse or ColBERT outputs (those
+        read every token), else None."""
+        for params in metadata.pooling_params:
+            if set(params.extra.get(OUTPUTS_KEY) or ()) - {"dense"}:
+                return None
+        rows_read = getattr(self.dense, "rows_read", None)
+        return None if rows_read is None else rows_read(metadata)
+
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list:
         dense = self.dense(hidden, metadata)  # one [dim] vector per request
         wanted = [p.extra.get(OUTPUTS_KEY) for p in metadata.pooling_params]

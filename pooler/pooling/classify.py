@@ -157,6 +157,12 @@ class SequenceClassifyPooler(nn.Module):
             indices.append(start + (int(keep[-1]) if len(keep) else 0))
         return indices
 
+    reads_one_row = True  # rows_read always answers
+
+    def rows_read(self, metadata: PoolingMetadata) -> list[int] | None:
+        """The one row per request the head reads: the very rows forward indexes."""
+        return self._token_indices(metadata)
+
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         logits = self.head(hidden[self._token_indices(metadata)])  # [R, num_labels]
         return [apply_activation(self.activation, row, p.use_activation)

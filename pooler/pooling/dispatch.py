@@ -37,11 +37,43 @@ class DispatchPooler(nn.Module):
         if check is not None:
             check(params)
 
-    def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
-        """hidden: [num_tokens, hidden] -> one output tensor per request, in request order."""
+    def rows_read(self, metadata: PoolingMetadata) -> list[int] | None:
+        """The packed row each request's pooling reads, one per request in request order, when
+        every request of the step reads exactly one row of its sequence (a task pooler says so
+        with a `rows_read(metadata)` method of its own); None when any reads more (mean or max
+        pooling, token tasks, multi-vector and sparse outputs) or its pooler does not say.
+        The model runner then lets the backbone compute its last layer on those rows alone
+        (ModelInputs.output_rows)."""
+        rows: list[int | None] = [None] * metadata.num_reqs
+        for task, indices in self._by_task(metadata).items():
+            pooler = self.poolers[task] if task in self.poolers else None
+            ask = getattr(pooler, "rows_read", None)
+            sub = metadata if len(indices) == metadata.num_reqs else metadata.subset(indices)
+            answer = ask(sub) if ask is not None else None
+            if answer is None or len(answer) != len(indices):
+                return None
+            for i, row in zip(indices, answer):
+                start, length = metadata.seq_starts[i], metadata.seq_lens[i]
+                if not start <= row < start + length:  # a row outside its own sequence
+                    return None
+                rows[i] = row
+        return rows  # type: ignore[return-value]
+
+    def reads_one_row(self) -> bool:
+        """Whether some task's pooler may read one row per request (rows_read may answer for
+        a step of that task): what Engine.step_paths() reports."""
+        return any(getattr(p, "reads_one_row", False) for p in self.poolers.values())
+
+    @staticmethod
+    def _by_task(metadata: PoolingMetadata) -> dict[str, list[int]]:
         by_task: dict[str, list[int]] = {}
         for i, params in enumerate(metadata.pooling_params):
             by_task.setdefault(params.task, []).append(i)
+        return by_task
+
+    def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
+        """hidden: [num_tokens, hidden] -> one output tensor per request, in request order."""
+        by_task = self._by_task(metadata)
         outputs: list[torch.Tensor | None] = [None] * metadata.num_reqs
         for task, indices in by_task.items():
             if task not in self.poolers:

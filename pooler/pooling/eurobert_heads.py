@@ -34,6 +34,15 @@ class EuroBertClassifyPooler(nn.Module):
     def _head(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., num_labels]
         return self.classifier(F.gelu(self.dense(x)))
 
+    @property
+    def reads_one_row(self) -> bool:
+        return self.pooling == "bos"
+
+    def rows_read(self, metadata: PoolingMetadata) -> list[int] | None:
+        """The first token of each request for "bos" pooling; None for "mean" and "late",
+        which read every token."""
+        return list(metadata.seq_starts) if self.pooling == "bos" else None
+
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         if self.pooling == "late":
             per_token = self._head(hidden)  # [num_tokens, num_labels]

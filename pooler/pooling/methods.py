@@ -40,6 +40,17 @@ def pool_sequences(mode: str, hidden: torch.Tensor, metadata: PoolingMetadata,
     raise ValueError(f"Unknown pooling mode {mode!r}; supported: {list(SEQUENCE_POOLING_MODES)}.")
 
 
+def rows_read(mode: str, metadata: PoolingMetadata) -> list[int] | None:
+    """The packed row each request's `mode` pooling reads (one per request, in request order),
+    or None when it reads more than one row of a sequence (mean, max): what pool_sequences
+    indexes for cls and lasttoken, whatever include_prompt says."""
+    if mode == "cls":
+        return list(metadata.seq_starts)
+    if mode == "lasttoken":
+        return [s + n - 1 for s, n in zip(metadata.seq_starts, metadata.seq_lens)]
+    return None
+
+
 def split_tokens(hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
     """All token states of each request: list of [seq_len, hidden] views."""
     return [hidden[s:e] for s, e in metadata.token_spans()]

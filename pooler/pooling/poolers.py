@@ -7,7 +7,7 @@ from torch import nn
 from pooler.pooling.heads import (DenseProjector, finalize_embeddings,
                                   finalize_token_embeddings)
 from pooler.pooling.metadata import PoolingMetadata
-from pooler.pooling.methods import pool_sequences, split_tokens
+from pooler.pooling.methods import pool_sequences, rows_read, split_tokens
 
 
 class EmbeddingPooler(nn.Module):
@@ -25,6 +25,15 @@ class EmbeddingPooler(nn.Module):
     def out_features(self) -> int:
         """Length of an output vector: the last Dense module's, else the hidden size."""
         return self.projector.out_features or self.hidden_size
+
+    @property
+    def reads_one_row(self) -> bool:
+        """Whether rows_read can answer (cls, lasttoken), whatever the step."""
+        return self.mode in ("cls", "lasttoken")
+
+    def rows_read(self, metadata: PoolingMetadata) -> list[int] | None:
+        """The one row per request this pooler reads (cls, lasttoken), or None (mean, max)."""
+        return rows_read(self.mode, metadata)
 
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         pooled = pool_sequences(self.mode, hidden, metadata, self.include_prompt)  # [R, H]

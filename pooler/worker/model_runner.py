@@ -27,6 +27,7 @@ from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOut
 from pooler.worker.memory import HeapTrimmer, bound_kernel_caches, tune_malloc_for_steps
 from pooler.worker.image_runner import DEFAULT_PAGE_ENCODER_CACHE_BYTES, ImageRunner
 from pooler.worker.pooling_runner import PoolingRunner
+from pooler.worker.pooled_rows import pruning_enabled, set_output_rows
 from pooler.worker.int8_calibration import calibration_forward
 from pooler.worker.layer_stack_check import LayerStackDecision, choose_large_step_path
 from pooler.worker.precision_check import choose_int8_or_fp32, refresh_int8_short_steps
@@ -66,6 +67,9 @@ class ModelRunner(ModelRunnerBase):
             self.layer_stack_decision = choose_large_step_path(self.model.backbone,
                                                                model_config.max_model_len)
         self.pooling_runner = PoolingRunner(model_config, self.model.pooler)
+        # steps whose pooling reads one row per sequence compute the last layer on those rows
+        # (pooled_rows.py; POOLER_PRUNE_LAST_LAYER=0 turns it off)
+        self.prune_last_layer = pruning_enabled(getattr(self.model, "backbone", None))
         # Image models (two-tower, page retrieval): the vision tower and the encoder cache.
         self.image_runner = None
         if getattr(model_config, "two_tower", None) is not None:
@@ -126,6 +130,8 @@ class ModelRunner(ModelRunnerBase):
                 inputs, metadata = self._prepare_inputs(text_reqs, step_lora)
                 with torch.inference_mode():
                     merged = self._merged_images(text_reqs, metadata.seq_starts)
+                    if self.prune_last_layer:
+                        set_output_rows(inputs, metadata, self.model.pooler, bool(merged))
                     with lora_rows(inputs.lora):
                         hidden_states = self.model.backbone(inputs, **merged)  # [tokens, hidden]
                     outputs, errors = self.pooling_runner.pool(

@@ -10,16 +10,39 @@ from torch import nn
 from pooler.kernels import bert_cpu, bert_int8_cpu
 from pooler.kernels.build import encoder_kernels
 from pooler.layers.quantization import Int8Linear
+from pooler.models import bert
 from pooler.models.bert import long_route_min_len
+from pooler.worker.pooled_rows import pruning_enabled
 
 ALL_STEPS = "all steps"
+
+
+POOLED_ROWS = "steps pooling one row per text"
 
 
 def step_paths(model: nn.Module | None, device: torch.device) -> dict[str, str]:
     """{range of step sizes: path}, in order of step size: e.g. {"1-64 tokens": "int8 C stack
     (avx512-vnni)", "65+ tokens": "int8 layers (avx512-vnni)"}; one "all steps" entry where
-    every step takes the same path."""
+    every step takes the same path. A model that takes the pooled-rows route
+    (pooler/worker/pooled_rows.py) adds a POOLED_ROWS entry: where its last layer runs on the
+    rows the pooling reads."""
     backbone = getattr(model, "backbone", model)
+    return {**_size_paths(model, backbone, device), **_pooled_rows(model, backbone)}
+
+
+def _pooled_rows(model: nn.Module | None, backbone: nn.Module | None) -> dict[str, str]:
+    pooler = getattr(model, "pooler", None)
+    reads_one_row = getattr(pooler, "reads_one_row", None)
+    if not pruning_enabled(backbone) or reads_one_row is None or not reads_one_row():
+        return {}
+    if getattr(backbone, "short_steps_in_c", False) and bert_cpu.stack_config_ok(backbone):
+        return {POOLED_ROWS: "last layer on those rows (where a C stack takes the step: from "
+                             f"{bert.C_STACK_PRUNE_MIN_TOKENS + 1} tokens)"}
+    return {POOLED_ROWS: "last layer on those rows"}
+
+
+def _size_paths(model: nn.Module | None, backbone: nn.Module | None,
+                device: torch.device) -> dict[str, str]:
     layers = _layers_path(model, backbone, device)
     if device.type != "cpu" or backbone is None or "layers" not in backbone._modules or \
             not getattr(backbone, "short_steps_in_c", False) or \

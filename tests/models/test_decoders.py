@@ -182,6 +182,9 @@ def test_bf16_and_int8_engines_let_decoder_attention_round_to_bf16(tmp_path, mon
     ids = random_ids([200, 7], 97, seed=5)
     want = np.stack([o.embedding for o in Engine(str(path)).embed(ids)])
     monkeypatch.setattr(attention_cpu, "BF16_SDPA_MIN_LEN", 64)
+    # every layer's full attention (the pooled-rows route runs the last one on the last
+    # token alone: pooler/worker/pooled_rows.py)
+    monkeypatch.setenv("POOLER_PRUNE_LAST_LAYER", "0")
     calls = []
     real = F.scaled_dot_product_attention
 

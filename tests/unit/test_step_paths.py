@@ -10,8 +10,15 @@ from pooler.kernels.build import encoder_kernels
 from pooler.kernels.int8_cpu import int8_path, runnable_paths
 from pooler.layers.quantization import keep_fp32_short_steps
 from pooler.models.bert import long_route_min_len
-from pooler.worker.step_paths import step_paths
-from tests.models.tiny import save_tiny_bert
+from pooler.models import bert
+from pooler.worker.pooled_rows import PRUNE_ENV
+from pooler.worker.step_paths import POOLED_ROWS, step_paths
+from tests.models.tiny import add_st_pooling, save_tiny_bert
+
+# these folders pool [CLS] (no sentence-transformers modules): their last layer may run on it
+ROWS = {POOLED_ROWS: "last layer on those rows"}
+STACK_ROWS = {POOLED_ROWS: "last layer on those rows (where a C stack takes the step: from "
+                           f"{bert.C_STACK_PRUNE_MIN_TOKENS + 1} tokens)"}
 
 needs_stack = pytest.mark.skipif(encoder_kernels() is None or not runnable_paths(),
                                  reason="no C layer stacks built on this CPU")
@@ -36,9 +43,10 @@ def test_fp32_engine_short_steps_on_the_fp32_stack(folders):
         long = long_route_min_len(engine.core.model_runner.model.backbone)
         assert engine.step_paths() == {
             "all steps": stack,
-            f"steps with a document of {long}+ tokens": "fp32 layers (oneDNN)"}
+            f"steps with a document of {long}+ tokens": "fp32 layers (oneDNN)", **STACK_ROWS}
     else:
-        assert engine.step_paths() == {"1-48 tokens": stack, "49+ tokens": "fp32 layers (oneDNN)"}
+        assert engine.step_paths() == {"1-48 tokens": stack, "49+ tokens": "fp32 layers (oneDNN)",
+                                       **STACK_ROWS}
 
 
 @needs_stack
@@ -49,18 +57,32 @@ def test_int8_engine_short_steps_on_the_int8_stack_or_fp32_copies(folders):
                     precision_check="off")
     path = int8_path()
     assert engine.step_paths() == {"1-64 tokens": f"int8 C stack ({path})",
-                                   "65+ tokens": f"int8 layers ({path})"}
+                                   "65+ tokens": f"int8 layers ({path})", **STACK_ROWS}
     # where the load check kept fp32 copies (fp32 won short steps): the fp32 stack up to 48
     runner = engine.core.model_runner
     fp32 = Engine(str(folders["stack"]), device="cpu").core.model_runner.model
     keep_fp32_short_steps(runner.model, fp32)
     assert engine.step_paths() == {"1-48 tokens": f"fp32 C stack ({encoder_kernels().variant})",
-                                   "49+ tokens": f"int8 layers ({path})"}
+                                   "49+ tokens": f"int8 layers ({path})", **STACK_ROWS}
 
 
 def test_sizes_no_stack_takes_one_path_for_all_steps(folders):
     from pooler import Engine
 
+    engine = Engine(str(folders["no stack"]), device="cpu")
+    assert engine.step_paths() == {"all steps": "fp32 layers (oneDNN)", **ROWS}
+
+
+def test_no_pooled_rows_entry_for_mean_pooling_or_with_the_switch_off(folders, tmp_path,
+                                                                        monkeypatch):
+    import shutil
+
+    from pooler import Engine
+
+    mean = shutil.copytree(folders["no stack"], tmp_path / "mean")
+    add_st_pooling(mean, "mean")
+    assert Engine(str(mean), device="cpu").step_paths() == {"all steps": "fp32 layers (oneDNN)"}
+    monkeypatch.setenv(PRUNE_ENV, "0")
     engine = Engine(str(folders["no stack"]), device="cpu")
     assert engine.step_paths() == {"all steps": "fp32 layers (oneDNN)"}
 
