@@ -224,3 +224,69 @@ def test_decoders_last_token_embed_and_classify(family, window, tmp_path):
     pruned, full = _pruned_and_full(engine, classify)
     np.testing.assert_allclose(pruned, full, atol=ATOL)
     assert _rows_seen(engine, classify) == [len(ids)]
+
+
+@pytest.mark.parametrize("num_layers,last", [(4, "full_attention"), (3, "sliding_attention")])
+def test_modernbert_embed_global_and_local_last_layer(num_layers, last, tmp_path):
+    """CLS and last-token embeddings; the tiny model's layers are global every third from 0, so
+    3 layers end on a local one (local_attention=8: 4 keys each side), and the test texts run
+    far past that window (the CLS row sees the first 5 keys, the last token its last 5)."""
+    from tests.models.modernbert_folders import TEXTS as MB_TEXTS, build_modernbert
+
+    model = build_modernbert(tmp_path / "mb", num_hidden_layers=num_layers)
+    assert model.config.layer_types[-1] == last
+    for mode in ("cls", "lasttoken"):
+        folder = shutil.copytree(tmp_path / "mb", tmp_path / mode)
+        add_st_pooling(folder, mode)
+        engine = Engine(str(folder), device="cpu")
+        lengths = [o.num_tokens for o in engine.embed(MB_TEXTS)]
+        assert max(lengths) > 3 * 8
+        for texts in (MB_TEXTS[1], MB_TEXTS):  # one text, a mixed-length batch
+            _assert_embeddings_equal(engine, texts, normalize=False)
+        assert _rows_seen(engine, lambda: engine.embed(MB_TEXTS)) == [len(MB_TEXTS)]
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_modernbert_classify_cls_pruned_mean_not(pooling, tmp_path):
+    from tests.models.modernbert_folders import TEXTS as MB_TEXTS, build_modernbert
+
+    build_modernbert(tmp_path, "ModernBertForSequenceClassification", seed=1,
+                     classifier_pooling=pooling)
+    engine = Engine(str(tmp_path), device="cpu")
+    _assert_probs_equal(engine, MB_TEXTS)
+    _assert_probs_equal(engine, MB_TEXTS[:3], MB_TEXTS[2:])  # sentence pairs
+    seen = _rows_seen(engine, lambda: engine.classify(MB_TEXTS))
+    if pooling == "cls":
+        assert seen == [len(MB_TEXTS)]
+    else:  # mean pooling reads every token: the last layer computes them all
+        assert seen == [sum(o.num_tokens for o in engine.classify(MB_TEXTS))]
+
+
+@pytest.mark.parametrize("version", ["v3", "v2", "v1"])
+def test_deberta_classify_equal_and_pruned(version, tmp_path):
+    """Cross-encoders reading [CLS] through ContextPooler: single texts and sentence pairs of
+    mixed lengths, past the tiny table's log buckets and its clamp (deberta_folders)."""
+    from tests.models.deberta_folders import TEXTS as DB_TEXTS, V1, V2, V3, build_deberta
+
+    style = {"v3": V3, "v2": V2, "v1": V1}[version]
+    prefix = "Deberta" if version == "v1" else "DebertaV2"
+    build_deberta(tmp_path, prefix + "ForSequenceClassification", seed=6, style=style,
+                  initializer_range=0.2)  # logits far apart: a wrong term shows
+    engine = Engine(str(tmp_path), device="cpu")
+    _assert_probs_equal(engine, DB_TEXTS[3])  # one long text alone
+    _assert_probs_equal(engine, DB_TEXTS)
+    _assert_probs_equal(engine, DB_TEXTS, DB_TEXTS[::-1])  # pairs, both long and short
+    assert _rows_seen(engine, lambda: engine.classify(DB_TEXTS)) == [len(DB_TEXTS)]
+
+
+def test_deberta_last_token_rows_read_their_own_positions(tmp_path):
+    """Last-token embeddings: each row's c2p and p2c terms come from row p > 0 of the index
+    tables (the CLS tests only read row 0)."""
+    from tests.models.deberta_folders import TEXTS as DB_TEXTS, build_deberta
+
+    build_deberta(tmp_path, "DebertaV2Model", seed=7, initializer_range=0.2)
+    add_st_pooling(tmp_path, "lasttoken")
+    engine = Engine(str(tmp_path), device="cpu")
+    for texts in (DB_TEXTS[3], DB_TEXTS):
+        _assert_embeddings_equal(engine, texts, normalize=False)
+    assert _rows_seen(engine, lambda: engine.embed(DB_TEXTS)) == [len(DB_TEXTS)]
