@@ -290,3 +290,32 @@ def test_deberta_last_token_rows_read_their_own_positions(tmp_path):
     for texts in (DB_TEXTS[3], DB_TEXTS):
         _assert_embeddings_equal(engine, texts, normalize=False)
     assert _rows_seen(engine, lambda: engine.embed(DB_TEXTS)) == [len(DB_TEXTS)]
+
+
+@pytest.mark.parametrize("family", ["modernbert", "deberta"])
+def test_modernbert_and_deberta_int8_engines(family, tmp_path):
+    """int8 engines take the route too (q/k/v rounded as the full layer's, attend_rows);
+    ModernBERT's full layer multiplies the attention weights by V in bf16 there (the bf16
+    products kernel), the rows' attention in fp32: 5e-4 apart here, each as close to fp32."""
+    if family == "modernbert":
+        from tests.models.modernbert_folders import TEXTS as texts, build_modernbert
+
+        build_modernbert(tmp_path, num_hidden_layers=3)
+        add_st_pooling(tmp_path, "cls")
+
+        def call(engine):
+            return np.stack([o.embedding for o in engine.embed(texts, normalize=False)])
+    else:
+        from tests.models.deberta_folders import TEXTS as texts, build_deberta
+
+        build_deberta(tmp_path, "DebertaV2ForSequenceClassification", seed=6,
+                      initializer_range=0.2)
+
+        def call(engine):
+            return np.stack([o.probs for o in engine.classify(texts, use_activation=False)])
+    fp32 = call(Engine(str(tmp_path), device="cpu"))
+    engine = Engine(str(tmp_path), device="cpu", quantization="int8", precision_check="off")
+    pruned, full = _pruned_and_full(engine, lambda: call(engine))
+    np.testing.assert_allclose(pruned, full, atol=2e-3)
+    assert np.abs(pruned - fp32).max() <= 1.5 * np.abs(full - fp32).max() + 1e-6
+    assert _rows_seen(engine, lambda: call(engine)) == [len(texts)]
