@@ -20,6 +20,8 @@ Parts:
   document and of 8 x 512 tokens;
 - deberta: a DeBERTa-v3-base cross-encoder (mxbai-rerank-base-v1's shape,
   pooler/bench/arch_folders.py), `Engine.classify` of 16 pairs of ~128 tokens.
+Both also time the last layer alone, full against forward_rows (random inputs, the rows at
+each sequence's start): a signal the host's drift blurs less than a whole step's.
 Prints each case's best time on and off, the ratio off / on (above 1: the route is faster),
 the largest difference of the outputs, and the CPU kind. A shared machine drifts: only the
 ratios mean anything.
@@ -183,6 +185,34 @@ def part_modernbert(args) -> None:
     layer_types = engine.core.model_runner.model.backbone.config.layer_types
     _embed_cases(args, engine, ((f"ModernBERT-base CLS 1 x 4096 ({layer_types[-1]})", [4096]),
                                 ("ModernBERT-base CLS 8 x 512", [512] * 8)))
+    from pooler.layers.rotary import rotary_cos_sin
+
+    backbone = engine.core.model_runner.model.backbone
+    last, cfg = backbone.layers[-1], backbone.config
+    for lengths in ([4096], [512] * 8, [128] * 4, [12]):
+        inputs, x, rows = _layer_inputs(lengths, cfg.hidden_size)
+        rotary = rotary_cos_sin(inputs.positions, cfg.head_dim, cfg.global_rope_theta
+                                if last.layer_type == "full_attention" else
+                                cfg.local_rope_theta, x.dtype)
+        _layer_case(args, f"ModernBERT-base last layer {len(lengths)} x {lengths[0]}", lengths,
+                    lambda: last(x, rotary, inputs),
+                    lambda: last.forward_rows(x, rotary, inputs, rows, [0] * len(lengths)))
+
+
+def _layer_inputs(lengths: list[int], hidden: int):
+    """Packed inputs of `lengths`, random hidden states [num_tokens, hidden], and the rows at
+    each sequence's start."""
+    inputs = _packed(lengths, vocab=2000)
+    x = torch.randn(sum(lengths), hidden, generator=torch.Generator().manual_seed(1))
+    return inputs, x, torch.tensor([0] + list(np.cumsum(lengths))[:-1])
+
+
+def _layer_case(args, case: str, lengths: list[int], full, rows) -> None:
+    with torch.inference_mode():
+        best = best_of(args.repeats * (10 if sum(lengths) <= 512 else 2),
+                       {"on": rows, "off": full}, warmup=2)
+    print(f"{case:<44} rows {best['on'] * 1e3:8.2f} ms  full {best['off'] * 1e3:8.2f} ms  "
+          f"full/rows {best['off'] / best['on']:.2f}", flush=True)
 
 
 def part_deberta(args) -> None:
@@ -192,6 +222,18 @@ def part_deberta(args) -> None:
     engine = Engine(str(arch_folder("deberta-v3", tiny=False)), device="cpu",
                     num_threads=args.threads)
     _classify_case(args, engine, "DeBERTa-v3-base cross 16 x ~128")
+    from pooler.models.deberta import _RelativeIndex
+
+    backbone = engine.core.model_runner.model.backbone
+    last = backbone.layers[-1]
+    for lengths in ([128] * 16, [512] * 4):
+        inputs, x, rows = _layer_inputs(lengths, backbone.config.hidden_size)
+        index = _RelativeIndex(backbone.config, max(lengths), x.device)
+        rel = backbone.rel_embeddings.weight[index.lo:index.hi + 1]
+        rel = rel if backbone.rel_norm is None else backbone.rel_norm(rel)
+        _layer_case(args, f"DeBERTa-v3-base last layer {len(lengths)} x {lengths[0]}", lengths,
+                    lambda: last(x, inputs, rel, index),
+                    lambda: last.forward_rows(x, inputs, rel, index, rows, [0] * len(lengths)))
 
 
 def part_cross(args) -> None:

@@ -1,7 +1,8 @@
 """The pooled-rows route (pooler/worker/pooled_rows.py): a step whose pooling reads one row per
 sequence computes the last layer on those rows alone. Engine outputs with the route equal the
-outputs without it (1e-5) for BERT, XLM-R, DistilBERT, ELECTRA, GTE, NomicBert and EuroBERT
-tiny models (embed with CLS pooling, classify), single texts and mixed-length batches; a
+outputs without it (1e-5) for BERT, XLM-R, DistilBERT, ELECTRA, GTE, NomicBert, EuroBERT,
+ModernBERT (global and local last layers), DeBERTa v1/v2/v3 and decoder tiny models (embed with
+CLS or last-token pooling, classify), single texts and mixed-length batches; a
 forward hook shows the last layer's MLP saw one row per text, and that mean pooling,
 token_embed and the switch POOLER_PRUNE_LAST_LAYER=0 keep every row."""
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 
 from pooler import Engine
 from pooler.worker.pooled_rows import PRUNE_ENV
+from pooler.worker.step_paths import POOLED_ROWS
 from tests.models.tiny import add_st_pooling, save_tiny_bert
 from tests.models.tiny_task_models import (minilm_path, save_bert_task_model,
                                            save_roberta_seq_model)
@@ -256,6 +258,7 @@ def test_modernbert_classify_cls_pruned_mean_not(pooling, tmp_path):
     _assert_probs_equal(engine, MB_TEXTS)
     _assert_probs_equal(engine, MB_TEXTS[:3], MB_TEXTS[2:])  # sentence pairs
     seen = _rows_seen(engine, lambda: engine.classify(MB_TEXTS))
+    assert (POOLED_ROWS in engine.step_paths()) == (pooling == "cls")
     if pooling == "cls":
         assert seen == [len(MB_TEXTS)]
     else:  # mean pooling reads every token: the last layer computes them all
