@@ -6,7 +6,8 @@ norm) closed by a final norm, a GeGLU MLP, optional biases (none by default), an
 alternates between global layers and local layers that see `local_attention // 2` tokens on each
 side. A step whose pooling reads one row per sequence (CLS embeddings, `classifier_pooling="cls"`
 classifiers) runs the last layer and the final norm on those rows alone (ModelInputs.output_rows,
-pooler/layers/row_attention.py), within the window where that layer is local. Heads (prediction head, classifiers, MLM decoder) live in pooler/pooling, never here.
+pooler/layers/row_attention.py), within the window where that layer is local. Heads (prediction
+head, classifiers, MLM decoder) live in pooler/pooling, never here.
 """
 from __future__ import annotations
 
