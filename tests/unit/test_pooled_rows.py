@@ -1,8 +1,8 @@
-"""The pooled-rows route's parts: attention of one query row per sequence against full
-attention (GQA, unattended keys, an additive per-key bias), which rows the poolers say they
-read (and when they refuse), and the BERT layer stack's routes with the last layer on the rows (the C stacks one layer short,
-fp32 large steps, int8, a long document on the torch layers) against the full stack, on both
-kernel builds."""
+"""The pooled-rows route's parts: attention of one query row per sequence against full attention
+(GQA, unattended keys, an additive per-key bias), which rows the poolers say they read (and when
+they refuse), and the BERT layer stack's routes with the last layer on the rows (the C stacks
+one layer short, fp32 large steps, int8, a long document on the torch layers) against the full
+stack, on both kernel builds."""
 from __future__ import annotations
 
 import pytest
