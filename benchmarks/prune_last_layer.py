@@ -1,7 +1,8 @@
 """The pooled-rows route (the last encoder layer on the one row per sequence the pooling reads:
 pooler/worker/pooled_rows.py) on and off, alternating in one process, best of N per case.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/prune_last_layer.py [--parts short,gte,cross]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/prune_last_layer.py
+        [--parts short,gte,cross,modernbert,deberta]
         [--threads 2] [--repeats 3]   (and --parts attention: the row attention's routes)
 
 Parts:
@@ -13,7 +14,14 @@ Parts:
   weights), `Engine.embed` of 1 x 12, 4 x 32 and 8 x 512 tokens and of one 4,096-token
   document;
 - cross: a MiniLM-L6 cross-encoder shape (BertForSequenceClassification 6 x 384, one label,
-  seeded), `Engine.classify` of 16 pairs of ~128 tokens.
+  seeded), `Engine.classify` of 16 pairs of ~128 tokens;
+- modernbert: ModernBERT-base's shape (the long_context workload's folder, 22 x 768, its last
+  layer global) with CLS pooling (as gte-modernbert-base), `Engine.embed` of one 4,096-token
+  document and of 8 x 512 tokens;
+- deberta: a DeBERTa-v3-base cross-encoder (mxbai-rerank-base-v1's shape,
+  pooler/bench/arch_folders.py), `Engine.classify` of 16 pairs of ~128 tokens.
+Both also time the last layer alone, full against forward_rows (random inputs, the rows at
+each sequence's start): a signal the host's drift blurs less than a whole step's.
 Prints each case's best time on and off, the ratio off / on (above 1: the route is faster),
 the largest difference of the outputs, and the CPU kind. A shared machine drifts: only the
 ratios mean anything.
@@ -126,6 +134,108 @@ def part_gte(args) -> None:
         report(case, best, diff)
 
 
+def _embed_cases(args, engine, cases) -> None:
+    for case, lengths in cases:
+        ids = _ids(lengths, seed=len(lengths))
+        sides = _engine_sides(engine, lambda: np.stack(
+            [o.embedding for o in engine.embed(ids)]))
+        best = best_of(args.repeats, sides)
+        diff = float(np.abs(sides["on"]() - sides["off"]()).max())
+        report(case, best, diff)
+
+
+def _pairs(count: int = 16, query_words: int = 8, doc_words: int = 110):
+    """`count` query / document pairs of ~128 tokens (WordPiece: one token a word)."""
+    rng = np.random.default_rng(0)
+    words = "the of a query document search ranking passage model answer".split()
+    return ([" ".join(rng.choice(words, query_words)) for _ in range(count)],
+            [" ".join(rng.choice(words, doc_words)) for _ in range(count)])
+
+
+def _classify_case(args, engine, case: str) -> None:
+    queries, docs = _pairs()
+    sides = _engine_sides(engine, lambda: np.stack(
+        [o.probs for o in engine.classify(queries, text_pair=docs)]))
+    best = best_of(args.repeats, sides)
+    diff = float(np.abs(sides["on"]() - sides["off"]()).max())
+    report(case, best, diff)
+
+
+def _with_pooling(folder: Path, mode: str) -> Path:
+    """A sentence-transformers folder like `folder` (its files linked, not copied) pooling
+    with `mode`."""
+    import json
+
+    dest = Path(tempfile.mkdtemp(prefix=f"{folder.name}-{mode}-"))
+    for entry in folder.iterdir():
+        if entry.name != "1_Pooling":
+            (dest / entry.name).symlink_to(entry)
+    (dest / "1_Pooling").mkdir()
+    config = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    (dest / "1_Pooling" / "config.json").write_text(json.dumps({**config, "pooling_mode": mode}))
+    return dest
+
+
+def part_modernbert(args) -> None:
+    from pooler import Engine
+    from pooler.bench.long_folders import long_folder
+
+    folder = _with_pooling(long_folder("modernbert-base", tiny=False), "cls")
+    engine = Engine(str(folder), device="cpu", num_threads=args.threads)
+    layer_types = engine.core.model_runner.model.backbone.config.layer_types
+    _embed_cases(args, engine, ((f"ModernBERT-base CLS 1 x 4096 ({layer_types[-1]})", [4096]),
+                                ("ModernBERT-base CLS 8 x 512", [512] * 8)))
+    from pooler.layers.rotary import rotary_cos_sin
+
+    backbone = engine.core.model_runner.model.backbone
+    last, cfg = backbone.layers[-1], backbone.config
+    for lengths in ([4096], [512] * 8, [128] * 4, [12]):
+        inputs, x, rows = _layer_inputs(lengths, cfg.hidden_size)
+        rotary = rotary_cos_sin(inputs.positions, cfg.head_dim, cfg.global_rope_theta
+                                if last.layer_type == "full_attention" else
+                                cfg.local_rope_theta, x.dtype)
+        _layer_case(args, f"ModernBERT-base last layer {len(lengths)} x {lengths[0]}", lengths,
+                    lambda: last(x, rotary, inputs),
+                    lambda: last.forward_rows(x, rotary, inputs, rows, [0] * len(lengths)))
+
+
+def _layer_inputs(lengths: list[int], hidden: int):
+    """Packed inputs of `lengths`, random hidden states [num_tokens, hidden], and the rows at
+    each sequence's start."""
+    inputs = _packed(lengths, vocab=2000)
+    x = torch.randn(sum(lengths), hidden, generator=torch.Generator().manual_seed(1))
+    return inputs, x, torch.tensor([0] + list(np.cumsum(lengths))[:-1])
+
+
+def _layer_case(args, case: str, lengths: list[int], full, rows) -> None:
+    with torch.inference_mode():
+        best = best_of(args.repeats * (10 if sum(lengths) <= 512 else 2),
+                       {"on": rows, "off": full}, warmup=2)
+    print(f"{case:<44} rows {best['on'] * 1e3:8.2f} ms  full {best['off'] * 1e3:8.2f} ms  "
+          f"full/rows {best['off'] / best['on']:.2f}", flush=True)
+
+
+def part_deberta(args) -> None:
+    from pooler import Engine
+    from pooler.bench.arch_folders import arch_folder
+
+    engine = Engine(str(arch_folder("deberta-v3", tiny=False)), device="cpu",
+                    num_threads=args.threads)
+    _classify_case(args, engine, "DeBERTa-v3-base cross 16 x ~128")
+    from pooler.models.deberta import _RelativeIndex
+
+    backbone = engine.core.model_runner.model.backbone
+    last = backbone.layers[-1]
+    for lengths in ([128] * 16, [512] * 4):
+        inputs, x, rows = _layer_inputs(lengths, backbone.config.hidden_size)
+        index = _RelativeIndex(backbone.config, max(lengths), x.device)
+        rel = backbone.rel_embeddings.weight[index.lo:index.hi + 1]
+        rel = rel if backbone.rel_norm is None else backbone.rel_norm(rel)
+        _layer_case(args, f"DeBERTa-v3-base last layer {len(lengths)} x {lengths[0]}", lengths,
+                    lambda: last(x, inputs, rel, index),
+                    lambda: last.forward_rows(x, inputs, rel, index, rows, [0] * len(lengths)))
+
+
 def part_cross(args) -> None:
     import transformers
 
@@ -140,15 +250,7 @@ def part_cross(args) -> None:
     transformers.BertForSequenceClassification(config).eval().save_pretrained(folder)
     copy_minilm_tokenizer(folder)
     engine = Engine(str(folder), device="cpu", num_threads=args.threads)
-    rng = np.random.default_rng(0)
-    words = "the of a query document search ranking passage model answer".split()
-    queries = [" ".join(rng.choice(words, 8)) for _ in range(16)]
-    docs = [" ".join(rng.choice(words, 110)) for _ in range(16)]
-    sides = _engine_sides(engine, lambda: np.stack(
-        [o.probs for o in engine.classify(queries, text_pair=docs)]))
-    best = best_of(args.repeats, sides)
-    diff = float(np.abs(sides["on"]() - sides["off"]()).max())
-    report("MiniLM-L6 cross-encoder 16 x ~128", best, diff)
+    _classify_case(args, engine, "MiniLM-L6 cross-encoder 16 x ~128")
 
 
 def part_attention(args) -> None:
@@ -194,6 +296,7 @@ def main() -> None:
     print(f"CPU: {cpu.model} ({cpu.kind()}), {args.threads} threads, best of {args.repeats}+ "
           "rounds, on/off alternating", flush=True)
     parts = {"short": part_short, "gte": part_gte, "cross": part_cross,
+             "modernbert": part_modernbert, "deberta": part_deberta,
              "attention": part_attention}
     for name in args.parts.split(","):
         parts[name](args)

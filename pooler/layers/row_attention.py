@@ -39,8 +39,12 @@ def attention_for_rows(
     query_positions: list[int] | None = None,  # [num_seqs] each row's index in its sequence
     causal: bool = False,  # a row sees the keys up to its own position (decoders)
     half_window: int | None = None,  # and those at most this far before it (sliding window)
+    bias: torch.Tensor | None = None,  # [num_tokens, num_heads] added to the scaled scores
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim] in q's dtype
-    """Bidirectional attention needs no query_positions; causal or windowed attention does."""
+    """Bidirectional attention needs no query_positions; causal or windowed attention does.
+    Without causal, a half_window is symmetric: keys at most that far on either side (ModernBERT's
+    local layers). `bias`: each key's additive score term against its sequence's query row
+    (DeBERTa's relative-position terms), already scaled."""
     num_seqs, num_heads, head_dim = q.shape
     num_tokens, num_kv_heads = k.shape[0], k.shape[1]
     if num_seqs != len(seq_lens) or num_tokens != sum(seq_lens):
@@ -61,12 +65,15 @@ def attention_for_rows(
         if half_window is not None:
             firsts = [max(0, p - half_window) for p in query_positions]
     if num_seqs == 1:  # a document alone: no segments to find
-        return _one_sequence(q, k[firsts[0]:ends[0]], v[firsts[0]:ends[0]], scale)
+        return _one_sequence(q, k[firsts[0]:ends[0]], v[firsts[0]:ends[0]], scale,
+                             None if bias is None else bias[firsts[0]:ends[0]])
     group = num_heads // num_kv_heads
     seq = sequence_ids(seq_lens, q.device)  # [num_tokens]
     # [num_tokens, kv_heads, group, head_dim]: each token's own sequence's query
     q_per_token = q.float().view(num_seqs, num_kv_heads, group, head_dim).index_select(0, seq)
     scores = torch.einsum("tkgd,tkd->tkg", q_per_token, k.float()).mul_(scale)
+    if bias is not None:
+        scores.add_(bias.float().view(num_tokens, num_kv_heads, group))
     if ends != list(seq_lens) or any(firsts):
         starts = torch.tensor([0] + seq_lens[:-1], device=q.device).cumsum(0)
         position = torch.arange(num_tokens, device=q.device) - starts.index_select(0, seq)
@@ -87,8 +94,8 @@ def attention_for_rows(
     return out.view(num_seqs, num_heads, head_dim).to(q.dtype)
 
 
-def _one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  scale: float) -> torch.Tensor:
+def _one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """The same attention for a step of one sequence (a long document alone), on the keys
     and values it attends ([keys, kv_heads, head_dim]): two batched matmuls over the heads and
     one softmax."""
@@ -97,6 +104,8 @@ def _one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ks, vs = (t.float().transpose(0, 1) for t in (k, v))  # [kv_heads, keys, head_dim]
     qs = q.float().view(num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = torch.matmul(qs, ks.transpose(1, 2)).mul_(scale)  # [kv_heads, group, keys]
+    if bias is not None:  # [keys, heads]
+        scores.add_(bias.float().T.reshape(num_kv_heads, num_heads // num_kv_heads, -1))
     out = torch.matmul(scores.softmax(-1), vs)  # [kv_heads, group, head_dim]
     return out.reshape(1, num_heads, head_dim).to(q.dtype)
 

@@ -11,6 +11,10 @@ v1 differs only in parameter layout (one fused bias-free `in_proj` laid out head
 separate `q_bias`/`v_bias`; bias-free `pos_proj`), no buckets, no shared keys, no
 relative-embedding norm; its relative index clamp(i - j + max_relative_positions) is the v2 one
 without buckets, so both run through the same code after loading.
+A step whose pooling reads one row per sequence ([CLS] through ContextPooler) runs the last
+layer on those rows alone (ModelInputs.output_rows): their content-to-content and c2p scores,
+and p2c against every key, read the same table rows as the full layer
+(DisentangledAttention.attend_rows).
 Heads (ContextPooler + classifier, token classifier) live in pooler/pooling, never here.
 """
 from __future__ import annotations
@@ -27,7 +31,9 @@ from torch import nn
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.layers.biased_attention import packed_biased_attention
-from pooler.layers.linear import linear_act, onednn_postop
+from pooler.layers.linear import linear_act, linear_columns, onednn_postop
+from pooler.layers.lora import lora_active
+from pooler.layers.row_attention import attention_for_rows, scatter_rows, sequence_ids
 from pooler.models.inputs import ModelInputs
 
 
@@ -255,6 +261,42 @@ class DisentangledAttention(nn.Module):
                                        widest_bias=2 * rel.shape[0])
         return attn.reshape(x.shape[0], -1)  # [num_tokens, heads * head_dim]
 
+    def attend_rows(self, x: torch.Tensor, inputs: ModelInputs, rel: torch.Tensor | None,
+                    index: _RelativeIndex | None, rows: torch.Tensor,
+                    positions: list[int]) -> torch.Tensor:  # [num_seqs, heads * head_dim]
+        """Attention of `rows` alone ([num_seqs] packed indices, one per sequence, at
+        `positions` in it) against every token's keys and values (the pooled-rows route:
+        DebertaModel.forward). Each key j of a row at position p gets the full layer's terms:
+        c2p q_p . Pk[c2p(p, j)] and p2c k_j . Pq[p2c(p, j)], the table rows read from the very
+        [L, L] index tables the full layers use (row p of each)."""
+        n, s, inner = x.shape[0], rows.shape[0], self.num_heads * self.head_dim
+        kv = linear_columns(self.qkv_proj, x, inner, 3 * inner)  # [num_tokens, 2 * inner]
+        kv = kv.view(n, 2, self.num_heads, self.head_dim)
+        k, v = kv[:, 0], kv[:, 1]  # [num_tokens, heads, head_dim]
+        q = linear_columns(self.qkv_proj, x.index_select(0, rows), 0, inner)
+        q = q.view(s, self.num_heads, self.head_dim)
+        bias = None
+        if rel is not None:
+            pos_keys, pos_queries = self._project_positions(rel)
+            # [num_tokens] the table row (from index.lo) each key reads for its sequence's query
+            c2p_rows, p2c_rows = [], []
+            for length, p in zip(inputs.seq_lens, positions):
+                c2p_table, p2c_table = index(length)  # [L, L] each, [query, key]: cached
+                c2p_rows.append(c2p_table[p])
+                p2c_rows.append(p2c_table[p])
+            c2p_at, p2c_at = torch.cat(c2p_rows), torch.cat(p2c_rows)
+            if pos_keys is not None:  # content -> position: q_p . Pk[c2p(p, j)]
+                c2p = torch.einsum("shd,hdw->swh", q.to(pos_keys.dtype), pos_keys)  # [S, W, heads]
+                seq = sequence_ids(inputs.seq_lens, x.device)  # [num_tokens]
+                bias = c2p[seq, c2p_at]  # [num_tokens, heads]
+            if pos_queries is not None:  # position -> content: k_j . Pq[p2c(p, j)]
+                picked = pos_queries.index_select(1, p2c_at)  # [heads, num_tokens, head_dim]
+                p2c = torch.einsum("htd,thd->th", picked, k.to(picked.dtype))
+                bias = p2c if bias is None else bias.add_(p2c)
+        out = attention_for_rows(q, k, v, inputs.seq_lens, self.cfg.scale,
+                                 inputs.num_unattended, bias=bias)
+        return out.reshape(s, -1)
+
 
 class DebertaLayer(nn.Module):
     def __init__(self, cfg: DebertaConfig):
@@ -275,6 +317,15 @@ class DebertaLayer(nn.Module):
         x = self.attn_norm(x + linear_act(self.attn_out, attn))
         h = linear_act(self.up_proj, x, self.act, self.act_postop,
                        keep_bf16=True)  # [num_tokens, inter]
+        return self.mlp_norm(x + linear_act(self.down_proj, h))
+
+    def forward_rows(self, x: torch.Tensor, inputs: ModelInputs, rel: torch.Tensor | None,
+                     index: _RelativeIndex | None, rows: torch.Tensor,
+                     positions: list[int]) -> torch.Tensor:  # [num_seqs, hidden]
+        """This layer's output on `rows` alone (keys and values still from every token)."""
+        attn = self.attention.attend_rows(x, inputs, rel, index, rows, positions)
+        x = self.attn_norm(x.index_select(0, rows) + linear_act(self.attn_out, attn))
+        h = linear_act(self.up_proj, x, self.act, self.act_postop, keep_bf16=True)
         return self.mlp_norm(x + linear_act(self.down_proj, h))
 
 
@@ -314,6 +365,9 @@ class DebertaModel(nn.Module):
     weight_prefixes = ("deberta.",)
     # int8: _project_positions multiplies the relative-position table by qkv_proj's weight
     int8_keep_fp32 = ("qkv_proj",)
+    # a step whose pooling reads one row per sequence runs the last layer on those rows alone
+    # (ModelInputs.output_rows)
+    prunes_last_layer = True
 
     def __init__(self, hf_config: dict):
         super().__init__()
@@ -342,11 +396,23 @@ class DebertaModel(nn.Module):
             if self.rel_norm is not None:
                 rel = self.rel_norm(rel)
         embedded = x
-        for i, layer in enumerate(self.layers):
+        rows = inputs.output_rows if not lora_active() else None
+        # the layer-0 convolution reads every token of layer 0's output: not a last layer to prune
+        if rows is None or rows.shape[0] >= x.shape[0] or len(self.layers) < (
+                2 if self.conv is not None else 1):
+            rows, last = None, len(self.layers)
+        else:
+            last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers[:last]):
             x = layer(x, inputs, rel, index)
             if i == 0 and self.conv is not None:
                 x = self.conv(embedded, x, inputs.seq_lens)
-        return x
+        if rows is None:
+            return x
+        positions = (rows - inputs.cu_seqlens[:-1].to(rows.dtype)).tolist()
+        out = self.layers[-1].forward_rows(x, inputs, rel, index, rows, positions)
+        # only the pooled rows hold the model's output: the pooling reads no other
+        return scatter_rows(x, rows, out)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Map the checkpoint's names (prefix stripped) onto ours; returns those consumed."""

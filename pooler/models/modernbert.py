@@ -4,7 +4,10 @@ Differences from BERT that matter here: no position embeddings (rotary on q/k in
 theta for global layers and another for local ones), pre-norm layers (layer 0 has no attention
 norm) closed by a final norm, a GeGLU MLP, optional biases (none by default), and attention that
 alternates between global layers and local layers that see `local_attention // 2` tokens on each
-side. Heads (prediction head, classifiers, MLM decoder) live in pooler/pooling, never here.
+side. A step whose pooling reads one row per sequence (CLS embeddings, `classifier_pooling="cls"`
+classifiers) runs the last layer and the final norm on those rows alone (ModelInputs.output_rows,
+pooler/layers/row_attention.py), within the window where that layer is local. Heads (prediction
+head, classifiers, MLM decoder) live in pooler/pooling, never here.
 """
 from __future__ import annotations
 
@@ -12,12 +15,16 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pooler.kernels.attention_cpu import bf16_kernel_takes
 from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
-from pooler.layers.linear import act_in_place, linear_act, linear_add, onednn_postop
+from pooler.layers.linear import (act_in_place, linear_act, linear_add, linear_columns,
+                                  onednn_postop)
+from pooler.layers.lora import lora_active
+from pooler.layers.row_attention import attention_for_rows, scatter_rows
 from pooler.layers.rotary import apply_rotary_fp32, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_named_weights
@@ -108,6 +115,16 @@ def _project(layer: nn.Module, x: torch.Tensor, keep_bf16: bool = False) -> torc
     return layer(x) if type(layer) is nn.Linear else linear_act(layer, x, keep_bf16=keep_bf16)
 
 
+def _project_columns(layer: nn.Module, x: torch.Tensor, start: int, stop: int,
+                     keep_bf16: bool = False) -> torch.Tensor:
+    """_project(layer, x)[:, start:stop], computing only those features where the layer is a
+    plain nn.Linear (on its weight's rows, as loaded: no packed copy, as _project)."""
+    if type(layer) is not nn.Linear:
+        return linear_columns(layer, x, start, stop, keep_bf16)
+    bias = None if layer.bias is None else layer.bias[start:stop]
+    return F.linear(x, layer.weight[start:stop], bias)
+
+
 def _project_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """layer(x) + residual (an int8 layer adds it in its C epilogue: linear_add)."""
     return residual + layer(x) if type(layer) is nn.Linear else linear_add(layer, x, residual)
@@ -142,6 +159,26 @@ class ModernBertAttention(nn.Module):
                                 num_unattended=inputs.num_unattended,
                                 bf16_products=self.attention_bf16_products)
         return attn.reshape(x.shape[0], -1)
+
+    def attend_rows(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                    inputs: ModelInputs, rows: torch.Tensor, positions: list[int]
+                    ) -> torch.Tensor:  # [num_seqs, hidden], before Wo
+        """Attention of `rows` alone ([num_seqs] packed indices, one per sequence, at
+        `positions` in it) against every token's keys and values, within the window of a local
+        layer (the pooled-rows route: ModernBertModel.forward)."""
+        n, hidden = x.shape[0], self.num_heads * self.head_dim
+        keep = not self.attention_bf16_products or bf16_kernel_takes(self.head_dim)  # as attend
+        cos, sin = rotary
+        kv = _project_columns(self.Wqkv, x, hidden, 3 * hidden, keep)  # [num_tokens, 2 * hidden]
+        kv = kv.view(n, 2, self.num_heads, self.head_dim)
+        k = apply_rotary_fp32(kv[:, 0], cos, sin)  # [num_tokens, heads, head_dim]
+        q = _project_columns(self.Wqkv, x.index_select(0, rows), 0, hidden, keep)
+        q = apply_rotary_fp32(q.view(-1, self.num_heads, self.head_dim),
+                              cos.index_select(0, rows), sin.index_select(0, rows))
+        out = attention_for_rows(q, k, kv[:, 1], inputs.seq_lens, self.head_dim ** -0.5,
+                                 inputs.num_unattended, query_positions=positions,
+                                 half_window=self.half_window)
+        return out.reshape(rows.shape[0], -1)
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 inputs: ModelInputs) -> torch.Tensor:
@@ -186,12 +223,24 @@ class ModernBertLayer(nn.Module):
         x = _project_add(self.attn.Wo, self.attn.attend(self.attn_norm(x), rotary, inputs), x)
         return _project_add(self.mlp.Wo, self.mlp.inner(self.mlp_norm(x)), x)
 
+    def forward_rows(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                     inputs: ModelInputs, rows: torch.Tensor,
+                     positions: list[int]) -> torch.Tensor:  # [num_seqs, hidden]
+        """This layer's output on `rows` alone (keys and values still from every token of x
+        [num_tokens, hidden])."""
+        attn = self.attn.attend_rows(self.attn_norm(x), rotary, inputs, rows, positions)
+        x = _project_add(self.attn.Wo, attn, x.index_select(0, rows))
+        return _project_add(self.mlp.Wo, self.mlp.inner(self.mlp_norm(x)), x)
+
 
 class ModernBertModel(nn.Module):
     # load_weights reads the checkpoint once, in order: the loader streams it (pooler/loader.py)
     loads_weights_in_one_pass = True
     # ModernBertFor* keep the encoder under `model.`; a bare ModernBertModel has no prefix.
     weight_prefixes = ("model.",)
+    # a step whose pooling reads one row per sequence runs the last layer and the final norm
+    # on those rows alone (ModelInputs.output_rows)
+    prunes_last_layer = True
 
     def __init__(self, hf_config: dict):
         super().__init__()
@@ -217,9 +266,19 @@ class ModernBertModel(nn.Module):
                   for kind, theta in ((GLOBAL, cfg.global_rope_theta),
                                       (LOCAL, cfg.local_rope_theta))
                   if kind in cfg.layer_types}
-        for layer in self.layers:
+        rows = inputs.output_rows if not lora_active() else None
+        if rows is None or not len(self.layers) or rows.shape[0] >= x.shape[0]:
+            for layer in self.layers:
+                x = layer(x, rotary[layer.layer_type], inputs)
+            return self.final_norm(x)
+        for layer in self.layers[:-1]:
             x = layer(x, rotary[layer.layer_type], inputs)
-        return self.final_norm(x)
+        last = self.layers[-1]
+        # each row's index in its own sequence: a local last layer sees the keys around it
+        positions = (rows - inputs.cu_seqlens[:-1].to(rows.dtype)).tolist()
+        out = last.forward_rows(x, rotary[last.layer_type], inputs, rows, positions)
+        # only the pooled rows hold the model's output: the pooling reads no other
+        return scatter_rows(x, rows, self.final_norm(out))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Checkpoint names (prefix stripped) equal our parameter names; returns those consumed."""

@@ -14,7 +14,7 @@ from torch import nn
 
 from pooler.layers.activations import get_activation
 from pooler.pooling.metadata import PoolingMetadata
-from pooler.pooling.methods import pool_sequences, split_tokens
+from pooler.pooling.methods import pool_sequences, rows_read, split_tokens
 
 
 class ModernBertPredictionHead(nn.Module):
@@ -76,6 +76,16 @@ class ModernBertClassifyPooler(_HeadAndClassifier):
         self.pooling = hf_config.get("classifier_pooling", "cls")
         if self.pooling not in ("cls", "mean"):
             raise ValueError(f"classifier_pooling must be 'cls' or 'mean', got {self.pooling!r}.")
+
+    @property
+    def reads_one_row(self) -> bool:
+        """Whether rows_read can answer: "cls" pooling; "mean" reads every token."""
+        return self.pooling == "cls"
+
+    def rows_read(self, metadata: PoolingMetadata) -> list[int] | None:
+        """Each request's first token for "cls" pooling (the pooled-rows route); None for
+        "mean"."""
+        return rows_read(self.pooling, metadata)
 
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         pooled = pool_sequences(self.pooling, hidden, metadata)  # [num_reqs, hidden]

@@ -1,7 +1,8 @@
 """The pooled-rows route (pooler/worker/pooled_rows.py): a step whose pooling reads one row per
 sequence computes the last layer on those rows alone. Engine outputs with the route equal the
-outputs without it (1e-5) for BERT, XLM-R, DistilBERT, ELECTRA, GTE, NomicBert and EuroBERT
-tiny models (embed with CLS pooling, classify), single texts and mixed-length batches; a
+outputs without it (1e-5) for BERT, XLM-R, DistilBERT, ELECTRA, GTE, NomicBert, EuroBERT,
+ModernBERT (global and local last layers), DeBERTa v1/v2/v3 and decoder tiny models (embed with
+CLS or last-token pooling, classify), single texts and mixed-length batches; a
 forward hook shows the last layer's MLP saw one row per text, and that mean pooling,
 token_embed and the switch POOLER_PRUNE_LAST_LAYER=0 keep every row."""
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 
 from pooler import Engine
 from pooler.worker.pooled_rows import PRUNE_ENV
+from pooler.worker.step_paths import POOLED_ROWS
 from tests.models.tiny import add_st_pooling, save_tiny_bert
 from tests.models.tiny_task_models import (minilm_path, save_bert_task_model,
                                            save_roberta_seq_model)
@@ -224,3 +226,99 @@ def test_decoders_last_token_embed_and_classify(family, window, tmp_path):
     pruned, full = _pruned_and_full(engine, classify)
     np.testing.assert_allclose(pruned, full, atol=ATOL)
     assert _rows_seen(engine, classify) == [len(ids)]
+
+
+@pytest.mark.parametrize("num_layers,last", [(4, "full_attention"), (3, "sliding_attention")])
+def test_modernbert_embed_global_and_local_last_layer(num_layers, last, tmp_path):
+    """CLS and last-token embeddings; the tiny model's layers are global every third from 0, so
+    3 layers end on a local one (local_attention=8: 4 keys each side), and the test texts run
+    far past that window (the CLS row sees the first 5 keys, the last token its last 5)."""
+    from tests.models.modernbert_folders import TEXTS as MB_TEXTS, build_modernbert
+
+    model = build_modernbert(tmp_path / "mb", num_hidden_layers=num_layers)
+    assert model.config.layer_types[-1] == last
+    for mode in ("cls", "lasttoken"):
+        folder = shutil.copytree(tmp_path / "mb", tmp_path / mode)
+        add_st_pooling(folder, mode)
+        engine = Engine(str(folder), device="cpu")
+        lengths = [o.num_tokens for o in engine.embed(MB_TEXTS)]
+        assert max(lengths) > 3 * 8
+        for texts in (MB_TEXTS[1], MB_TEXTS):  # one text, a mixed-length batch
+            _assert_embeddings_equal(engine, texts, normalize=False)
+        assert _rows_seen(engine, lambda: engine.embed(MB_TEXTS)) == [len(MB_TEXTS)]
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_modernbert_classify_cls_pruned_mean_not(pooling, tmp_path):
+    from tests.models.modernbert_folders import TEXTS as MB_TEXTS, build_modernbert
+
+    build_modernbert(tmp_path, "ModernBertForSequenceClassification", seed=1,
+                     classifier_pooling=pooling)
+    engine = Engine(str(tmp_path), device="cpu")
+    _assert_probs_equal(engine, MB_TEXTS)
+    _assert_probs_equal(engine, MB_TEXTS[:3], MB_TEXTS[2:])  # sentence pairs
+    seen = _rows_seen(engine, lambda: engine.classify(MB_TEXTS))
+    assert (POOLED_ROWS in engine.step_paths()) == (pooling == "cls")
+    if pooling == "cls":
+        assert seen == [len(MB_TEXTS)]
+    else:  # mean pooling reads every token: the last layer computes them all
+        assert seen == [sum(o.num_tokens for o in engine.classify(MB_TEXTS))]
+
+
+@pytest.mark.parametrize("version", ["v3", "v2", "v1"])
+def test_deberta_classify_equal_and_pruned(version, tmp_path):
+    """Cross-encoders reading [CLS] through ContextPooler: single texts and sentence pairs of
+    mixed lengths, past the tiny table's log buckets and its clamp (deberta_folders)."""
+    from tests.models.deberta_folders import TEXTS as DB_TEXTS, V1, V2, V3, build_deberta
+
+    style = {"v3": V3, "v2": V2, "v1": V1}[version]
+    prefix = "Deberta" if version == "v1" else "DebertaV2"
+    build_deberta(tmp_path, prefix + "ForSequenceClassification", seed=6, style=style,
+                  initializer_range=0.2)  # logits far apart: a wrong term shows
+    engine = Engine(str(tmp_path), device="cpu")
+    _assert_probs_equal(engine, DB_TEXTS[3])  # one long text alone
+    _assert_probs_equal(engine, DB_TEXTS)
+    _assert_probs_equal(engine, DB_TEXTS, DB_TEXTS[::-1])  # pairs, both long and short
+    assert _rows_seen(engine, lambda: engine.classify(DB_TEXTS)) == [len(DB_TEXTS)]
+
+
+def test_deberta_last_token_rows_read_their_own_positions(tmp_path):
+    """Last-token embeddings: each row's c2p and p2c terms come from row p > 0 of the index
+    tables (the CLS tests only read row 0)."""
+    from tests.models.deberta_folders import TEXTS as DB_TEXTS, build_deberta
+
+    build_deberta(tmp_path, "DebertaV2Model", seed=7, initializer_range=0.2)
+    add_st_pooling(tmp_path, "lasttoken")
+    engine = Engine(str(tmp_path), device="cpu")
+    for texts in (DB_TEXTS[3], DB_TEXTS):
+        _assert_embeddings_equal(engine, texts, normalize=False)
+    assert _rows_seen(engine, lambda: engine.embed(DB_TEXTS)) == [len(DB_TEXTS)]
+
+
+@pytest.mark.parametrize("family", ["modernbert", "deberta"])
+def test_modernbert_and_deberta_int8_engines(family, tmp_path):
+    """int8 engines take the route too (q/k/v rounded as the full layer's, attend_rows);
+    ModernBERT's full layer multiplies the attention weights by V in bf16 there (the bf16
+    products kernel), the rows' attention in fp32: 5e-4 apart here, each as close to fp32."""
+    if family == "modernbert":
+        from tests.models.modernbert_folders import TEXTS as texts, build_modernbert
+
+        build_modernbert(tmp_path, num_hidden_layers=3)
+        add_st_pooling(tmp_path, "cls")
+
+        def call(engine):
+            return np.stack([o.embedding for o in engine.embed(texts, normalize=False)])
+    else:
+        from tests.models.deberta_folders import TEXTS as texts, build_deberta
+
+        build_deberta(tmp_path, "DebertaV2ForSequenceClassification", seed=6,
+                      initializer_range=0.2)
+
+        def call(engine):
+            return np.stack([o.probs for o in engine.classify(texts, use_activation=False)])
+    fp32 = call(Engine(str(tmp_path), device="cpu"))
+    engine = Engine(str(tmp_path), device="cpu", quantization="int8", precision_check="off")
+    pruned, full = _pruned_and_full(engine, lambda: call(engine))
+    np.testing.assert_allclose(pruned, full, atol=2e-3)
+    assert np.abs(pruned - fp32).max() <= 1.5 * np.abs(full - fp32).max() + 1e-6
+    assert _rows_seen(engine, lambda: call(engine)) == [len(texts)]

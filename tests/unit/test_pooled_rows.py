@@ -1,8 +1,8 @@
-"""The pooled-rows route's parts: attention of one query row per sequence against full
-attention (GQA, unattended keys), which rows the poolers say they read (and when they refuse),
-and the BERT layer stack's routes with the last layer on the rows (the C stacks one layer short,
-fp32 large steps, int8, a long document on the torch layers) against the full stack, on both
-kernel builds."""
+"""The pooled-rows route's parts: attention of one query row per sequence against full attention
+(GQA, unattended keys, an additive per-key bias), which rows the poolers say they read (and when
+they refuse), and the BERT layer stack's routes with the last layer on the rows (the C stacks
+one layer short, fp32 large steps, int8, a long document on the torch layers) against the full
+stack, on both kernel builds."""
 from __future__ import annotations
 
 import pytest
@@ -88,6 +88,32 @@ def test_one_document_alone(heads, kv_heads):
     out = attention_for_rows(q_full[[49]], k, v, [50], 0.25, [3])
     torch.testing.assert_close(out, _reference_rows(q_full, k, v, [50], [49], [3]),
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lengths,unattended", [([40], [3]), ([1, 7, 30, 12], [0, 2, 0, 3])])
+def test_an_additive_per_key_bias(lengths, unattended):
+    """DeBERTa's relative-position terms: bias [num_tokens, heads] added to each row's scaled
+    scores, on the segment ops and on a document alone (GQA, unattended keys)."""
+    torch.manual_seed(3)
+    total, heads, kv_heads, d = sum(lengths), 4, 2, 16
+    q_full = torch.randn(total, heads, d)
+    k, v = torch.randn(total, kv_heads, d), torch.randn(total, kv_heads, d)
+    bias = 2 * torch.randn(total, heads)
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    rows = [s + (i * 5) % n for i, (s, n) in enumerate(zip(starts, lengths))]
+    out = attention_for_rows(q_full[rows], k, v, lengths, 0.25, unattended, bias=bias)
+    expected = []
+    for i, (start, n) in enumerate(zip(starts, lengths)):
+        qs = q_full[rows[i]][:, None, :]  # [heads, 1, d]
+        ks, vs = (t[start:start + n].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+                  for t in (k, v))  # [heads, n, d]
+        mask = bias[start:start + n].T[:, None, :].clone()  # [heads, 1, n]
+        mask[..., n - unattended[i]:] = float("-inf")
+        expected.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
+                                                       scale=0.25)[:, 0])
+    torch.testing.assert_close(out, torch.stack(expected), rtol=1e-5, atol=1e-6)
+    without = attention_for_rows(q_full[rows], k, v, lengths, 0.25, unattended)
+    assert (out - without).abs().max() > 1e-2  # the bias mattered
 
 
 def test_attention_for_rows_refuses_a_row_count_that_is_not_one_per_sequence():
