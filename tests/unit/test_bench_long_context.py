@@ -55,6 +55,28 @@ def test_document_flops_counts_linears_and_attention(tmp_path):
     assert document_flops(tmp_path / "modern", 64) == 2 * linears * 64 + attention
 
 
+def test_document_flops_of_a_cls_model_count_the_last_layer_on_one_token(tmp_path):
+    """CLS pooling: the last layer's K/V for every token, the rest of it and one query's
+    attention for [CLS]; mean pooling counts every token of every layer."""
+    transformers = pytest.importorskip("transformers")
+    from pooler.bench.workloads.long_context import document_flops
+
+    gte = transformers.GteConfig(vocab_size=100, hidden_size=32, intermediate_size=48,
+                                 num_hidden_layers=2, num_attention_heads=4)
+    gte.architectures = ["GteModel"]
+    for name, mode in (("cls", "cls"), ("mean", "mean")):
+        gte.save_pretrained(tmp_path / name)
+        (tmp_path / name / "1_Pooling").mkdir()
+        (tmp_path / name / "1_Pooling" / "config.json").write_text(
+            '{"pooling_mode": "%s"}' % mode)
+    layer = 32 * 96 + 32 * 32 + 32 * 96 + 48 * 32
+    kv = 2 * 32 * 32
+    full_layer = 2 * layer * 64 + 4 * 32 * 64 * 64
+    last = 2 * (kv * 64 + layer - kv) + 4 * 32 * 64
+    assert document_flops(tmp_path / "mean", 64) == 2 * full_layer
+    assert document_flops(tmp_path / "cls", 64) == full_layer + last
+
+
 def test_bad_archs_and_lengths_are_clear_errors():
     from pooler.bench.workloads.long_context import _sides, selected_lengths
 

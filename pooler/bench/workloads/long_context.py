@@ -26,6 +26,12 @@ L tokens, counted the same for every side:
   global layer; in a local layer (ModernBERT's sliding_attention, window w = local_attention,
   half window h = w / 2) the keys j with |i - j| <= h inside the document, i.e.
   min(i + h, L - 1) - max(i - h, 0) + 1 for query i (2 h + 1 = 129 away from the ends).
+- a model whose sentence-transformers Pooling reads one token (`cls`, `lasttoken`: GTE and
+  BGE-M3 here) needs its last layer's output on that token alone: that layer counts its key and
+  value projections for every token, the rest of its linears for one token, and the attention
+  of that one query. (pooler computes exactly that: docs/performance/cpu.md, "The last layer on
+  the pooled rows"; sentence-transformers computes the whole layer, so its share is of the
+  same, smaller count.)
 """
 from __future__ import annotations
 
@@ -46,7 +52,8 @@ _ST_BATCHES = (1, 2, 4)
 FLOP_RULE = ("model FLOPs per document of L tokens: 2 x linear weights (encoder nn.Linear, "
              "pooler head excluded) per token + per layer 4 x hidden x keys per token (keys: "
              "L in global layers; ModernBERT local layers: |i - j| <= local_attention / 2 "
-             "inside the document); % ceiling = those FLOPs / seconds / the fastest fp32 GEMM rate "
+             "inside the document); one-token pooling (CLS, last token): the last layer's K/V for every "
+             "token, the rest of it for that token; % ceiling = those FLOPs / seconds / the fastest fp32 GEMM rate "
              "measured in the run")
 
 
@@ -128,9 +135,34 @@ def document_flops(folder: Path, length: int) -> float:
     half = None  # ModernBERT's sliding_window is local_attention // 2
     if "sliding_attention" in layer_types:
         half = int(getattr(config, "sliding_window", None) or int(config.local_attention) // 2)
-    attention = sum(4 * hidden * attention_keys(
-        length, half if kind == "sliding_attention" else None) for kind in layer_types)
-    return float(2 * linear_weights(config) * length + attention)
+    halves = [half if kind == "sliding_attention" else None for kind in layer_types]
+    linears = linear_weights(config)
+    if not pools_one_token(folder):
+        return float(2 * linears * length + sum(4 * hidden * attention_keys(length, h)
+                                                for h in halves))
+    # the last layer on the pooled token: K/V projections for every token, the rest of the
+    # layer's linears and one query's attention for that token (the layers are alike)
+    per_layer = linears // len(layer_types)
+    heads = int(config.num_attention_heads)
+    kv_dim = int(getattr(config, "num_key_value_heads", None) or heads) * (
+        int(getattr(config, "head_dim", None) or hidden // heads))
+    kv = 2 * hidden * kv_dim
+    last_keys = length if halves[-1] is None else min(halves[-1], length - 1) + 1
+    last = 2 * (kv * length + (per_layer - kv)) + 4 * hidden * last_keys
+    return float(2 * (linears - per_layer) * length
+                 + sum(4 * hidden * attention_keys(length, h) for h in halves[:-1]) + last)
+
+
+def pools_one_token(folder: Path) -> bool:
+    """Whether the folder's sentence-transformers Pooling module reads a single token."""
+    pooling = Path(folder) / "1_Pooling" / "config.json"
+    if not pooling.is_file():
+        return False
+    cfg = json.loads(pooling.read_text())
+    mode = cfg.get("pooling_mode")
+    if mode is not None:
+        return mode in ("cls", "lasttoken")
+    return bool(cfg.get("pooling_mode_cls_token") or cfg.get("pooling_mode_lasttoken"))
 
 
 # ---- sides --------------------------------------------------------------------------------
