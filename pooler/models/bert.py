@@ -188,14 +188,10 @@ C_STACK_PRUNE_MIN_TOKENS = 128
 def pruned_rows(model: nn.Module, inputs: ModelInputs,
                 position_bias: dict[int, torch.Tensor] | None = None) -> torch.Tensor | None:
     """The rows whose last-layer output the step's pooling reads ([num_seqs] packed indices,
-    ModelInputs.output_rows), where `model` takes the pooled-rows route: it declares
-    `prunes_last_layer`, no score bias (MPNet's relative positions), no LoRA adapter in the
-    pass; None means every row."""
-    rows = inputs.output_rows
-    if rows is None or not getattr(model, "prunes_last_layer", False) or \
-            position_bias is not None or lora_active():
-        return None
-    return rows
+    ModelInputs.output_rows), where `model` takes the pooled-rows route
+    (ModelInputs.last_layer_rows) and has no score bias (MPNet's relative positions); None
+    means every row."""
+    return None if position_bias is not None else inputs.last_layer_rows(model)
 
 
 def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
@@ -209,7 +205,7 @@ def run_layers(model: nn.Module, x: torch.Tensor, inputs: ModelInputs,
     (BertLayer.forward_rows), after the others in C or in torch; only those rows of the result
     hold the last layer's output."""
     rows = pruned_rows(model, inputs, position_bias)
-    if rows is not None and len(model.layers) and x.shape[0] > rows.shape[0]:
+    if rows is not None:
         return _run_layers_then_rows(model, x, inputs, rows)
     if not lora_active() and not long_route_takes_one(model, inputs, position_bias):
         fused = int8_bert_layers_on_cpu(model, x, inputs, position_bias)

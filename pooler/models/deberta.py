@@ -32,7 +32,6 @@ from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.layers.biased_attention import packed_biased_attention
 from pooler.layers.linear import linear_act, linear_columns, onednn_postop
-from pooler.layers.lora import lora_active
 from pooler.layers.row_attention import attention_for_rows, scatter_rows, sequence_ids
 from pooler.models.inputs import ModelInputs
 
@@ -396,21 +395,17 @@ class DebertaModel(nn.Module):
             if self.rel_norm is not None:
                 rel = self.rel_norm(rel)
         embedded = x
-        rows = inputs.output_rows if not lora_active() else None
         # the layer-0 convolution reads every token of layer 0's output: not a last layer to prune
-        if rows is None or rows.shape[0] >= x.shape[0] or len(self.layers) < (
-                2 if self.conv is not None else 1):
-            rows, last = None, len(self.layers)
-        else:
-            last = len(self.layers) - 1
+        rows = inputs.last_layer_rows(self, min_layers=2 if self.conv is not None else 1)
+        last = len(self.layers) if rows is None else len(self.layers) - 1
         for i, layer in enumerate(self.layers[:last]):
             x = layer(x, inputs, rel, index)
             if i == 0 and self.conv is not None:
                 x = self.conv(embedded, x, inputs.seq_lens)
         if rows is None:
             return x
-        positions = (rows - inputs.cu_seqlens[:-1].to(rows.dtype)).tolist()
-        out = self.layers[-1].forward_rows(x, inputs, rel, index, rows, positions)
+        out = self.layers[-1].forward_rows(x, inputs, rel, index, rows,
+                                           inputs.output_row_positions())
         # only the pooled rows hold the model's output: the pooling reads no other
         return scatter_rows(x, rows, out)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from pooler.layers.lora import LoraRows
+from pooler.layers.lora import LoraRows, lora_active
 
 
 @dataclass
@@ -32,3 +33,19 @@ class ModelInputs:
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+    def last_layer_rows(self, model: nn.Module, min_layers: int = 1) -> torch.Tensor | None:
+        """output_rows where `model` runs its last layer on them alone (the pooled-rows route):
+        it declares `prunes_last_layer`, has at least `min_layers` layers, no LoRA adapter is
+        active in the pass, and the rows are fewer than the step's tokens; None: every row."""
+        rows = self.output_rows
+        if rows is None or not getattr(model, "prunes_last_layer", False) or lora_active() \
+                or len(model.layers) < min_layers or rows.shape[0] >= self.num_tokens:
+            return None
+        return rows
+
+    def output_row_positions(self) -> list[int]:
+        """[num_seqs] each output row's index in its own sequence (causal and windowed
+        attention of a row sees the keys around that position)."""
+        rows = self.output_rows
+        return (rows - self.cu_seqlens[:-1].to(rows.dtype)).tolist()

@@ -17,7 +17,6 @@ from torch import nn
 
 from pooler.layers.attention import packed_attention
 from pooler.layers.gated_mlp import GatedMLP
-from pooler.layers.lora import lora_active
 from pooler.layers.row_attention import attention_for_rows, scatter_rows
 from pooler.layers.rotary import apply_rotary, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
@@ -197,16 +196,16 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(inputs.input_ids)
         cos, sin = rotary_cos_sin(inputs.positions, self.config.head_dim, self.config.rope_theta,
                                   x.dtype)
-        rows = inputs.output_rows if not lora_active() else None
-        if rows is None or not len(self.layers) or rows.shape[0] >= x.shape[0]:
+        rows = inputs.last_layer_rows(self)
+        if rows is None:
             for layer in self.layers:
                 x = layer(x, cos, sin, inputs)
             return self.norm(x)
         for layer in self.layers[:-1]:
             x = layer(x, cos, sin, inputs)
         # each row's index in its own sequence: causal attention sees the keys up to it
-        positions = (rows - inputs.cu_seqlens[:-1].to(rows.dtype)).tolist()
-        out = self.layers[-1].forward_rows(x, cos, sin, inputs, rows, positions)
+        out = self.layers[-1].forward_rows(x, cos, sin, inputs, rows,
+                                           inputs.output_row_positions())
         # only the pooled rows hold the model's output: the pooling reads no other
         return scatter_rows(x, rows, self.norm(out))
 

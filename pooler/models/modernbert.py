@@ -23,7 +23,6 @@ from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.layers.linear import (act_in_place, linear_act, linear_add, linear_columns,
                                   onednn_postop)
-from pooler.layers.lora import lora_active
 from pooler.layers.row_attention import attention_for_rows, scatter_rows
 from pooler.layers.rotary import apply_rotary_fp32, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
@@ -266,8 +265,8 @@ class ModernBertModel(nn.Module):
                   for kind, theta in ((GLOBAL, cfg.global_rope_theta),
                                       (LOCAL, cfg.local_rope_theta))
                   if kind in cfg.layer_types}
-        rows = inputs.output_rows if not lora_active() else None
-        if rows is None or not len(self.layers) or rows.shape[0] >= x.shape[0]:
+        rows = inputs.last_layer_rows(self)
+        if rows is None:
             for layer in self.layers:
                 x = layer(x, rotary[layer.layer_type], inputs)
             return self.final_norm(x)
@@ -275,8 +274,8 @@ class ModernBertModel(nn.Module):
             x = layer(x, rotary[layer.layer_type], inputs)
         last = self.layers[-1]
         # each row's index in its own sequence: a local last layer sees the keys around it
-        positions = (rows - inputs.cu_seqlens[:-1].to(rows.dtype)).tolist()
-        out = last.forward_rows(x, rotary[last.layer_type], inputs, rows, positions)
+        out = last.forward_rows(x, rotary[last.layer_type], inputs, rows,
+                                inputs.output_row_positions())
         # only the pooled rows hold the model's output: the pooling reads no other
         return scatter_rows(x, rows, self.final_norm(out))
 

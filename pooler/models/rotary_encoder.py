@@ -23,7 +23,7 @@ from pooler.layers.attention import packed_attention
 from pooler.kernels.attention_cpu import bf16_kernel_takes
 from pooler.layers.linear import (act_in_place, linear_act, linear_add, linear_add_norm,
                                   linear_columns, onednn_postop)
-from pooler.layers.lora import has_lora, lora_active
+from pooler.layers.lora import has_lora
 from pooler.layers.row_attention import attention_for_rows, scatter_rows
 from pooler.layers.rotary import apply_rotary_fp32, rotary_cos_sin
 from pooler.layers.workspace import Workspace, act_in_place_by_name, linear_into, writes_into
@@ -302,8 +302,8 @@ class RotaryEncoder(nn.Module):
         # (q/k/v and the MLP's input projection share its "wide" buffer)
         workspace = Workspace.for_step(x, max(sum(cfg.qkv_sizes), cfg.intermediate_size * (
             2 if cfg.gated_mlp else 1)))
-        rows = inputs.output_rows if self.prunes_last_layer and not lora_active() else None
-        if rows is None or not len(self.layers) or rows.shape[0] >= x.shape[0]:
+        rows = inputs.last_layer_rows(self)
+        if rows is None:
             for layer in self.layers:
                 x = layer(x, cos, sin, inputs, workspace)
             return x if self.norm is None else self.norm(x)
