@@ -53,6 +53,14 @@ if _HAS_ONEDNN:  # the op overloads, looked up once (each torch.ops.* lookup cos
     _LINEAR_BINARY = torch.ops.mkldnn._linear_pointwise.binary
 
 
+def _weight_key(weight: torch.Tensor) -> tuple:
+    """What a packed copy of `weight` is valid for: where it lives, its version (copy_ bumps it
+    on a reload in place; a view shares it) and its shape. A weight made under
+    torch.inference_mode (a model built and loaded there) has no version counter: -1."""
+    version = -1 if weight.is_inference() else weight._version
+    return (weight.data_ptr(), version, weight.shape)
+
+
 def _packed_for(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """The layer's weight in oneDNN's layout when the fast path applies to x, else None
     (a Bf16Linear's weight is packed in bf16, and x may be fp32 or bf16)."""
@@ -67,10 +75,7 @@ def _packed_for(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     weight = layer.weight
     if weight.requires_grad and torch.is_grad_enabled():
         return None
-    # A weight made under torch.inference_mode (a model built and loaded there) has no version
-    # counter: it is keyed by where it lives and its shape alone.
-    version = -1 if weight.is_inference() else weight._version
-    key = (weight.data_ptr(), version, weight.shape)
+    key = _weight_key(weight)
     cached = layer.__dict__.get(_PACKED)
     if cached is None or cached[0] != key:
         with torch.inference_mode():
@@ -139,9 +144,7 @@ def linear_columns(layer: nn.Module, x: torch.Tensor, start: int, stop: int,
     if not (_HAS_ONEDNN and x.is_cpu and x.dim() == 2 and x.dtype == torch.float32) or (
             weight.requires_grad and torch.is_grad_enabled()):
         return F.linear(x, weight, bias)
-    # the same key as _packed_for: a reload in place bumps the version (a view shares it)
-    version = -1 if layer.weight.is_inference() else layer.weight._version
-    key = (layer.weight.data_ptr(), version, layer.weight.shape)
+    key = _weight_key(layer.weight)
     slices = layer.__dict__.setdefault(_PACKED_COLUMNS, {})
     cached = slices.get((start, stop))
     if cached is None or cached[0] != key:
