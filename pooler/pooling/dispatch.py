@@ -45,10 +45,9 @@ class DispatchPooler(nn.Module):
         The model runner then lets the backbone compute its last layer on those rows alone
         (ModelInputs.output_rows)."""
         rows: list[int | None] = [None] * metadata.num_reqs
-        for task, indices in self._by_task(metadata).items():
+        for task, indices, sub in self._by_task(metadata):
             pooler = self.poolers[task] if task in self.poolers else None
             ask = getattr(pooler, "rows_read", None)
-            sub = metadata if len(indices) == metadata.num_reqs else metadata.subset(indices)
             answer = ask(sub) if ask is not None else None
             if answer is None or len(answer) != len(indices):
                 return None
@@ -59,27 +58,28 @@ class DispatchPooler(nn.Module):
                 rows[i] = row
         return rows  # type: ignore[return-value]
 
+    @property
     def reads_one_row(self) -> bool:
         """Whether some task's pooler may read one row per request (rows_read may answer for
         a step of that task): what Engine.step_paths() reports."""
         return any(getattr(p, "reads_one_row", False) for p in self.poolers.values())
 
     @staticmethod
-    def _by_task(metadata: PoolingMetadata) -> dict[str, list[int]]:
+    def _by_task(metadata: PoolingMetadata) -> list[tuple[str, list[int], PoolingMetadata]]:
+        """(task, its requests' indices, their metadata) for each task of the step."""
         by_task: dict[str, list[int]] = {}
         for i, params in enumerate(metadata.pooling_params):
             by_task.setdefault(params.task, []).append(i)
-        return by_task
+        return [(task, indices, metadata if len(indices) == metadata.num_reqs
+                 else metadata.subset(indices)) for task, indices in by_task.items()]
 
     def forward(self, hidden: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:
         """hidden: [num_tokens, hidden] -> one output tensor per request, in request order."""
-        by_task = self._by_task(metadata)
         outputs: list[torch.Tensor | None] = [None] * metadata.num_reqs
-        for task, indices in by_task.items():
+        for task, indices, sub in self._by_task(metadata):
             if task not in self.poolers:
                 raise ValueError(f"Unsupported task: {task!r}. "
                                  f"Supported tasks: {sorted(self.poolers.keys())}")
-            sub = metadata if len(indices) == metadata.num_reqs else metadata.subset(indices)
             for i, out in zip(indices, self.poolers[task](hidden, sub)):
                 outputs[i] = out
         return outputs  # type: ignore[return-value]

@@ -32,8 +32,7 @@ def step_paths(model: nn.Module | None, device: torch.device) -> dict[str, str]:
 
 def _pooled_rows(model: nn.Module | None, backbone: nn.Module | None) -> dict[str, str]:
     pooler = getattr(model, "pooler", None)
-    reads_one_row = getattr(pooler, "reads_one_row", None)
-    if not pruning_enabled(backbone) or reads_one_row is None or not reads_one_row():
+    if not pruning_enabled(backbone) or not getattr(pooler, "reads_one_row", False):
         return {}
     if getattr(backbone, "short_steps_in_c", False) and bert_cpu.stack_config_ok(backbone):
         return {POOLED_ROWS: "last layer on those rows (where a C stack takes the step: from "
