@@ -443,8 +443,11 @@ void packed_local_attention_bf16(const void *q, const void *k, const void *v, in
     }
 }
 
-/* FSUB, FK, FQ, FPV and the fp32 P@V tile with a rescale (flash_pv_tile) of the fp32
- * flash kernel; its other functions go unused here */
+/* FK, FQ and the fp32 P@V tile with a rescale (flash_pv_tile) of the fp32 flash kernel; its
+ * other functions go unused here. 128-query units and 6 x 4 P@V tiles, as measured for these
+ * units (the fp32 kernel's 256 and 12 x 2 were measured for its own). */
+#define FSUB 4
+#define FPV 4
 #include "flash_attention.h"
 #include "attention_bf16_flash.h"
 

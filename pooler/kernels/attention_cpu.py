@@ -35,8 +35,8 @@ Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS) of a CPU kind it
 on (FLASH_CPU_KINDS: AMX, i.e. Sapphire Rapids, so far), with heads of at most
 FLASH_MAX_HEAD_DIM = 64, a sequence of FLASH_MIN_LEN tokens or more (an unattended suffix
 allowed, no score bias) takes the flash kernel (encoder_cpu.c's packed_flash_attention_f32,
-flash_attention.h: 128-query units, 240-key blocks copied contiguous, an online softmax,
-O(block) scratch); on the AVX2 build a sequence of SDPA_MIN_LEN tokens or more whose keys are
+flash_attention.h: each head's K and V copied contiguous once, 256-query units, 240-key
+blocks, an online softmax, O(L d) scratch: one head's K and V); on the AVX2 build a sequence of SDPA_MIN_LEN tokens or more whose keys are
 all attended goes to torch's SDPA (its flash CPU kernel), as it does on AVX-512 with wider
 heads. The other sequences of the step stay on attention.h's kernel. Measured (one layer, 12
 heads x 64, Sapphire Rapids VM shared with other sessions, interleaved, fastest of N rounds,
@@ -100,7 +100,7 @@ _BF16_CFLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512
 
 
 # fp32 global attention over sequences of at least FLASH_MIN_LEN tokens (no score bias) runs the
-# flash kernel (flash_attention.h: key blocks and an online softmax, O(block) scratch) on the
+# flash kernel (flash_attention.h: key blocks and an online softmax, O(L d) scratch) on the
 # builds named in FLASH_BUILDS; the shorter sequences of the step stay on attention.h's kernel.
 # From 1,024 tokens the flash kernel beat both SDPA and attention.h's kernel on AVX-512 (the
 # module docstring has the ratios, benchmarks/flash_attention_lengths.py measures them); at
@@ -212,7 +212,7 @@ _ENTRY_POINTS = {
         ("packed_masked_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _P, _P, _F,
                                          _I, _I, _I, _P, _I], None)),
     "flash": (  # encoder_cpu.c, long global fp32 sequences (flash_attention.h)
-        ("flash_attention_scratch_floats", [_I, _I], _L),
+        ("flash_attention_scratch_floats", [_I, _I, _I], _L),
         ("packed_flash_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _P, _F, _P,
                                         _I], None)),
 }
@@ -418,7 +418,7 @@ def flash_attention(lib: ctypes.CDLL,
     if num_unattended is not None:
         keys = (ctypes.c_int * count)(*(n - u for n, u in zip(seq_lens, num_unattended)))
     threads = torch.get_num_threads()
-    work = torch.empty(lib.flash_attention_scratch_floats(head_dim, threads))
+    work = torch.empty(lib.flash_attention_scratch_floats(num_tokens, head_dim, threads))
     out = torch.empty(num_tokens, heads, head_dim)
     lib.packed_flash_attention_f32(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
                                    out.data_ptr(), heads, head_dim, count, cu.data_ptr(), keys,

@@ -227,10 +227,11 @@ void packed_attention_f32(const float *q, const float *k, const float *v, int ld
 
 /* Global attention for long sequences (flash_attention.h; pooler/kernels/attention_cpu.py):
  * arguments as packed_attention_f32's, without a score bias (keys: NULL, or a trailing
- * unattended suffix per sequence). work: flash_attention_scratch_floats(d, threads) floats,
- * whatever the lengths. */
-long flash_attention_scratch_floats(int d, int threads) {
-    return threads * flash_work_floats(d);
+ * unattended suffix per sequence). work: flash_attention_scratch_floats(tokens, d, threads)
+ * floats for `tokens` packed tokens in all: one head's K and V rows (2 x tokens x d) and a
+ * fixed block per thread. */
+long flash_attention_scratch_floats(int tokens, int d, int threads) {
+    return 2L * tokens * d + threads * flash_work_floats(d);
 }
 
 void packed_flash_attention_f32(const float *q, const float *k, const float *v, int ldq,
@@ -239,11 +240,12 @@ void packed_flash_attention_f32(const float *q, const float *k, const float *v, 
                                 int threads) {
     int *task_starts = malloc(sizeof(int) * (seqs + 1));
     if (!task_starts) return;
-    flash_tasks(seqs, starts, heads, task_starts);
+    flash_tasks(seqs, starts, task_starts);
     struct attention_args a = {q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, NULL,
                                scale, task_starts, -1};
+    float *heads_kv = work, *units = work + 2L * starts[seqs] * d;
 #pragma omp parallel num_threads(threads)
-    flash_attention(&a, work, flash_work_floats(d));
+    flash_attention(&a, heads_kv, units, flash_work_floats(d));
     free(task_starts);
 }
 

@@ -3,12 +3,17 @@
  * by encoder_cpu.c's packed_flash_attention_f32 (pooler/kernels/attention_cpu.py routes long
  * sequences to it). Needs attention.h first (its query transpose and score tile).
  *
- * Work unit: one (sequence, head, block of FQ = FSUB x QB queries). attention.h's kernel scores
- * one block of QB (32 on AVX-512) queries against every key, so each block streams the head's
- * whole K and V (2 x 2 MB at 8k tokens x 64) from L3 again, and keeps QB x len scores (1 MB at
- * 8k) in L2. Here the keys come in blocks of FK: a block's K and V rows (FK x 256 bytes each at
- * d = 64) are copied contiguous once per unit and serve all FSUB sub-blocks of its queries from L1
- * and L2, and the scores are FK x QB per sub-block (30 KB). Per sub-block and key block:
+ * Heads one after another: the threads first copy head h's K and V rows of every sequence into
+ * two contiguous [tokens][d] arrays (rows of a fused projection are 3 x heads x d floats apart,
+ * 9 KB for 12 x 64, a stride that maps a block's rows onto a quarter of L2's sets and a
+ * sixteenth of L1's), then share the head's work units. Copying each key block once per unit
+ * instead read the head's K and V from L3 again for every unit: 14% of the kernel's time at
+ * 4k tokens (docs/dev/journal.md, "The flash kernel at 90% of the GEMM rate").
+ *
+ * Work unit: one (sequence, block of FQ = FSUB x QB queries) of the head. Its queries meet the
+ * keys in blocks of FK: a block's K and V rows (FK x 256 bytes each at d = 64) serve all FSUB
+ * sub-blocks of its queries from L1 and L2, and the scores are FK x QB per sub-block (30 KB).
+ * Per sub-block and key block:
  *   st[j][i] = q_i . k_j (queries pre-scaled by scale * log2(e), attention.h's transposed tile:
  *              one vector holds one key's score for QB/2 queries, so the softmax is lane-wise);
  *   m_new = max(m, max_j st[j]), alpha = 2^(m - m_new), p = 2^(st - m_new) (in place),
@@ -22,7 +27,7 @@
 #define POOLER_FLASH_ATTENTION_H
 
 #ifndef FSUB
-#define FSUB (VW == 16 ? 4 : 8) /* query sub-blocks of QB per unit: 128 queries in both builds */
+#define FSUB 8 /* query sub-blocks of QB per unit: 256 queries (AVX-512), 128 (AVX2) */
 #endif
 #ifndef FK
 #define FK 240 /* keys per key block: whole score tiles (12 or 6 keys) */
@@ -55,11 +60,11 @@ static inline vf vexp2_nonpos(vf x) {
 #endif
 }
 
-/* Vectors of d per P@V tile (FPV; attention.h's PV_ROWS gives the rows for nv vectors).
- * AVX-512 at d = 64: 6 queries x 4 vectors, each P broadcast once per key (12 x 2 vectors read
- * it twice, over two column halves). */
+/* Vectors of d per P@V tile (FPV; attention.h's PV_ROWS gives the rows for nv vectors): 12
+ * queries x 2 vectors on AVX-512 (6 x 2 on AVX2), each P broadcast once per column half. At
+ * d = 64 the 6 x 4 tile left a 2-row tail in every 32 queries and measured 3-4% slower. */
 #ifndef FPV
-#define FPV (VW == 16 ? 4 : 2)
+#define FPV 2
 #endif
 
 /* o[r][0 .. nv*VW) = alpha[r] o[r] + sum_j pt[j][r] v[j] for mr query rows; pt: the tile's
@@ -85,16 +90,18 @@ static inline __attribute__((always_inline)) void flash_pv_tile(
 }
 
 /* floats of per-thread scratch: per sub-block its queries (d x QB), o (QB x d), scores
- * (FK x QB), running max, sum and rescale factor (3 x QB); then a key block's K and V rows */
+ * (FK x QB), running max, sum and rescale factor (3 x QB) */
 static long flash_work_floats(int d) {
-    return (long)FSUB * QB * (2L * d + FK + 3) + 2L * FK * d;
+    return (long)FSUB * QB * (2L * d + FK + 3);
 }
 
 static int flash_blocks(int len) { return (len + FQ - 1) / FQ; }
 
 /* One (sequence, head, block of FQ queries) unit with every one of the sequence's first nk
- * keys attended (a->keys: a trailing unattended suffix; no bias, no band). */
-static void flash_unit(const struct attention_args *a, int s, int hd, int block, float *work) {
+ * keys attended (a->keys: a trailing unattended suffix; no bias, no band). kh, vh: the head's
+ * K and V rows of every sequence, contiguous ([tokens][d], flash_attention's copy). */
+static void flash_unit(const struct attention_args *a, int s, int hd, int block,
+                       const float *kh, const float *vh, float *work) {
     int d = a->d, first = a->starts[s], len = a->starts[s + 1] - first;
     int nk = a->keys ? a->keys[s] : len;
     int q0 = block * FQ, nq = len - q0 < FQ ? len - q0 : FQ;
@@ -106,8 +113,6 @@ static void flash_unit(const struct attention_args *a, int s, int hd, int block,
         return;
     }
     const float *q = a->q + (size_t)(first + q0) * a->ldq + hd * d;
-    const float *k = a->k + (size_t)first * a->ldk + hd * d;
-    const float *v = a->v + (size_t)first * a->ldv + hd * d;
     /* per sub-block b: qt [d][QB], o [QB][d], st [FK][QB], mx / sum / alpha [QB] */
     long per_sub = (long)QB * (2L * d + FK + 3);
     const vf ninf = vsplat(-INFINITY), zero = vsplat(0.f);
@@ -125,14 +130,7 @@ static void flash_unit(const struct attention_args *a, int s, int hd, int block,
     }
     for (int j0 = 0; j0 < nk; j0 += FK) {
         int kb = nk - j0 < FK ? nk - j0 : FK;
-        /* the key block's K and V rows, contiguous: rows of a fused projection are 3 x heads x d
-         * floats apart (9 KB for 12 x 64), a stride that maps a block's rows onto a quarter of
-         * L2's sets and a sixteenth of L1's */
-        float *kj = work + (size_t)FSUB * per_sub, *vj = kj + (size_t)FK * d;
-        for (int j = 0; j < kb; j++) {
-            memcpy(kj + (size_t)j * d, k + (size_t)(j0 + j) * a->ldk, sizeof(float) * d);
-            memcpy(vj + (size_t)j * d, v + (size_t)(j0 + j) * a->ldv, sizeof(float) * d);
-        }
+        const float *kj = kh + (size_t)(first + j0) * d, *vj = vh + (size_t)(first + j0) * d;
         for (int b = 0; b < subs; b++) {
             float *qt = work + b * per_sub, *o = qt + (size_t)d * QB, *st = o + (size_t)QB * d;
             float *mx = st + (size_t)FK * QB, *sum = mx + QB, *alpha = sum + QB;
@@ -187,25 +185,35 @@ static void flash_unit(const struct attention_args *a, int s, int hd, int block,
     }
 }
 
-/* Every unit of the sequences, shared among the threads of the enclosing parallel region;
- * task_starts: flash_tasks's. Consecutive units are one head's query blocks, so the threads
- * work on the same head's K and V at once (shared in L3). */
-static void flash_attention(const struct attention_args *a, float *work, long work_floats) {
+/* Every unit of the sequences, head by head, shared among the threads of the enclosing
+ * parallel region; task_starts: flash_tasks's (one head's units per sequence); heads_kv: the
+ * shared [2][tokens][d] floats that hold the current head's K and V rows. */
+static void flash_attention(const struct attention_args *a, float *heads_kv, float *work,
+                            long work_floats) {
     float *mine = work + (size_t)omp_get_thread_num() * work_floats;
-    int units = a->task_starts[a->seqs];
+    int d = a->d, tokens = a->starts[a->seqs], units = a->task_starts[a->seqs];
+    float *kh = heads_kv, *vh = heads_kv + (size_t)tokens * d;
+    for (int hd = 0; hd < a->heads; hd++) {
+#pragma omp for schedule(static)
+        for (int t = 0; t < tokens; t++) {
+            memcpy(kh + (size_t)t * d, a->k + (size_t)t * a->ldk + hd * d, sizeof(float) * d);
+            memcpy(vh + (size_t)t * d, a->v + (size_t)t * a->ldv + hd * d, sizeof(float) * d);
+        }
+        /* (the loops' barriers: every row copied before a unit reads it, every unit done
+         * before the next head's rows overwrite them) */
 #pragma omp for schedule(dynamic, 1)
-    for (int t = 0; t < units; t++) {
-        int lo = unit_sequence(a->task_starts, a->seqs, t);
-        int rel = t - a->task_starts[lo];
-        int blocks = flash_blocks(a->starts[lo + 1] - a->starts[lo]);
-        flash_unit(a, lo, rel / blocks, rel % blocks, mine);
+        for (int t = 0; t < units; t++) {
+            int lo = unit_sequence(a->task_starts, a->seqs, t);
+            flash_unit(a, lo, hd, t - a->task_starts[lo], kh, vh, mine);
+        }
     }
 }
 
-static int flash_tasks(int seqs, const int *starts, int heads, int *task_starts) {
+/* task_starts[s]: the first of one head's units of sequence s; returns one head's units */
+static int flash_tasks(int seqs, const int *starts, int *task_starts) {
     task_starts[0] = 0;
     for (int s = 0; s < seqs; s++)
-        task_starts[s + 1] = task_starts[s] + heads * flash_blocks(starts[s + 1] - starts[s]);
+        task_starts[s + 1] = task_starts[s] + flash_blocks(starts[s + 1] - starts[s]);
     return task_starts[seqs];
 }
 
