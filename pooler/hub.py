@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from pooler.architectures import architecture_of, supported_architectures, NATIVE_ARCHITECTURES
 from pooler.remote_layouts import remote_layout_of
+from pooler.switch_words import is_on
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ _SKIPPED_FOLDERS = frozenset({"onnx", "openvino", "coreml", "tflite", "tf", "fla
 _NEEDED_SUFFIXES = (".json", ".txt", ".model", ".safetensors", ".metadata", ".tiktoken")
 # BGE-M3 keeps its sparse and ColBERT heads as torch files beside the checkpoint.
 _NEEDED_NAMES = frozenset({"colbert_linear.pt", "sparse_linear.pt"})
-_TRUE = ("1", "on", "yes", "true")
 
 
 class ModelUnavailable(FileNotFoundError):
@@ -56,7 +56,7 @@ def hub_cache_dir() -> Path:
 
 
 def offline_mode() -> bool:
-    return any(os.environ.get(name, "").lower() in _TRUE
+    return any(is_on(os.environ.get(name, ""))
                for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 

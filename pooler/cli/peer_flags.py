@@ -21,10 +21,10 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
+from pooler.switch_words import is_off, is_on
+
 logger = logging.getLogger("pooler.serve")
 
-TRUE = ("1", "true", "yes", "on")
-FALSE = ("0", "false", "no", "off")
 
 # What a TEI or vLLM option cannot do in pooler, and what to do instead.
 REFUSED = {
@@ -58,10 +58,9 @@ class Refuse(argparse.Action):
 
 
 def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in TRUE:
+    if is_on(text):
         return True
-    if lowered in FALSE:
+    if is_off(text):
         return False
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false, 1/0, yes/no, on/off)")
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch  # noqa: F401  (first: see the module docstring)
 
 from pooler.cpu_features import cpu_features
+from pooler.switch_words import is_off
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,12 @@ _VARIANTS = [("avx512", ("avx512f", "avx512dq", "avx512vl", "fma"),
 # "0" (or off/false/no) turns the kernels off; "avx2" picks that build even on an AVX-512 CPU
 # (how the tests check it); anything else picks the best the CPU has.
 DISABLE_ENV = "POOLER_CPU_KERNELS"
-_OFF = ("0", "false", "off", "no")
 
 
 def kernels_choice() -> str:
     """POOLER_CPU_KERNELS as every kernel loader reads it: "off", "avx2" or "" (the best)."""
     choice = os.environ.get(DISABLE_ENV, "").strip().lower()
-    return "off" if choice in _OFF else choice if choice == "avx2" else ""
+    return "off" if is_off(choice) else choice if choice == "avx2" else ""
 
 
 def load_library(cflags: list[str], source: Path) -> tuple[ctypes.CDLL | None, str | None]:

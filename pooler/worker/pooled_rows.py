@@ -13,21 +13,19 @@ route off (every step computes every row), for debugging and A/B runs.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
 from pooler.models.inputs import ModelInputs
 from pooler.pooling.metadata import PoolingMetadata
+from pooler.switch_words import env_off
 
 PRUNE_ENV = "POOLER_PRUNE_LAST_LAYER"
 
 
 def pruning_enabled(backbone: nn.Module | None) -> bool:
     """Whether steps of this backbone may take the pooled-rows route (read at load)."""
-    return os.environ.get(PRUNE_ENV, "1").strip().lower() not in ("0", "false", "off", "no") \
-        and bool(getattr(backbone, "prunes_last_layer", False))
+    return not env_off(PRUNE_ENV) and bool(getattr(backbone, "prunes_last_layer", False))
 
 
 def set_output_rows(inputs: ModelInputs, metadata: PoolingMetadata, pooler: nn.Module,
