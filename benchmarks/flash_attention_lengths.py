@@ -102,7 +102,8 @@ def main() -> None:
 def _flash_at(rev: str, like):
     """The flash kernel as revision `rev` has it: a call (q, k, v, strides, length, scale) for
     one sequence. Its scratch size took (d, threads) before one head's K and V were copied
-    contiguous, (tokens, d, threads) since."""
+    contiguous, then (tokens, d, threads), and (tokens, heads, d, threads) since heads are
+    copied in groups."""
     import ctypes
 
     import torch
@@ -113,14 +114,17 @@ def _flash_at(rev: str, like):
     like = attention_cpu._entry_points(like, "flash")
     cflags = build._variant(build.kernels_choice())[1]
     lib, folder = library_at(rev, "encoder_cpu.c", cflags, like, ("packed_flash_attention_f32",))
-    per_tokens = "scratch_floats(int tokens" in (folder / "encoder_cpu.c").read_text()
+    source = (folder / "encoder_cpu.c").read_text()
+    per_heads = "scratch_floats(int tokens, int heads" in source
+    per_tokens = per_heads or "scratch_floats(int tokens" in source
     scratch = lib.flash_attention_scratch_floats
     scratch.restype = ctypes.c_long
 
     def call(q, k, v, strides, length, scale):
         threads = torch.get_num_threads()
         head_dim = q.shape[2]
-        floats = (scratch(length, head_dim, threads) if per_tokens
+        floats = (scratch(length, q.shape[1], head_dim, threads) if per_heads
+                  else scratch(length, head_dim, threads) if per_tokens
                   else scratch(head_dim, threads))
         work, out = torch.empty(floats), torch.empty_like(q.contiguous())
         cu = torch.tensor([0, length], dtype=torch.int32)

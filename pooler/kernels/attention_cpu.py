@@ -212,7 +212,7 @@ _ENTRY_POINTS = {
         ("packed_masked_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _P, _P, _F,
                                          _I, _I, _I, _P, _I], None)),
     "flash": (  # encoder_cpu.c, long global fp32 sequences (flash_attention.h)
-        ("flash_attention_scratch_floats", [_I, _I, _I], _L),
+        ("flash_attention_scratch_floats", [_I, _I, _I, _I], _L),
         ("packed_flash_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _P, _F, _P,
                                         _I], None)),
 }
@@ -418,7 +418,7 @@ def flash_attention(lib: ctypes.CDLL,
     if num_unattended is not None:
         keys = (ctypes.c_int * count)(*(n - u for n, u in zip(seq_lens, num_unattended)))
     threads = torch.get_num_threads()
-    work = torch.empty(lib.flash_attention_scratch_floats(num_tokens, head_dim, threads))
+    work = torch.empty(lib.flash_attention_scratch_floats(num_tokens, heads, head_dim, threads))
     out = torch.empty(num_tokens, heads, head_dim)
     lib.packed_flash_attention_f32(q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
                                    out.data_ptr(), heads, head_dim, count, cu.data_ptr(), keys,

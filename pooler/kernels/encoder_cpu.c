@@ -227,11 +227,12 @@ void packed_attention_f32(const float *q, const float *k, const float *v, int ld
 
 /* Global attention for long sequences (flash_attention.h; pooler/kernels/attention_cpu.py):
  * arguments as packed_attention_f32's, without a score bias (keys: NULL, or a trailing
- * unattended suffix per sequence). work: flash_attention_scratch_floats(tokens, d, threads)
- * floats for `tokens` packed tokens in all: one head's K and V rows (2 x tokens x d) and a
- * fixed block per thread. */
-long flash_attention_scratch_floats(int tokens, int d, int threads) {
-    return 2L * tokens * d + threads * flash_work_floats(d);
+ * unattended suffix per sequence). work: flash_attention_scratch_floats(tokens, heads, d,
+ * threads) floats for `tokens` packed tokens in all: a group of heads' K and V rows (2 x group
+ * x tokens x d; one head from 8 x 256 x threads tokens on) and a fixed block per thread. */
+long flash_attention_scratch_floats(int tokens, int heads, int d, int threads) {
+    return 2L * flash_group_heads(tokens, heads, threads) * tokens * d +
+           threads * flash_work_floats(d);
 }
 
 void packed_flash_attention_f32(const float *q, const float *k, const float *v, int ldq,
@@ -243,9 +244,10 @@ void packed_flash_attention_f32(const float *q, const float *k, const float *v, 
     flash_tasks(seqs, starts, task_starts);
     struct attention_args a = {q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, NULL,
                                scale, task_starts, -1};
-    float *heads_kv = work, *units = work + 2L * starts[seqs] * d;
+    float *heads_kv = work;
+    float *units = work + 2L * flash_group_heads(starts[seqs], heads, threads) * starts[seqs] * d;
 #pragma omp parallel num_threads(threads)
-    flash_attention(&a, heads_kv, units, flash_work_floats(d));
+    flash_attention(&a, heads_kv, units, flash_work_floats(d), threads);
     free(task_starts);
 }
 

@@ -3,8 +3,8 @@
  * by encoder_cpu.c's packed_flash_attention_f32 (pooler/kernels/attention_cpu.py routes long
  * sequences to it). Needs attention.h first (its query transpose and score tile).
  *
- * Heads one after another: the threads first copy head h's K and V rows of every sequence into
- * two contiguous [tokens][d] arrays (rows of a fused projection are 3 x heads x d floats apart,
+ * A group of heads at a time (one head for long sequences): the threads first copy the group's
+ * K and V rows of every sequence into contiguous [tokens][d] arrays per head (rows of a fused projection are 3 x heads x d floats apart,
  * 9 KB for 12 x 64, a stride that maps a block's rows onto a quarter of L2's sets and a
  * sixteenth of L1's), then share the head's work units. Copying each key block once per unit
  * instead read the head's K and V from L3 again for every unit: 14% of the kernel's time at
@@ -185,26 +185,47 @@ static void flash_unit(const struct attention_args *a, int s, int hd, int block,
     }
 }
 
-/* Every unit of the sequences, head by head, shared among the threads of the enclosing
- * parallel region; task_starts: flash_tasks's (one head's units per sequence); heads_kv: the
- * shared [2][tokens][d] floats that hold the current head's K and V rows. */
+/* Heads whose K and V are copied together (a group): enough that a group has FLASH_GROUP_UNITS
+ * units per thread, so that the threads reach the barrier after each group together (with one
+ * head of 5 units, one of 2 threads waited a unit per head); one head from 8 x 256 x
+ * threads tokens on. tokens / FQ is one head's units when every sequence fills its blocks,
+ * fewer otherwise, so the group is at most this large for these sequences (the scratch's). */
+#define FLASH_GROUP_UNITS 8
+static int flash_group_heads(int tokens, int heads, int threads) {
+    int units = (tokens + FQ - 1) / FQ, want = FLASH_GROUP_UNITS * threads;
+    int group = units > 0 ? (want + units - 1) / units : heads;
+    return group < 1 ? 1 : group > heads ? heads : group;
+}
+
+/* Every unit of the sequences, a group of heads at a time, shared among the threads of the
+ * enclosing parallel region (of `threads`); task_starts: flash_tasks's (one head's units per
+ * sequence); heads_kv: the shared [2][group][tokens][d] floats that hold the group's K and V
+ * rows. */
 static void flash_attention(const struct attention_args *a, float *heads_kv, float *work,
-                            long work_floats) {
+                            long work_floats, int threads) {
     float *mine = work + (size_t)omp_get_thread_num() * work_floats;
-    int d = a->d, tokens = a->starts[a->seqs], units = a->task_starts[a->seqs];
-    float *kh = heads_kv, *vh = heads_kv + (size_t)tokens * d;
-    for (int hd = 0; hd < a->heads; hd++) {
+    int d = a->d, tokens = a->starts[a->seqs], per_head = a->task_starts[a->seqs];
+    int group = flash_group_heads(tokens, a->heads, threads);
+    size_t head_rows = (size_t)tokens * d;
+    float *kg = heads_kv, *vg = heads_kv + group * head_rows;
+    for (int h0 = 0; h0 < a->heads; h0 += group) {
+        int hn = a->heads - h0 < group ? a->heads - h0 : group;
 #pragma omp for schedule(static)
-        for (int t = 0; t < tokens; t++) {
-            memcpy(kh + (size_t)t * d, a->k + (size_t)t * a->ldk + hd * d, sizeof(float) * d);
-            memcpy(vh + (size_t)t * d, a->v + (size_t)t * a->ldv + hd * d, sizeof(float) * d);
-        }
+        for (int t = 0; t < tokens; t++)
+            for (int g = 0; g < hn; g++) {
+                memcpy(kg + g * head_rows + (size_t)t * d, a->k + (size_t)t * a->ldk + (h0 + g) * d,
+                       sizeof(float) * d);
+                memcpy(vg + g * head_rows + (size_t)t * d, a->v + (size_t)t * a->ldv + (h0 + g) * d,
+                       sizeof(float) * d);
+            }
         /* (the loops' barriers: every row copied before a unit reads it, every unit done
-         * before the next head's rows overwrite them) */
+         * before the next group's rows overwrite them) */
 #pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < units; t++) {
-            int lo = unit_sequence(a->task_starts, a->seqs, t);
-            flash_unit(a, lo, hd, t - a->task_starts[lo], kh, vh, mine);
+        for (int t = 0; t < hn * per_head; t++) {
+            int g = t / per_head, rel = t % per_head;
+            int lo = unit_sequence(a->task_starts, a->seqs, rel);
+            flash_unit(a, lo, h0 + g, rel - a->task_starts[lo], kg + g * head_rows,
+                       vg + g * head_rows, mine);
         }
     }
 }

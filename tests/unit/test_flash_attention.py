@@ -83,6 +83,23 @@ def test_separate_tensors_unattended_suffix_and_threads(kernel_build):
     assert torch.equal(one, two)  # each output element by one thread, in a fixed order
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_heads_in_groups_with_a_partial_last_group(kernel_build, threads):
+    # K and V are copied a group of heads at a time (flash_group_heads: 8 units per thread):
+    # ~1,800 tokens make 8 units per head (AVX-512; 15 on AVX2), so 5 heads run as groups of
+    # 2, 2 and 1 on 2 threads, 3 + 2 on 3 threads, one at a time on 1 thread
+    seq_lens, unattended = [700, 1100, 3], [0, 100, 0]
+    q, k, v = _fused_qkv(seq_lens, 5, 32, seed=5)
+    want = _reference(q, k, v, seq_lens, 0.2, unattended)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = _flash(kernel_build, q, k, v, seq_lens, 0.2, unattended)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
 def test_long_sequences_take_the_flash_kernel_on_its_builds(kernel_build, monkeypatch):
     # fp32 global attention: runs of sequences of FLASH_MIN_LEN tokens or more take the flash
     # kernel (on FLASH_BUILDS; SDPA on the others), the runs between them attention.h's kernel
