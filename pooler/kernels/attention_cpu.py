@@ -41,10 +41,10 @@ all attended goes to torch's SDPA (its flash CPU kernel), as it does on AVX-512 
 heads. The other sequences of the step stay on attention.h's kernel. Measured (one layer, 12
 heads x 64, Sapphire Rapids VM shared with other sessions, interleaved, fastest of N rounds,
 benchmarks/flash_attention_lengths.py; docs/dev/journal.md "Flash attention for long fp32
-sequences"): flash / SDPA time 0.95, 0.93, 0.86, 0.91 at 1,024, 2,048, 4,096, 8,192 tokens (2
-threads, wall; 0.88-0.91 at 1 thread by CPU time), flash / attention.h's kernel 0.91 at 1,024
-and 0.5-0.6 from 2,048 (but 1.07-1.12 at 256-512: FLASH_MIN_LEN); a 2-layer GTE-base forward
-0.96x the time at 4k, 0.94x at 8k. On the AVX2 build with torch held by ATEN_CPU_CAPABILITY=avx2
+sequences" and "The flash kernel at 90% of the GEMM rate"): flash / SDPA time 0.91, 0.76, 0.76,
+0.76 at 1,024, 2,048, 4,096, 8,192 tokens (2 threads, wall, after K and V were copied once per
+head; 0.86-0.95 before), flash / attention.h's kernel 0.71 at 1,024 and 0.53 at 2,048 (1.02 at
+512, 0.89 at 768); a 2-layer GTE-base forward 0.96x the time at 4k, 0.94x at 8k (before). On the AVX2 build with torch held by ATEN_CPU_CAPABILITY=avx2
 (SDPA's GEMMs stay AVX-512 through MKL/oneDNN) the kernel took 1.40-1.57x SDPA's time, so that
 build keeps SDPA (0.93-1.08x with MKL and oneDNN held to AVX2 too, as on an AVX2-only CPU: not
 measured there). bf16 q/k/v and bf16 products keep their kernels.
