@@ -13,6 +13,12 @@ bench side picks for one document), in alternating order; both are warmed up on 
 document of the same length first. Printed per round: wall seconds of each side, the process
 CPU seconds of each call, and sentence-transformers' time over pooler's (> 1: pooler faster);
 then the median and the best-of-rounds ratio, and the cosine of the two embeddings.
+
+Share of the ceiling, side by side: before each side's call the round times a 2048^3 fp32 GEMM
+(pooler/bench/machine.py's measure_gemm_gflops, best of 2) and the side's share is the FLOPs the
+document needs (the long_context workload's count, document_flops) over its seconds, over that
+GEMM rate: the rate the host gave just then, not the fastest of a drifting run. Printed per
+round and as medians.
 """
 from __future__ import annotations
 
@@ -42,9 +48,10 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from pooler.bench.common import pooler_engine
+    from pooler.bench.machine import measure_gemm_gflops
     from pooler.bench.long_folders import long_folder
     from pooler.bench.registry import BenchOptions
-    from pooler.bench.workloads.long_context import documents
+    from pooler.bench.workloads.long_context import document_flops, documents
 
     folder = long_folder(args.arch, tiny=False)
     engine = pooler_engine(folder, BenchOptions(model=str(folder), threads=args.threads))
@@ -55,25 +62,32 @@ def main() -> None:
         engine.embed(warm, use_tqdm=False)
         st.encode(warm, batch_size=1)
         ratios, wall_p, wall_s = [], [], []
+        shares = {"pooler": [], "st": []}
+        flops = document_flops(folder, length)
         for r in range(args.rounds):
             order = ("pooler", "st") if r % 2 == 0 else ("st", "pooler")
             got = {}
             for side in order:
+                gemm = measure_gemm_gflops(args.threads, repeats=2) * 1e9
                 if side == "pooler":
                     got[side] = timed(lambda: engine.embed([doc], use_tqdm=False)[0].embedding)
                 else:
                     got[side] = timed(lambda: st.encode([doc], batch_size=1)[0])
+                shares[side].append(flops / got[side][1] / gemm)
             (p_emb, p_wall, p_cpu), (s_emb, s_wall, s_cpu) = got["pooler"], got["st"]
             ratios.append(s_wall / p_wall)
             wall_p.append(p_wall)
             wall_s.append(s_wall)
             print(f"  {length} round {r + 1}: pooler {p_wall:.2f} s (cpu {p_cpu:.2f}), "
                   f"sentence-transformers {s_wall:.2f} s (cpu {s_cpu:.2f}), ST / pooler "
-                  f"{s_wall / p_wall:.2f}")
+                  f"{s_wall / p_wall:.2f}; share of the GEMM rate pooler "
+                  f"{shares['pooler'][-1]:.0%}, ST {shares['st'][-1]:.0%}")
         cos = float(np.dot(p_emb, s_emb) / (np.linalg.norm(p_emb) * np.linalg.norm(s_emb)))
         print(f"{args.arch} {length}: ST / pooler time, median {statistics.median(ratios):.2f}, "
               f"best-of-rounds {min(wall_s) / min(wall_p):.2f} (pooler {length / min(wall_p):.0f}"
-              f" tok/s, ST {length / min(wall_s):.0f}); cosine {cos:.6f}")
+              f" tok/s, ST {length / min(wall_s):.0f}); share of the GEMM rate, median: "
+              f"pooler {statistics.median(shares['pooler']):.0%}, ST "
+              f"{statistics.median(shares['st']):.0%}; cosine {cos:.6f}")
 
 
 if __name__ == "__main__":
