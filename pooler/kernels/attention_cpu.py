@@ -203,6 +203,9 @@ _ENTRY_POINTS = {
         ("attention_bf16_tiled_scratch_bytes", [_I, _I, _I, _I, _I, _I], _L),
         ("packed_tiled_attention_bf16", [_P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P,
                                          _P, _P, _F, _I, _I, _I, _P, _I], None)),
+    "bf16_flash_head": (  # attention_bf16.c, the shared scratch of its key-block units (builds
+        # before it laid the key blocks out per unit and needed none)
+        ("attention_bf16_flash_head_bytes", [_L, _I], _L),),
     "local": (  # encoder_cpu.c, local attention
         ("local_attention_scratch_floats", [_I, _I, _I, _I], _L),
         ("packed_local_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _P, _P, _F,
@@ -362,9 +365,15 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         else:
             flash_min = BF16_FLASH_MIN_LEN if cpu_features().kind() in BF16_FLASH_CPU_KINDS \
                 else 0
-            work = torch.empty(tiled.attention_bf16_tiled_scratch_bytes(
-                max_len, head_dim, window, int(bias is not None), flash_min, threads),
-                dtype=torch.uint8)
+            nbytes = tiled.attention_bf16_tiled_scratch_bytes(
+                max_len, head_dim, window, int(bias is not None), flash_min, threads)
+            shared = _entry_points(lib16, "bf16_flash_head")
+            if shared is not None and flash_min and half_window is None and bias is None:
+                # one head's K and V of the sequences that take the key-block units (the C
+                # routes the same ones: global, no bias, flash_min tokens or more)
+                nbytes += shared.attention_bf16_flash_head_bytes(
+                    sum(n for n in seq_lens if n >= flash_min), head_dim)
+            work = torch.empty(nbytes, dtype=torch.uint8)
         out_dtype = torch.float32 if bf16_products else dtype
         out = torch.empty(num_tokens, heads, head_dim, dtype=out_dtype)
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,
