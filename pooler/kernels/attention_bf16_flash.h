@@ -64,34 +64,38 @@ static void flash_head_carve(char *work, long tokens, int d, struct flash_head *
     h->vf32 = (float *)h->vp;
 }
 
-/* Head hd's K and V of every flash sequence into h, shared among the threads of the enclosing
- * parallel region (all of them call it); returns after a barrier, every row laid out. Keys go
- * in chunks of 16 (8 pairs, even: pairs stay the sequence's), attended keys only. */
-static void bf16_flash_lay_out_head(const struct bf16_args *a, int hd, const struct flash_head *h) {
-    int d = a->d, in = a->in_bf16 ? 2 : 4;
+/* Keys j0 .. j0 + n - 1 (j0 even) of flash sequence f's head hd into h: K rows as bf16, V as
+ * key pairs (an odd n's last pair with a zero key) or fp32 rows (relay_v) */
+static void bf16_flash_lay_out_keys(const struct bf16_args *a, int hd, const struct flash_head *h,
+                                    int f, int j0, int n) {
+    int d = a->d, in = a->in_bf16 ? 2 : 4, first = a->starts[h->seqs[f]];
+    const char *k = (const char *)a->k + ((size_t)(first + j0) * a->ldk + (size_t)hd * d) * in;
+    const char *v = (const char *)a->v + ((size_t)(first + j0) * a->ldv + (size_t)hd * d) * in;
+    uint16_t *kb = h->kb + (size_t)(h->koff[f] + j0) * d;
+    for (int j = 0; j < n; j++) {
+        const char *row = k + (size_t)j * a->ldk * in;
+        prefetch_row(row + (size_t)AHEAD * a->ldk * in, d * in);
+        if (a->in_bf16)
+            memcpy(kb + (size_t)j * d, row, sizeof(uint16_t) * d);
+        else
+            row_to_bf16((const float *)row, d, kb + (size_t)j * d);
+    }
+    relay_v(v, a->ldv, in, a->in_bf16, a->p_bf16, n, d,
+            h->vp + (size_t)(h->poff[f] + j0 / 2) * d, h->vf32 + (size_t)(h->koff[f] + j0) * d);
+}
+
+/* Head hd's K and V of every flash sequence into h (attended keys only), shared among the
+ * threads of the enclosing parallel region (all of them call it) in chunks of 16 keys (even:
+ * a chunk's pairs are the sequence's); returns after a barrier, every row laid out. */
+static void bf16_flash_lay_out_head(const struct bf16_args *a, int hd,
+                                    const struct flash_head *h) {
     for (int f = 0; f < h->nflash; f++) {
-        int s = h->seqs[f], first = a->starts[s];
-        int nk = a->keys ? a->keys[s] : a->starts[s + 1] - first;
-        const char *k = (const char *)a->k + ((size_t)first * a->ldk + (size_t)hd * d) * in;
-        const char *v = (const char *)a->v + ((size_t)first * a->ldv + (size_t)hd * d) * in;
-        uint16_t *kb = h->kb + (size_t)h->koff[f] * d;
-        uint32_t *vp = h->vp + (size_t)h->poff[f] * d;
-        float *vf32 = h->vf32 + (size_t)h->koff[f] * d;
+        int s = h->seqs[f];
+        int nk = a->keys ? a->keys[s] : a->starts[s + 1] - a->starts[s];
         int chunks = nk > 0 ? (nk + 15) / 16 : 0;
 #pragma omp for schedule(static) nowait
-        for (int c = 0; c < chunks; c++) {
-            int j0 = 16 * c, n = nk - j0 < 16 ? nk - j0 : 16;
-            for (int j = j0; j < j0 + n; j++) {
-                const char *row = k + (size_t)j * a->ldk * in;
-                prefetch_row(row + (size_t)AHEAD * a->ldk * in, d * in);
-                if (a->in_bf16)
-                    memcpy(kb + (size_t)j * d, row, sizeof(uint16_t) * d);
-                else
-                    row_to_bf16((const float *)row, d, kb + (size_t)j * d);
-            }
-            relay_v(v + (size_t)j0 * a->ldv * in, a->ldv, in, a->in_bf16, a->p_bf16, n, d,
-                    vp + (size_t)(j0 / 2) * d, vf32 + (size_t)j0 * d);
-        }
+        for (int c = 0; c < chunks; c++)
+            bf16_flash_lay_out_keys(a, hd, h, f, 16 * c, nk - 16 * c < 16 ? nk - 16 * c : 16);
     }
 #pragma omp barrier
 }
