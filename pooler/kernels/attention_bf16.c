@@ -445,7 +445,10 @@ void packed_local_attention_bf16(const void *q, const void *k, const void *v, in
 
 /* FK, FQ and the fp32 P@V tile with a rescale (flash_pv_tile) of the fp32 flash kernel; its
  * other functions go unused here. 128-query units and 6 x 4 P@V tiles, as measured for these
- * units (the fp32 kernel's 256 and 12 x 2 were measured for its own). */
+ * units (the fp32 kernel's 256 and 12 x 2 were measured for its own; with each head's K and V
+ * laid out once, 256 queries and 12 x 2 measured level within noise, -1% to +5%: journal,
+ * "bf16 flash units: each head's K and V laid out once"). -D overrides are for
+ * benchmarks/attention_bf16_tiled.py --variants. */
 #ifndef FSUB
 #define FSUB 4
 #endif
