@@ -36,9 +36,9 @@ on (FLASH_CPU_KINDS: AMX, i.e. Sapphire Rapids, so far), with heads of at most
 FLASH_MAX_HEAD_DIM = 64, a sequence of FLASH_MIN_LEN tokens or more (an unattended suffix
 allowed, no score bias) takes the flash kernel (encoder_cpu.c's packed_flash_attention_f32,
 flash_attention.h: each head's K and V copied contiguous once, 256-query units, 240-key
-blocks, an online softmax, O(L d) scratch: one head's K and V); on the AVX2 build a sequence
-of SDPA_MIN_LEN tokens or more whose keys are all attended goes to torch's SDPA (its flash CPU
-kernel), as it does on AVX-512 with wider heads. The other sequences of the step stay on attention.h's kernel. Measured (one layer, 12
+blocks, an online softmax, O(L d) scratch: one head's K and V); on the AVX2 build a sequence of SDPA_MIN_LEN tokens or more whose keys are
+all attended goes to torch's SDPA (its flash CPU kernel), as it does on AVX-512 with wider
+heads. The other sequences of the step stay on attention.h's kernel. Measured (one layer, 12
 heads x 64, Sapphire Rapids VM shared with other sessions, interleaved, fastest of N rounds,
 benchmarks/flash_attention_lengths.py; docs/dev/journal.md "Flash attention for long fp32
 sequences" and "The flash kernel at 90% of the GEMM rate"): flash / SDPA time 0.91, 0.76, 0.76,
@@ -139,10 +139,12 @@ BF16_ENABLED = True
 # bf16 kernel: global sequences (no score bias, an unattended suffix allowed) of at least this
 # many tokens run in 240-key blocks with an online softmax (attention_bf16_flash.h: head by
 # head, its K and V of those sequences laid out once per call into O(L d) shared scratch, then
-# its 128-query units) instead of whole-sequence units (K and V of the head re-laid out per
-# unit, every query block streaming all of them); 0 turns that off. Where bf16_sdpa_is_fast() (AMX)
-# sequences from BF16_SDPA_MIN_LEN go to SDPA first: this matters on AVX512_BF16 CPUs without
-# AMX (Zen 4, Cooper Lake), and for ColBERT's unattended suffixes. Measured on the Sapphire
+# its 128-query units; 1.00-1.11x faster than laying each key block out per unit, journal
+# "bf16 flash units: each head's K and V laid out once") instead of whole-sequence units (K
+# and V of the head re-laid out per unit, every query block streaming all of them); 0 turns
+# that off. Where bf16_sdpa_is_fast() (AMX) sequences from BF16_SDPA_MIN_LEN go to SDPA
+# first: this matters on AVX512_BF16 CPUs without AMX (Zen 4, Cooper Lake), and for ColBERT's
+# unattended suffixes. Measured on the Sapphire
 # Rapids VM (12 heads x 64, 2 threads, interleaved, best of 5-7, shared machine; tiled / whole
 # time over 2-7 runs; benchmarks/attention_bf16_tiled.py, docs/dev/journal.md): bf16 engine
 # 1.00-1.17 at 1,024, 0.90-1.03 at 2,048 (4 of 6 runs 0.99-1.03), 0.86-0.96 at 2,560-3,072,
