@@ -139,7 +139,7 @@ BF16_ENABLED = True
 # bf16 kernel: global sequences (no score bias, an unattended suffix allowed) of at least this
 # many tokens run in 240-key blocks with an online softmax (attention_bf16_flash.h: head by
 # head, its K and V of those sequences laid out once per call into O(L d) shared scratch, then
-# its 128-query units; 1.00-1.11x faster than laying each key block out per unit, journal
+# its 128-query units; level to 1.11x faster than laying each key block out per unit, journal
 # "bf16 flash units: each head's K and V laid out once") instead of whole-sequence units (K
 # and V of the head re-laid out per unit, every query block streaming all of them); 0 turns
 # that off. Where bf16_sdpa_is_fast() (AMX) sequences from BF16_SDPA_MIN_LEN go to SDPA
