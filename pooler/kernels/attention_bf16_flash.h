@@ -14,7 +14,8 @@
  * vp [keys / 2][d][2] bf16 key pairs, else vf32 [keys][d] fp32; each sequence's first key at
  * a row (pair) of its own, its attended keys only, an odd count's last pair with a zero key),
  * then share the head's units. Laying each key block out once per unit instead read the head's
- * K and V from the strided projection again for every unit.
+ * K and V from the strided projection again for every unit: 0.99-1.11x this one's time at
+ * 4k-8k tokens (docs/dev/journal.md, "bf16 flash units: each head's K and V laid out once").
  *
  * Work unit: one (sequence, block of FQ = FSUB x QB queries) of the head. Its queries meet the
  * keys in blocks of FK (240, even: a block's pairs are the sequence's pairs) that serve all its
