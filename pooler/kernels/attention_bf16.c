@@ -445,10 +445,18 @@ void packed_local_attention_bf16(const void *q, const void *k, const void *v, in
 
 /* FK, FQ and the fp32 P@V tile with a rescale (flash_pv_tile) of the fp32 flash kernel; its
  * other functions go unused here. 128-query units and 6 x 4 P@V tiles, as measured for these
- * units (the fp32 kernel's 256 and 12 x 2 were measured for its own). */
+ * units (the fp32 kernel's 256 and 12 x 2 were measured for its own; with each head's K and V
+ * laid out once, 256 queries and 12 x 2 measured level within noise, -1% to +5%: journal,
+ * "bf16 flash units: each head's K and V laid out once"). -D overrides are for
+ * benchmarks/attention_bf16_tiled.py --variants. */
+#ifndef FSUB
 #define FSUB 4
+#endif
+#ifndef FPV
 #define FPV 4
+#endif
 #include "flash_attention.h"
+_Static_assert(FK % 2 == 0, "key blocks must start on a key pair");
 #include "attention_bf16_flash.h"
 
 /* the sequences that take the flash units: flash_min_len tokens or more (0: none), global
@@ -468,18 +476,26 @@ static size_t tiled_unit_bytes(int max_len, int d, int flash_min) {
     return a > b ? a : b;
 }
 
-/* work for packed_tiled_attention_bf16: biased nonzero when a score bias will be passed */
+/* the threads' part of packed_tiled_attention_bf16's work: biased nonzero when a score bias
+ * will be passed */
 long attention_bf16_tiled_scratch_bytes(int max_len, int d, int half_window, int biased,
                                         int flash_min_len, int threads) {
     int flash_min = flash_min_len_for(flash_min_len, half_window, biased);
     return (long)threads * (long)tiled_unit_bytes(max_len, d, flash_min);
 }
 
+/* the shared part after it: one head's K and V of the sequences that take the flash units,
+ * flash_tokens tokens in all (0: none) */
+long attention_bf16_flash_head_bytes(long flash_tokens, int d) {
+    return flash_tokens > 0 ? (long)flash_head_bytes(flash_tokens, d) : 0;
+}
+
 /* packed_local_attention_bf16 with its long global sequences (flash_min_len tokens or more, no
  * score bias, half_window < 0; flash_min_len 0: none) in key blocks with an online softmax
- * (attention_bf16_flash.h: 128-query units, O(block) scratch), the others in whole-sequence
- * units as there. work: attention_bf16_tiled_scratch_bytes(max_len, d, half_window, bias !=
- * NULL, flash_min_len, threads) bytes. */
+ * (attention_bf16_flash.h: heads one after another, each head's K and V laid out once, then
+ * its 128-query units), the others in whole-sequence units as there. work:
+ * attention_bf16_tiled_scratch_bytes(max_len, d, half_window, bias != NULL, flash_min_len,
+ * threads) + attention_bf16_flash_head_bytes(the flash sequences' tokens, d) bytes. */
 void packed_tiled_attention_bf16(const void *q, const void *k, const void *v, int ldq, int ldk,
                                  int ldv, int in_bf16, void *out, int out_bf16, int p_bf16,
                                  int heads, int d, int seqs, const int *starts, const int *keys,
@@ -489,33 +505,55 @@ void packed_tiled_attention_bf16(const void *q, const void *k, const void *v, in
                           seqs, starts, keys, bias, scale, half_window < 0 ? -1 : half_window};
     int flash_min = flash_min_len_for(flash_min_len, a.half_window, bias != NULL);
     size_t bytes = tiled_unit_bytes(max_len, d, flash_min);
-    /* units per sequence: heads whole-sequence units, or heads x query blocks (a head's blocks
-     * consecutive, so the threads share its K and V in L3) */
-    int *task_starts = malloc(sizeof(int) * (seqs + 1));
-    if (!task_starts) return;
-    task_starts[0] = 0;
+    /* per sequence: a whole-sequence unit per head, or (flash) a unit per head and FQ queries;
+     * ints: the whole-sequence ones, the flash ones, and per flash sequence its first row, first
+     * pair and first unit (+ the ends) */
+    int *ints = malloc(sizeof(int) * (5 * (size_t)seqs + 3));
+    if (!ints) return;
+    int *whole = ints, *flash = whole + seqs, *koff = flash + seqs, *poff = koff + seqs + 1;
+    int *unit_starts = poff + seqs + 1;
+    int nwhole = 0, nflash = 0;
+    koff[0] = poff[0] = unit_starts[0] = 0;
     for (int s = 0; s < seqs; s++) {
         int len = starts[s + 1] - starts[s];
-        task_starts[s + 1] = task_starts[s] +
-                             heads * (takes_flash(len, flash_min) ? (len + FQ - 1) / FQ : 1);
+        if (!takes_flash(len, flash_min)) {
+            whole[nwhole++] = s;
+            continue;
+        }
+        koff[nflash + 1] = koff[nflash] + len;
+        poff[nflash + 1] = poff[nflash] + pairs_of(len);
+        unit_starts[nflash + 1] = unit_starts[nflash] + (len + FQ - 1) / FQ;
+        flash[nflash++] = s;
     }
-    int units = task_starts[seqs];
+    struct flash_head h = {NULL, NULL, NULL, nflash, flash, koff, poff};
+    if (nflash) flash_head_carve((char *)work + (size_t)threads * bytes, koff[nflash], d, &h);
+    int head_units = nwhole + unit_starts[nflash]; /* with flash sequences: per head */
 #pragma omp parallel num_threads(threads)
     {
         char *mine = (char *)work + (size_t)omp_get_thread_num() * bytes;
+        if (!nflash) {
 #pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < units; t++) {
-            int lo = unit_sequence(task_starts, seqs, t);
-            int rel = t - task_starts[lo], len = starts[lo + 1] - starts[lo];
-            if (takes_flash(len, flash_min)) {
-                int blocks = (len + FQ - 1) / FQ;
-                bf16_flash_unit(&a, lo, rel / blocks, rel % blocks, mine);
-            } else {
-                bf16_attention_unit(&a, lo, rel, mine);
+            for (int t = 0; t < seqs * heads; t++)
+                bf16_attention_unit(&a, t / heads, t % heads, mine);
+        } else {
+            /* head by head: its K and V laid out, then its units, the whole-sequence ones first
+             * (the larger, so the flash units even the threads out at the end); the loop's
+             * barrier keeps the next head's layout from overwriting rows still read */
+            for (int hd = 0; hd < heads; hd++) {
+                bf16_flash_lay_out_head(&a, hd, &h);
+#pragma omp for schedule(dynamic, 1)
+                for (int t = 0; t < head_units; t++) {
+                    if (t < nwhole) {
+                        bf16_attention_unit(&a, whole[t], hd, mine);
+                    } else {
+                        int f = unit_sequence(unit_starts, nflash, t - nwhole);
+                        bf16_flash_unit(&a, &h, f, hd, t - nwhole - unit_starts[f], mine);
+                    }
+                }
             }
         }
     }
-    free(task_starts);
+    free(ints);
 }
 
 /* The entry point before local attention (every key), kept for benchmarks that call older

@@ -8,10 +8,18 @@
  * so every query block streams all of K, V and a 1 MB score row (8k tokens) through L2: ~210
  * GFLOP/s at 1-4k tokens fell to ~90 at 8k (12 heads x 64, 2 threads, Sapphire Rapids).
  *
- * Work unit: one (sequence, head, block of FQ = FSUB x QB = 128 queries). Per key block of FK
- * (240) keys, the block's K and V are laid out once (kb [FK][d] bf16 contiguous; V as
- * attention_bf16.c lays it out: with p_bf16 vp [FK / 2][d][2] bf16 key pairs, else vf32
- * [FK][d] fp32) and serve the unit's FSUB query sub-blocks from L1/L2. Per sub-block:
+ * Heads one after another (flash_attention.h's order): the threads first lay out head h's K
+ * and V of every flash sequence of the call once (bf16_flash_lay_out_head, into a shared
+ * struct flash_head: kb [keys][d] bf16 rows; V as attention_bf16.c lays it out, with p_bf16
+ * vp [keys / 2][d][2] bf16 key pairs, else vf32 [keys][d] fp32; each sequence's first key at
+ * a row (pair) of its own, its attended keys only, an odd count's last pair with a zero key),
+ * then share the head's units. Laying each key block out once per unit instead read the head's
+ * K and V from the strided projection again for every unit: 0.99-1.11x this one's time at
+ * 4k-8k tokens (docs/dev/journal.md, "bf16 flash units: each head's K and V laid out once").
+ *
+ * Work unit: one (sequence, block of FQ = FSUB x QB queries) of the head. Its queries meet the
+ * keys in blocks of FK (240, even: a block's pairs are the sequence's pairs) that serve all its
+ * FSUB query sub-blocks from L1/L2. Per sub-block and key block:
  *   st[j][i] = k_j . q_i (raw, VDPBF16PS, fp32 sums; transposed: lane-wise softmax), and the
  *              running max m of the raw scores (scale > 0 keeps its argmax);
  *   alpha = 2^(c (m_old - m_new)), p = 2^(c st - c m_new), c = scale log2(e) (the fp32 scores
@@ -19,19 +27,79 @@
  *   l = l alpha + sum_j p (fp32 p, as attention_bf16.c sums them);
  *   o = o alpha + P@V: with p_bf16 P rounded to bf16 pairs (pp [FK / 2][QB][2]) for VDPBF16PS,
  *   else fp32 P in place and flash_attention.h's fp32 tile;
- * and at the end out = o / l (rounded to bf16 when out_bf16). Scratch per thread: O(FK d + FQ d),
- * whatever the length. Every output is computed by one thread in a fixed order: results do not
- * depend on the thread count. */
+ * and at the end out = o / l (rounded to bf16 when out_bf16). Scratch: per thread O(FQ d + FK
+ * QB) whatever the length, and one head's K and V (6 bytes x tokens x d, shared). Every output
+ * is computed by one thread in a fixed order: results do not depend on the thread count. */
 #ifndef POOLER_ATTENTION_BF16_FLASH_H
 #define POOLER_ATTENTION_BF16_FLASH_H
 
 /* one thread's scratch for a flash unit */
 struct flash_scratch {
-    uint16_t *qt, *kb;     /* FSUB x [d / 2][QB][2]; [FK][d] */
-    uint32_t *vp, *pp;     /* [FK / 2][d] pairs; [FK / 2][QB] pairs */
+    uint16_t *qt;          /* FSUB x [d / 2][QB][2] */
+    uint32_t *pp;          /* [FK / 2][QB] pairs */
     float *o, *state, *st; /* FSUB x [QB][d]; FSUB x (max, sum, alpha) x [QB]; [FK][QB] */
-    float *vf32;           /* [FK][d] */
 };
+
+/* One head's K and V of the call's flash sequences, shared by the threads (laid out by
+ * bf16_flash_lay_out_head). Flash sequence f's keys start at row koff[f] of kb and vf32 and at
+ * pair poff[f] of vp (offsets over the flash sequences' lengths). */
+struct flash_head {
+    uint16_t *kb;  /* [rows][d] bf16 */
+    uint32_t *vp;  /* p_bf16: [pairs][d] bf16 key pairs (relay_v's layout) */
+    float *vf32;   /* else [rows][d] fp32 (the same bytes as vp) */
+    int nflash;
+    const int *seqs, *koff, *poff; /* per flash sequence: its index, first row, first pair */
+};
+
+/* bytes of struct flash_head's arrays for flash sequences of `tokens` tokens in all: K
+ * 2 x tokens x d, V 4 x tokens x d (fp32 rows, or pairs_of(len) <= len pairs of 4 d bytes) */
+static size_t flash_head_bytes(long tokens, int d) {
+    return up64((size_t)tokens * d * 2) + up64((size_t)tokens * d * 4) + 64;
+}
+
+/* kb, vp and vf32 carved from `work` (flash_head_bytes of it) */
+static void flash_head_carve(char *work, long tokens, int d, struct flash_head *h) {
+    char *base = (char *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+    h->kb = (uint16_t *)base;
+    h->vp = (uint32_t *)(base + up64((size_t)tokens * d * 2));
+    h->vf32 = (float *)h->vp;
+}
+
+/* Keys j0 .. j0 + n - 1 (j0 even) of flash sequence f's head hd into h: K rows as bf16, V as
+ * key pairs (an odd n's last pair with a zero key) or fp32 rows (relay_v) */
+static void bf16_flash_lay_out_keys(const struct bf16_args *a, int hd, const struct flash_head *h,
+                                    int f, int j0, int n) {
+    int d = a->d, in = a->in_bf16 ? 2 : 4, first = a->starts[h->seqs[f]];
+    const char *k = (const char *)a->k + ((size_t)(first + j0) * a->ldk + (size_t)hd * d) * in;
+    const char *v = (const char *)a->v + ((size_t)(first + j0) * a->ldv + (size_t)hd * d) * in;
+    uint16_t *kb = h->kb + (size_t)(h->koff[f] + j0) * d;
+    for (int j = 0; j < n; j++) {
+        const char *row = k + (size_t)j * a->ldk * in;
+        prefetch_row(row + (size_t)AHEAD * a->ldk * in, d * in);
+        if (a->in_bf16)
+            memcpy(kb + (size_t)j * d, row, sizeof(uint16_t) * d);
+        else
+            row_to_bf16((const float *)row, d, kb + (size_t)j * d);
+    }
+    relay_v(v, a->ldv, in, a->in_bf16, a->p_bf16, n, d,
+            h->vp + (size_t)(h->poff[f] + j0 / 2) * d, h->vf32 + (size_t)(h->koff[f] + j0) * d);
+}
+
+/* Head hd's K and V of every flash sequence into h (attended keys only), shared among the
+ * threads of the enclosing parallel region (all of them call it) in chunks of 16 keys (even:
+ * a chunk's pairs are the sequence's); returns after a barrier, every row laid out. */
+static void bf16_flash_lay_out_head(const struct bf16_args *a, int hd,
+                                    const struct flash_head *h) {
+    for (int f = 0; f < h->nflash; f++) {
+        int s = h->seqs[f];
+        int nk = a->keys ? a->keys[s] : a->starts[s + 1] - a->starts[s];
+        int chunks = nk > 0 ? (nk + 15) / 16 : 0;
+#pragma omp for schedule(static) nowait
+        for (int c = 0; c < chunks; c++)
+            bf16_flash_lay_out_keys(a, hd, h, f, 16 * c, nk - 16 * c < 16 ? nk - 16 * c : 16);
+    }
+#pragma omp barrier
+}
 
 static size_t flash_carve_into(char *work, int d, struct flash_scratch *w) {
     char *base = work ? (char *)(((uintptr_t)work + 63) & ~(uintptr_t)63) : NULL;
@@ -40,13 +108,10 @@ static size_t flash_carve_into(char *work, int d, struct flash_scratch *w) {
     if (w) w->field = (type *)(base + at); \
     at = up64(at + (size_t)(count) * sizeof(type));
     TAKE(qt, uint16_t, (size_t)FSUB * d * QB)
-    TAKE(kb, uint16_t, (size_t)FK * d)
-    TAKE(vp, uint32_t, (size_t)pairs_of(FK) * d)
     TAKE(pp, uint32_t, (size_t)pairs_of(FK) * QB)
     TAKE(o, float, (size_t)FSUB * QB * d)
     TAKE(state, float, (size_t)FSUB * 3 * QB)
     TAKE(st, float, (size_t)FK * QB)
-    TAKE(vf32, float, (size_t)FK * d)
 #undef TAKE
     return at + 64; /* + the alignment of work */
 }
@@ -81,8 +146,11 @@ static inline __attribute__((always_inline)) void bf16_flash_pv_tile(
 }
 
 /* One (sequence, head, block of FQ queries) unit: every one of the sequence's first nk keys
- * attended (a->keys: a trailing unattended suffix), no bias, no band. */
-static void bf16_flash_unit(const struct bf16_args *a, int s, int hd, int block, char *work) {
+ * attended (a->keys: a trailing unattended suffix), no bias, no band. h: the head's K and V
+ * laid out (bf16_flash_lay_out_head), f: the sequence's place among h's. */
+static void bf16_flash_unit(const struct bf16_args *a, const struct flash_head *h, int f,
+                            int hd, int block, char *work) {
+    int s = h->seqs[f];
     int d = a->d, first = a->starts[s], len = a->starts[s + 1] - first;
     int nk = a->keys ? a->keys[s] : len;
     int q0 = block * FQ, nq = len - q0 < FQ ? len - q0 : FQ;
@@ -96,8 +164,9 @@ static void bf16_flash_unit(const struct bf16_args *a, int s, int hd, int block,
         return;
     }
     const char *q = (const char *)a->q + ((size_t)(first + q0) * a->ldq + (size_t)hd * d) * in;
-    const char *k = (const char *)a->k + ((size_t)first * a->ldk + (size_t)hd * d) * in;
-    const char *v = (const char *)a->v + ((size_t)first * a->ldv + (size_t)hd * d) * in;
+    const uint16_t *kseq = h->kb + (size_t)h->koff[f] * d;
+    const uint32_t *vpseq = h->vp + (size_t)h->poff[f] * d;
+    const float *vfseq = h->vf32 + (size_t)h->koff[f] * d;
     struct flash_scratch w;
     flash_carve_into(work, d, &w);
     const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
@@ -116,18 +185,10 @@ static void bf16_flash_unit(const struct bf16_args *a, int s, int hd, int block,
     float c = a->scale * 1.44269504f; /* e^(scale x) = 2^(c x) */
     for (int j0 = 0; j0 < nk; j0 += FK) {
         int kb = nk - j0 < FK ? nk - j0 : FK, npb = pairs_of(kb);
-        /* the key block's K rows as contiguous bf16 (the source rows are a fused projection's,
-         * kilobytes apart: attention_bf16.c's prefetch) */
-        const char *kj = k + (size_t)j0 * a->ldk * in, *vj = v + (size_t)j0 * a->ldv * in;
-        for (int j = 0; j < kb; j++) {
-            const char *row = kj + (size_t)j * a->ldk * in;
-            prefetch_row(row + (size_t)AHEAD * a->ldk * in, d * in);
-            if (a->in_bf16)
-                memcpy(w.kb + (size_t)j * d, row, sizeof(uint16_t) * d);
-            else
-                row_to_bf16((const float *)row, d, w.kb + (size_t)j * d);
-        }
-        relay_v(vj, a->ldv, in, a->in_bf16, a->p_bf16, kb, d, w.vp, w.vf32);
+        /* the key block's rows and pairs in the head's layout (j0 even: pair j0 / 2 on) */
+        const uint16_t *kj = kseq + (size_t)j0 * d;
+        const uint32_t *vpj = vpseq + (size_t)(j0 / 2) * d;
+        const float *vfj = vfseq + (size_t)j0 * d;
         for (int b = 0; b < subs; b++) {
             int n = nq - b * QB < QB ? nq - b * QB : QB;
             const uint16_t *qt = w.qt + (size_t)b * d * QB;
@@ -137,7 +198,7 @@ static void bf16_flash_unit(const struct bf16_args *a, int s, int hd, int block,
             __m512 n0 = m0, n1 = m1;                                          /* new ones */
             for (int j = 0; j < kb; j += KR) {
                 int mr = kb - j < KR ? kb - j : KR;
-                const uint16_t *kr = w.kb + (size_t)j * d;
+                const uint16_t *kr = kj + (size_t)j * d;
                 float *sr = st + (size_t)j * QB;
                 ROWS_DISPATCH(mr, KR, bf16_score_tile, kr, d, qt, d, sr, &n0, &n1)
             }
@@ -187,11 +248,11 @@ static void bf16_flash_unit(const struct bf16_args *a, int s, int hd, int block,
                     int mr = n - i0 < rows ? n - i0 : rows;
                     float *oc = o + (size_t)i0 * d + c0;
                     if (a->p_bf16) {
-                        const uint32_t *pt = w.pp + i0, *vc2 = w.vp + c0;
+                        const uint32_t *pt = w.pp + i0, *vc2 = vpj + c0;
                         PV_DISPATCH(mr, nv, FPV, bf16_flash_pv_tile, pt, vc2, d, npb,
                                     alpha + i0, oc, d)
                     } else {
-                        const float *pt = st + i0, *vc2 = w.vf32 + c0;
+                        const float *pt = st + i0, *vc2 = vfj + c0;
                         PV_DISPATCH(mr, nv, FPV, flash_pv_tile, pt, vc2, d, kb, alpha + i0,
                                     oc, d)
                     }

@@ -27,9 +27,9 @@ Taken by packed_attention when all of these hold, else its torch paths run:
   block's band of keys (attention.h): O(L w) work and O(block (block + 2w)) scratch in the fp32
   kernel, where the torch path computed the full L x L product under a mask; the bf16 kernel
   scores the band alike (its scratch holds the sequence's K and V re-laid out, O(L d), as for
-  global attention below BF16_FLASH_MIN_LEN tokens; from there, on BF16_FLASH_CPU_KINDS, its global
-  sequences run in
-  key blocks with an online softmax, O(block) scratch).
+  global attention below BF16_FLASH_MIN_LEN tokens; from there, on BF16_FLASH_CPU_KINDS, its
+  global sequences run in key blocks with an online softmax, one head's K and V of those
+  sequences laid out once per call, O(L d) shared scratch and O(block) per thread).
 
 Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS) of a CPU kind it was measured
 on (FLASH_CPU_KINDS: AMX, i.e. Sapphire Rapids, so far), with heads of at most
@@ -137,11 +137,14 @@ SDPA_MIN_LEN = 1536
 # Benchmarks and tests turn the bf16 kernel alone off here (bf16 q/k/v then widen to fp32).
 BF16_ENABLED = True
 # bf16 kernel: global sequences (no score bias, an unattended suffix allowed) of at least this
-# many tokens run in 240-key blocks with an online softmax (attention_bf16_flash.h: 128-query
-# units, O(block) scratch) instead of whole-sequence units (K and V of the head re-laid out,
-# every query block streaming all of them); 0 turns that off. Where bf16_sdpa_is_fast() (AMX)
-# sequences from BF16_SDPA_MIN_LEN go to SDPA first: this matters on AVX512_BF16 CPUs without
-# AMX (Zen 4, Cooper Lake), and for ColBERT's unattended suffixes. Measured on the Sapphire
+# many tokens run in 240-key blocks with an online softmax (attention_bf16_flash.h: head by
+# head, its K and V of those sequences laid out once per call into O(L d) shared scratch, then
+# its 128-query units; level to 1.11x faster than laying each key block out per unit, journal
+# "bf16 flash units: each head's K and V laid out once") instead of whole-sequence units (K
+# and V of the head re-laid out per unit, every query block streaming all of them); 0 turns
+# that off. Where bf16_sdpa_is_fast() (AMX) sequences from BF16_SDPA_MIN_LEN go to SDPA
+# first: this matters on AVX512_BF16 CPUs without AMX (Zen 4, Cooper Lake), and for ColBERT's
+# unattended suffixes. Measured on the Sapphire
 # Rapids VM (12 heads x 64, 2 threads, interleaved, best of 5-7, shared machine; tiled / whole
 # time over 2-7 runs; benchmarks/attention_bf16_tiled.py, docs/dev/journal.md): bf16 engine
 # 1.00-1.17 at 1,024, 0.90-1.03 at 2,048 (4 of 6 runs 0.99-1.03), 0.86-0.96 at 2,560-3,072,
@@ -203,6 +206,9 @@ _ENTRY_POINTS = {
         ("attention_bf16_tiled_scratch_bytes", [_I, _I, _I, _I, _I, _I], _L),
         ("packed_tiled_attention_bf16", [_P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P,
                                          _P, _P, _F, _I, _I, _I, _P, _I], None)),
+    "bf16_flash_head": (  # attention_bf16.c, the shared scratch of its key-block units (builds
+        # before it laid the key blocks out per unit and needed none)
+        ("attention_bf16_flash_head_bytes", [_L, _I], _L),),
     "local": (  # encoder_cpu.c, local attention
         ("local_attention_scratch_floats", [_I, _I, _I, _I], _L),
         ("packed_local_attention_f32", [_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _P, _P, _F,
@@ -362,9 +368,15 @@ def attention_on_cpu(q: torch.Tensor,  # [num_tokens, heads, head_dim]
         else:
             flash_min = BF16_FLASH_MIN_LEN if cpu_features().kind() in BF16_FLASH_CPU_KINDS \
                 else 0
-            work = torch.empty(tiled.attention_bf16_tiled_scratch_bytes(
-                max_len, head_dim, window, int(bias is not None), flash_min, threads),
-                dtype=torch.uint8)
+            nbytes = tiled.attention_bf16_tiled_scratch_bytes(
+                max_len, head_dim, window, int(bias is not None), flash_min, threads)
+            shared = _entry_points(lib16, "bf16_flash_head")
+            if shared is not None and flash_min and half_window is None and bias is None:
+                # one head's K and V of the sequences that take the key-block units (the C
+                # routes the same ones: global, no bias, flash_min tokens or more)
+                nbytes += shared.attention_bf16_flash_head_bytes(
+                    sum(n for n in seq_lens if n >= flash_min), head_dim)
+            work = torch.empty(nbytes, dtype=torch.uint8)
         out_dtype = torch.float32 if bf16_products else dtype
         out = torch.empty(num_tokens, heads, head_dim, dtype=out_dtype)
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), *strides,

@@ -150,3 +150,47 @@ def test_default_threshold_routes_from_bf16_flash_min_len(monkeypatch):
     monkeypatch.setattr(attention_cpu, "BF16_FLASH_MIN_LEN", n)
     monkeypatch.setattr(attention_cpu, "BF16_FLASH_CPU_KINDS", ())
     assert torch.equal(run(), whole)
+
+
+# flash sequences (256 tokens or more here) of odd and even lengths and attended key counts,
+# with short whole-sequence ones between them: each head's K and V of the flash sequences are
+# laid out once per call, one after another, so an odd sequence (or key count) shifts where
+# every later one starts
+MIXED = [257, 17, 511, 300, 3, 481]
+MIXED_UNATTENDED = [0, 2, 30, 1, 0, 100]  # keys: 257, 15, 481 (a 1-key last block), 299, 3, 381
+
+
+@pytest.mark.parametrize("mode", ["bf16", "int8", "int8f32"])
+def test_flash_sequences_of_odd_and_even_lengths_beside_short_ones(mode, monkeypatch):
+    products = mode != "bf16"
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(sum(MIXED), 3, 2, 64, generator=g)  # [tokens, 3, heads, dim]
+    qkv = qkv.to(torch.float32 if mode == "int8f32" else torch.bfloat16)
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+
+    def run():
+        return attention_cpu.attention_on_cpu(q, k, v, MIXED, _cu(MIXED), 64 ** -0.5,
+                                              MIXED_UNATTENDED, bf16_products=products)
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(2)
+        got = run()
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, got)
+    expected = _reference(q, k, v, MIXED, MIXED_UNATTENDED)
+    if products:
+        torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+    else:
+        torch.testing.assert_close(got.float(), expected, atol=4e-3, rtol=8e-3)
+    # the flash sequences took the key-block units (other sums than the whole-sequence
+    # units'), the short ones the whole-sequence units (the same sums)
+    monkeypatch.setattr(attention_cpu, "BF16_FLASH_MIN_LEN", 0)
+    whole = run()
+    starts = [0, *torch.tensor(MIXED).cumsum(0).tolist()]
+    for i, n in enumerate(MIXED):
+        rows = slice(starts[i], starts[i + 1])
+        assert torch.equal(got[rows], whole[rows]) == (n < 256), (i, n)
