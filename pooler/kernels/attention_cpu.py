@@ -35,19 +35,21 @@ Long global fp32 attention: on the AVX-512 build (FLASH_BUILDS) of a CPU kind it
 on (FLASH_CPU_KINDS: AMX, i.e. Sapphire Rapids, so far), with heads of at most
 FLASH_MAX_HEAD_DIM = 64, a sequence of FLASH_MIN_LEN tokens or more (an unattended suffix
 allowed, no score bias) takes the flash kernel (encoder_cpu.c's packed_flash_attention_f32,
-flash_attention.h: each head's K and V copied contiguous once, 256-query units, 240-key
-blocks, an online softmax, O(L d) scratch: one head's K and V); on the AVX2 build a sequence of SDPA_MIN_LEN tokens or more whose keys are
-all attended goes to torch's SDPA (its flash CPU kernel), as it does on AVX-512 with wider
-heads. The other sequences of the step stay on attention.h's kernel. Measured (one layer, 12
-heads x 64, Sapphire Rapids VM shared with other sessions, interleaved, fastest of N rounds,
-benchmarks/flash_attention_lengths.py; docs/dev/journal.md "Flash attention for long fp32
-sequences" and "The flash kernel at 90% of the GEMM rate"): flash / SDPA time 0.91, 0.76, 0.76,
-0.76 at 1,024, 2,048, 4,096, 8,192 tokens (2 threads, wall, after K and V were copied once per
-head; 0.86-0.95 before), flash / attention.h's kernel 0.71 at 1,024 and 0.53 at 2,048 (1.02 at
-512, 0.89 at 768); a 2-layer GTE-base forward 0.96x the time at 4k, 0.94x at 8k (before). On the AVX2 build with torch held by ATEN_CPU_CAPABILITY=avx2
-(SDPA's GEMMs stay AVX-512 through MKL/oneDNN) the kernel took 1.40-1.57x SDPA's time, so that
-build keeps SDPA (0.93-1.08x with MKL and oneDNN held to AVX2 too, as on an AVX2-only CPU: not
-measured there). bf16 q/k/v and bf16 products keep their kernels.
+flash_attention.h: K and V copied contiguous once per group of heads, 256-query units, 240-key
+blocks, an online softmax, O(L d) scratch); on the AVX2 build a sequence of SDPA_MIN_LEN tokens
+or more whose keys are all attended goes to torch's SDPA (its flash CPU kernel), as it does on
+AVX-512 with wider heads. The other sequences of the step stay on attention.h's kernel.
+Measured (one layer, 12 heads x 64, Sapphire Rapids VM shared with other sessions,
+interleaved, fastest of N rounds, benchmarks/flash_attention_lengths.py; docs/dev/journal.md
+"Flash attention for long fp32 sequences" and "The flash kernel at 90% of the GEMM rate"):
+flash / SDPA time 0.91, 0.76, 0.76, 0.76 at 1,024, 2,048, 4,096, 8,192 tokens (2 threads,
+wall, since K and V are copied once per head; 0.86-0.95 before), flash / attention.h's kernel
+0.71 at 1,024 and 0.53 at 2,048 (1.02 at 512, 0.89 at 768); a 2-layer GTE-base forward 0.96x
+the time at 4k, 0.94x at 8k (before). On the AVX2 build with torch held by
+ATEN_CPU_CAPABILITY=avx2 (SDPA's GEMMs stay AVX-512 through MKL/oneDNN) the kernel took
+1.40-1.57x SDPA's time, so that build keeps SDPA (0.93-1.08x with MKL and oneDNN held to AVX2
+too, as on an AVX2-only CPU: not measured there). bf16 q/k/v and bf16 products keep their
+kernels.
 
 Long bf16 and int8 attention (_long_sequences_on_sdpa, which also takes long fp32 causal
 sequences, above; separate from the fp32 global route): on a CPU with AMX-BF16 and torch on
