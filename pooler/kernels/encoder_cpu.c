@@ -244,10 +244,11 @@ void packed_flash_attention_f32(const float *q, const float *k, const float *v, 
     flash_tasks(seqs, starts, task_starts);
     struct attention_args a = {q, k, v, ldq, ldk, ldv, out, heads, d, seqs, starts, keys, NULL,
                                scale, task_starts, -1};
-    float *heads_kv = work;
-    float *units = work + 2L * flash_group_heads(starts[seqs], heads, threads) * starts[seqs] * d;
+    /* work: the group's K and V (flash_attention_scratch_floats's first term), then the units' */
+    int group = flash_group_heads(starts[seqs], heads, threads);
+    float *units = work + 2L * group * starts[seqs] * d;
 #pragma omp parallel num_threads(threads)
-    flash_attention(&a, heads_kv, units, flash_work_floats(d), threads);
+    flash_attention(&a, group, work, units, flash_work_floats(d));
     free(task_starts);
 }
 

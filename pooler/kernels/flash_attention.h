@@ -4,11 +4,12 @@
  * sequences to it). Needs attention.h first (its query transpose and score tile).
  *
  * A group of heads at a time (one head for long sequences): the threads first copy the group's
- * K and V rows of every sequence into contiguous [tokens][d] arrays per head (rows of a fused projection are 3 x heads x d floats apart,
- * 9 KB for 12 x 64, a stride that maps a block's rows onto a quarter of L2's sets and a
- * sixteenth of L1's), then share the head's work units. Copying each key block once per unit
- * instead read the head's K and V from L3 again for every unit: 14% of the kernel's time at
- * 4k tokens (docs/dev/journal.md, "The flash kernel at 90% of the GEMM rate").
+ * K and V rows of every sequence into contiguous [tokens][d] arrays per head (rows of a fused
+ * projection are 3 x heads x d floats apart, 9 KB for 12 x 64, a stride that maps a block's
+ * rows onto a quarter of L2's sets and a sixteenth of L1's), then share the group's work
+ * units. Copying each key block once per unit instead read the head's K and V from L3 again for
+ * every unit: 14% of the kernel's time at 4k tokens (docs/dev/journal.md, "The flash kernel at
+ * 90% of the GEMM rate").
  *
  * Work unit: one (sequence, block of FQ = FSUB x QB queries) of the head. Its queries meet the
  * keys in blocks of FK: a block's K and V rows (FK x 256 bytes each at d = 64) serve all FSUB
@@ -197,15 +198,14 @@ static int flash_group_heads(int tokens, int heads, int threads) {
     return group < 1 ? 1 : group > heads ? heads : group;
 }
 
-/* Every unit of the sequences, a group of heads at a time, shared among the threads of the
- * enclosing parallel region (of `threads`); task_starts: flash_tasks's (one head's units per
+/* Every unit of the sequences, `group` heads at a time (flash_group_heads), shared among the
+ * threads of the enclosing parallel region; task_starts: flash_tasks's (one head's units per
  * sequence); heads_kv: the shared [2][group][tokens][d] floats that hold the group's K and V
  * rows. */
-static void flash_attention(const struct attention_args *a, float *heads_kv, float *work,
-                            long work_floats, int threads) {
+static void flash_attention(const struct attention_args *a, int group, float *heads_kv,
+                            float *work, long work_floats) {
     float *mine = work + (size_t)omp_get_thread_num() * work_floats;
     int d = a->d, tokens = a->starts[a->seqs], per_head = a->task_starts[a->seqs];
-    int group = flash_group_heads(tokens, a->heads, threads);
     size_t head_rows = (size_t)tokens * d;
     float *kg = heads_kv, *vg = heads_kv + group * head_rows;
     for (int h0 = 0; h0 < a->heads; h0 += group) {
@@ -213,10 +213,9 @@ static void flash_attention(const struct attention_args *a, float *heads_kv, flo
 #pragma omp for schedule(static)
         for (int t = 0; t < tokens; t++)
             for (int g = 0; g < hn; g++) {
-                memcpy(kg + g * head_rows + (size_t)t * d, a->k + (size_t)t * a->ldk + (h0 + g) * d,
-                       sizeof(float) * d);
-                memcpy(vg + g * head_rows + (size_t)t * d, a->v + (size_t)t * a->ldv + (h0 + g) * d,
-                       sizeof(float) * d);
+                size_t row = g * head_rows + (size_t)t * d;
+                memcpy(kg + row, a->k + (size_t)t * a->ldk + (h0 + g) * d, sizeof(float) * d);
+                memcpy(vg + row, a->v + (size_t)t * a->ldv + (h0 + g) * d, sizeof(float) * d);
             }
         /* (the loops' barriers: every row copied before a unit reads it, every unit done
          * before the next group's rows overwrite them) */
