@@ -213,6 +213,13 @@ class RotaryMLP(nn.Module):
 
     def inner(self, x: torch.Tensor,
               workspace: Workspace | None = None) -> torch.Tensor:  # [num_tokens, intermediate]
+        if not self.gated and workspace is not None and writes_into(self.mlp_in, x):
+            # a long fp32 step: fc1 into the shared buffer, then the activation in place (at
+            # 8,192 x 4,096 oneDNN's fused GELU into a fresh block measured 1.14x the time)
+            h = linear_into(self.mlp_in, x, workspace.take("wide", x.shape[0],
+                                                           self.mlp_in.out_features))
+            act = act_in_place_by_name(h, self.act_name)
+            return act if act is not None else self.act(h)
         if self.gated and workspace is not None and writes_into(self.mlp_in, x):
             # a long fp32 step: [gate | up] and their product in the shared buffers
             n, inter = x.shape[0], self.mlp_in.out_features // 2

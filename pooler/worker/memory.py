@@ -18,13 +18,17 @@ before they level off. Bounded to `KERNEL_CACHE_CAPACITY` entries each.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
+import threading
 
 _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20 if hasattr(os, "sysconf") else 0.0
 
 
+@functools.lru_cache(maxsize=1)
 def _libc():
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -77,6 +81,49 @@ def tune_malloc_for_steps() -> bool:
     _malloc_tuned = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
     return _malloc_tuned
+
+
+# glibc's M_MMAP_MAX (malloc.h) and its default: how many blocks malloc may mmap at once.
+_M_MMAP_MAX, _DEFAULT_MMAP_MAX = -4, 65536
+# A step of this many tokens or more makes blocks of 32 MB and over (the mmap threshold's
+# ceiling): a hidden-1024 model's [8192, 1024] fp32 activations are exactly 32 MB, a 4,096-wide
+# MLP's [2048, 4096] too. Below it no block reaches 32 MB at these widths.
+LARGE_BLOCK_STEP_TOKENS = 2048
+_heap_only_depth = 0
+_heap_only_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def large_blocks_from_heap(active: bool = True):
+    """While a long step's forward runs, serve blocks of 32 MB and over from the heap (glibc's
+    M_MMAP_MAX = 0) instead of a fresh mmap each, so that each layer reuses the blocks the
+    layer before it freed. glibc mmaps every block of at least the mmap threshold (32 MB at
+    most) and unmaps it on free, so each one is page-faulted and zeroed by the kernel again:
+    a Jina-v3-sized model (hidden 1,024) made ~100k faults per layer at 8,192 tokens, 2.4M per
+    document, and a fresh 128 MB product took 58 ms where a reused one took 18 (docs/dev/
+    journal.md, "Long documents: 32 MB blocks from the heap"). After the step the heap keeps
+    them, bounded by HeapTrimmer as any other free heap. A no-op when `active` is false,
+    without glibc, or where pooler does not tune malloc (tune_malloc_for_steps: the user's own
+    MALLOC_* variables or POOLER_MALLOC_TUNING=0). Process-wide while any such step runs
+    (mallopt has no per-thread form): other threads' large blocks come from the heap too,
+    which is harmless. A thread other than the main one (the server's engine loop) has its
+    own arena of 64 MB heaps: there a block over ~64 MB is still mmapped."""
+    global _heap_only_depth
+    mallopt = getattr(_libc(), "mallopt", None) if active and _malloc_tuned else None
+    if mallopt is None or "MALLOC_MMAP_MAX_" in os.environ:
+        yield
+        return
+    with _heap_only_lock:
+        _heap_only_depth += 1
+        if _heap_only_depth == 1:
+            mallopt(_M_MMAP_MAX, 0)
+    try:
+        yield
+    finally:
+        with _heap_only_lock:
+            _heap_only_depth -= 1
+            if _heap_only_depth == 0:
+                mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
 
 
 # Entries per cache. A MiniLM step builds 4 GEMM kernels per token count, so 128 keeps the

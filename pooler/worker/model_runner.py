@@ -24,7 +24,8 @@ from pooler.params import PoolingParams
 from pooler.pooling.metadata import PoolingMetadata
 from pooler.precision_gate import PrecisionDecision
 from pooler.step_contract import ModelRunnerOutput, NewRequestData, SchedulerOutput
-from pooler.worker.memory import HeapTrimmer, bound_kernel_caches, tune_malloc_for_steps
+from pooler.worker.memory import (LARGE_BLOCK_STEP_TOKENS, HeapTrimmer, bound_kernel_caches,
+                                  large_blocks_from_heap, tune_malloc_for_steps)
 from pooler.worker.image_runner import DEFAULT_PAGE_ENCODER_CACHE_BYTES, ImageRunner
 from pooler.worker.pooling_runner import PoolingRunner
 from pooler.worker.pooled_rows import pruning_enabled, set_output_rows
@@ -132,7 +133,9 @@ class ModelRunner(ModelRunnerBase):
                     merged = self._merged_images(text_reqs, metadata.seq_starts)
                     if self.prune_last_layer:
                         set_output_rows(inputs, metadata, self.model.pooler, bool(merged))
-                    with lora_rows(inputs.lora):
+                    # a long step's 32 MB blocks reused layer to layer, not faulted in anew
+                    with lora_rows(inputs.lora), large_blocks_from_heap(
+                            self.device.type == "cpu" and num_tokens >= LARGE_BLOCK_STEP_TOKENS):
                         hidden_states = self.model.backbone(inputs, **merged)  # [tokens, hidden]
                     outputs, errors = self.pooling_runner.pool(
                         hidden_states, metadata, finished_mask=[True] * len(text_reqs),

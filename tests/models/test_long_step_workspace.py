@@ -12,6 +12,7 @@ from pooler.models.bert import BertModel
 from pooler.models.eurobert import EuroBertModel
 from pooler.models.gte import GteModel
 from pooler.models.inputs import ModelInputs
+from pooler.models.jina_embeddings_v3 import JinaEmbeddingsV3Model
 from pooler.models.nomic_bert import NomicBertModel
 
 LENGTH = workspace_module.MIN_ROWS  # the shortest step that takes the workspace
@@ -25,6 +26,8 @@ MODELS = {  # GeGLU post-norm, SwiGLU post-norm, SwiGLU pre-norm with grouped-qu
     "gte": (GteModel, {}, GATED),
     "nomic_bert": (NomicBertModel, {"type_vocab_size": 2}, GATED),
     "eurobert": (EuroBertModel, {"num_key_value_heads": 2, "hidden_act": "silu"}, GATED),
+    # a rotary encoder's plain GELU MLP (fc1 into "wide", GELU in place)
+    "jina_v3": (JinaEmbeddingsV3Model, {"type_vocab_size": 1}, ({"wide"}, 2)),
     "xlm_roberta": (BertModel, {"model_type": "xlm-roberta", "pad_token_id": 1,
                                 "max_position_embeddings": LENGTH + 2, "type_vocab_size": 1},
                     ({"wide"}, 2)),
