@@ -23,6 +23,7 @@ from pooler.layers.activations import get_activation
 from pooler.layers.attention import packed_attention
 from pooler.layers.linear import (act_in_place, linear_act, linear_add, linear_columns,
                                   onednn_postop)
+from pooler.layers.lora import has_lora
 from pooler.layers.row_attention import attention_for_rows, scatter_rows
 from pooler.layers.rotary import apply_rotary_fp32, rotary_cos_sin
 from pooler.models.inputs import ModelInputs
@@ -125,8 +126,16 @@ def _project_columns(layer: nn.Module, x: torch.Tensor, start: int, stop: int,
 
 
 def _project_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """layer(x) + residual (an int8 layer adds it in its C epilogue: linear_add)."""
-    return residual + layer(x) if type(layer) is nn.Linear else linear_add(layer, x, residual)
+    """layer(x) + residual (an int8 layer adds it in its C epilogue: linear_add). A plain fp32
+    nn.Linear without bias (ModernBERT's default) adds the residual inside the GEMM (addmm with
+    beta 1: the same one addition per element), saving a pass over [num_tokens, hidden] and a
+    block; with a bias or an active LoRA adapter (a forward hook) it goes through the layer."""
+    if type(layer) is not nn.Linear:
+        return linear_add(layer, x, residual)
+    if (layer.bias is None and x.dim() == 2 and residual.dtype == x.dtype == layer.weight.dtype
+            and not has_lora(layer)):
+        return torch.addmm(residual, x, layer.weight.t())
+    return residual + layer(x)
 
 
 class ModernBertAttention(nn.Module):
