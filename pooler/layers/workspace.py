@@ -98,3 +98,19 @@ def act_in_place_by_name(y: torch.Tensor, act_name: str) -> torch.Tensor | None:
     if name == "relu":
         return y.relu_()
     return None
+
+
+def apply_activation(y: torch.Tensor, act_name: str, act) -> torch.Tensor:
+    """act(y): in y's own memory where the config's activation has an in-place form
+    (act_in_place_by_name), else the module `act` into a new block."""
+    done = act_in_place_by_name(y, act_name)
+    return done if done is not None else act(y)
+
+
+def linear_act_into(layer: nn.Linear, x: torch.Tensor, out: torch.Tensor, act_name: str,
+                    act) -> torch.Tensor:
+    """act(layer(x)) with the GEMM written into out ([rows, out_features]) and the activation
+    applied there (apply_activation): a long step's plain MLP up projection. A pass of its own
+    after the GEMM, since oneDNN's fused epilogue has no output argument."""
+    return apply_activation(linear_into(layer, x, out), act_name, act)
+

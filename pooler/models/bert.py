@@ -24,7 +24,7 @@ from pooler.kernels.attention_cpu import bf16_kernel_takes
 from pooler.layers.linear import (linear_act, linear_add_norm, linear_columns, onednn_postop,
                                   takes_bf16)
 from pooler.layers.row_attention import attention_for_rows, scatter_rows
-from pooler.layers.workspace import Workspace, act_in_place_by_name, linear_into, writes_into
+from pooler.layers.workspace import Workspace, linear_act_into, linear_into, writes_into
 from pooler.layers.lora import lora_active
 from pooler.models.inputs import ModelInputs
 from pooler.models.weights import copy_renamed_weights
@@ -131,11 +131,8 @@ class BertLayer(nn.Module):
     def _up(self, x: torch.Tensor, workspace: Workspace | None) -> torch.Tensor:
         if workspace is not None and writes_into(self.up_proj, x):
             # a long fp32 step: the GEMM into the shared buffer, then the activation in place
-            # (a pass of its own: oneDNN's fused epilogue has no output argument)
-            h = linear_into(self.up_proj, x, workspace.take("wide", x.shape[0],
-                                                            self.up_proj.out_features))
-            if act_in_place_by_name(h, self.act_name) is not None:
-                return h
+            return linear_act_into(self.up_proj, x, workspace.take(
+                "wide", x.shape[0], self.up_proj.out_features), self.act_name, self.act)
         return linear_act(self.up_proj, x, self.act, self.act_postop,
                           keep_bf16=takes_bf16(self.down_proj))
 

@@ -63,9 +63,8 @@ def test_malloc_tuning_is_set_once_and_can_be_turned_off():
     assert _tune_in_subprocess({"MALLOC_TRIM_THRESHOLD_": "1000000"}) == "False False"
 
 
-
 _FAULTS_CODE = """
-import ctypes, resource, torch
+import resource, torch
 from pooler.worker import memory
 memory.tune_malloc_for_steps()
 libc = memory._libc()
