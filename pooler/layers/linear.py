@@ -5,7 +5,9 @@ On CPU in fp32, `torch.ops.mkldnn._linear_pointwise` runs the GEMM and applies b
 its epilogue, saving one pass over the [num_tokens, intermediate] activations; measured ~15%
 faster than `linear` then `gelu` for MiniLM's FFN, and oneDNN's plain GEMM ~5-8% faster than
 the MKL one `nn.Linear` calls on this CPU (docs/dev/journal.md). Anything else (CUDA,
-half precision, int8 layers, other activations, autograd) takes the plain path.
+half precision, int8 layers, other activations, autograd) takes the plain path. Steps of
+MKL_MIN_ROWS rows or more on the CPU kinds in MKL_CPU_KINDS take MKL's GEMM on the weight as
+loaded instead (see there).
 
 bf16 on CPU (`Bf16Linear`, what `dtype="bfloat16"` swaps in on a CPU with AVX512_BF16 or
 AMX-BF16): the same oneDNN call on a bf16 copy of the weight and bf16 activations, accumulating
@@ -14,6 +16,8 @@ Only the GEMM inputs are rounded: the residual stream, norms, softmax and poolin
 which is what keeps cosine to fp32 >= 0.9999 (an all-bf16 model measured min 0.99988).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +42,32 @@ def onednn_postop(act_name: str) -> tuple[str, str] | None:
 
 
 _NO_POSTOP = ("none", "")
+
+# Plain fp32 layers over MKL_MIN_ROWS rows or more run MKL's GEMM on the weight as loaded
+# (`F.linear`; the residual added inside the GEMM, `addmm` with beta 1; the activation in place
+# after it) on the CPU kinds where that measured faster than oneDNN's packed GEMM with its fused
+# epilogue: on the Sapphire Rapids VM (AMX kind) MKL took 0.88-0.97x oneDNN's time at 1,024 rows
+# on NomicBert's shapes (1 thread), and whole NomicBert steps of 512-1,024 tokens 0.94-0.97x
+# (docs/dev/journal.md, "MKL for many rows"). Short steps keep oneDNN's packed copy (1.8x
+# faster for a 12-token query), and so does every other CPU kind until it is measured: the
+# oneDNN GEMM was the faster one on the Zen 4 where this module was first timed.
+MKL_MIN_ROWS = 512
+MKL_CPU_KINDS = ("AMX",)
+
+
+@functools.lru_cache(maxsize=1)
+def _mkl_kind() -> bool:
+    from pooler.cpu_features import cpu_features
+    return torch.backends.mkl.is_available() and cpu_features().kind() in MKL_CPU_KINDS
+
+
+def _on_mkl(layer: nn.Module, x: torch.Tensor) -> bool:
+    """Whether layer(x) takes MKL's GEMM (MKL_MIN_ROWS): a plain fp32 nn.Linear without an
+    active adapter on a 2-D CPU input of that many rows, outside autograd."""
+    return (x.dim() == 2 and x.shape[0] >= MKL_MIN_ROWS and type(layer) is nn.Linear
+            and x.dtype == torch.float32 and layer.weight.dtype == torch.float32 and x.is_cpu
+            and not (layer.weight.requires_grad and torch.is_grad_enabled())
+            and not has_lora(layer) and _mkl_kind())
 
 # Each fast-path layer keeps (weight version key, weight in oneDNN's blocked layout) in its
 # __dict__ under _PACKED. Packing once instead of on every call measured 1.8x faster for a
@@ -104,6 +134,11 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
     `takes_bf16`, or attention, whose CPU kernels keep scores in fp32), so on the bf16 path it
     skips a round trip to fp32 (for the FFN that is a pass over [num_tokens, intermediate]),
     and an int8 layer stores its result in bf16."""
+    if _on_mkl(layer, x):
+        y = F.linear(x, layer.weight, layer.bias)
+        if act is None:
+            return y
+        return act(y) if postop is None or postop == _NO_POSTOP else act_in_place(y, act, postop)
     packed = None if postop is None else _packed_for(layer, x)
     if has_lora(layer):
         y = _with_lora(layer, x, packed)
@@ -185,9 +220,14 @@ def linear_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tor
     """layer(x) + residual, with the add in the GEMM's epilogue on the fast path: one pass and
     one allocation fewer per residual connection (a 12-token query measured within noise of
     linear + add on the shared 2-core machine; see docs/dev/journal.md, issue 14 part 5).
-    On the bf16 path the add reads the bf16 GEMM output and writes the fp32 residual stream."""
-    packed = _packed_for(layer, x)
+    On the bf16 path the add reads the bf16 GEMM output and writes the fp32 residual stream.
+    Many rows on MKL (MKL_MIN_ROWS): the residual is the GEMM's C (addmm, beta 1), then the
+    bias where there is one."""
     fp32_add = residual.dtype == torch.float32 and residual.is_contiguous()
+    if fp32_add and _on_mkl(layer, x) and residual.shape == (x.shape[0], layer.out_features):
+        y = torch.addmm(residual, x, layer.weight.t())
+        return y if layer.bias is None else y.add_(layer.bias)
+    packed = _packed_for(layer, x)
     if has_lora(layer):
         if packed is not None and type(layer) is nn.Linear and fp32_add:
             return add_lora(layer, x, _LINEAR_BINARY(x, residual, packed, layer.bias, "add"))

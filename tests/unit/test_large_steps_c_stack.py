@@ -178,6 +178,9 @@ def test_the_check_times_a_few_layers_and_keeps_only_what_the_winner_reads(monke
     from pooler.layers import linear
 
     monkeypatch.delenv(layer_stack_check.POLICY_ENV, raising=False)
+    # the check's step of 4 x 128 rows on oneDNN's packed copies (on an AMX CPU it would take
+    # MKL's GEMM on the weights as loaded, linear.MKL_MIN_ROWS, and make no copies to keep)
+    monkeypatch.setattr(linear, "_mkl_kind", lambda: False)
     depth = layer_stack_check.CHECK_LAYERS + 2
     model, seen = tiny_bert(layers=depth), []
 
