@@ -4,10 +4,10 @@ fused into it.
 On CPU in fp32, `torch.ops.mkldnn._linear_pointwise` runs the GEMM and applies bias and GELU in
 its epilogue, saving one pass over the [num_tokens, intermediate] activations; measured ~15%
 faster than `linear` then `gelu` for MiniLM's FFN, and oneDNN's plain GEMM ~5-8% faster than
-the MKL one `nn.Linear` calls on this CPU (docs/dev/journal.md). Anything else (CUDA,
-half precision, int8 layers, other activations, autograd) takes the plain path. Steps of
-MKL_MIN_ROWS rows or more on the CPU kinds in MKL_CPU_KINDS take MKL's GEMM on the weight as
-loaded instead (see there).
+the MKL one `nn.Linear` calls on the Zen 4 it was timed on (docs/dev/journal.md). Anything
+else (CUDA, half precision, int8 layers, other activations, autograd) takes the plain path.
+Steps of MKL_MIN_ROWS rows or more on the CPU kinds in MKL_CPU_KINDS take MKL's GEMM on the
+weight as loaded instead (see there).
 
 bf16 on CPU (`Bf16Linear`, what `dtype="bfloat16"` swaps in on a CPU with AVX512_BF16 or
 AMX-BF16): the same oneDNN call on a bf16 copy of the weight and bf16 activations, accumulating
