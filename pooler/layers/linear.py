@@ -46,11 +46,11 @@ _NO_POSTOP = ("none", "")
 # Plain fp32 layers over MKL_MIN_ROWS rows or more run MKL's GEMM on the weight as loaded
 # (`F.linear`; the residual added inside the GEMM, `addmm` with beta 1; the activation in place
 # after it) on the CPU kinds where that measured faster than oneDNN's packed GEMM with its fused
-# epilogue: on the Sapphire Rapids VM (AMX kind) MKL took 0.88-0.97x oneDNN's time at 1,024 rows
-# on NomicBert's shapes (1 thread), and whole NomicBert steps of 512-1,024 tokens 0.94-0.97x
-# (docs/dev/journal.md, "MKL for many rows"). Short steps keep oneDNN's packed copy (1.8x
-# faster for a 12-token query), and so does every other CPU kind until it is measured: the
-# oneDNN GEMM was the faster one on the Zen 4 where this module was first timed.
+# epilogue: on the Sapphire Rapids VM (AMX kind) MKL took 0.88-0.96x oneDNN's time at 1,024 rows
+# on NomicBert's shapes (1 thread), and whole 1,024-token steps 0.90-0.92x on NomicBert, 0.92x
+# on Jina v3 and BGE-M3 (docs/dev/journal.md, "MKL for many rows"). Short steps keep oneDNN's
+# packed copy (1.8x faster for a 12-token query), and so does every other CPU kind until it is
+# measured: the oneDNN GEMM was the faster one on the Zen 4 where this module was first timed.
 MKL_MIN_ROWS = 512
 MKL_CPU_KINDS = ("AMX",)
 
