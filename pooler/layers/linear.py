@@ -135,16 +135,10 @@ def linear_act(layer: nn.Module, x: torch.Tensor, act=None,
     skips a round trip to fp32 (for the FFN that is a pass over [num_tokens, intermediate]),
     and an int8 layer stores its result in bf16."""
     if _on_mkl(layer, x):
-        y = F.linear(x, layer.weight, layer.bias)
-        if act is None:
-            return y
-        return act(y) if postop is None or postop == _NO_POSTOP else act_in_place(y, act, postop)
+        return _act_after(F.linear(x, layer.weight, layer.bias), act, postop)
     packed = None if postop is None else _packed_for(layer, x)
     if has_lora(layer):
-        y = _with_lora(layer, x, packed)
-        if act is None:
-            return y
-        return act(y) if postop is None else act_in_place(y, act, postop)
+        return _act_after(_with_lora(layer, x, packed), act, postop)
     if packed is None:
         # int8 layers: the activation in their C epilogue
         fused = getattr(layer, "fused_forward", None)
@@ -204,6 +198,14 @@ def _with_lora(layer: nn.Module, x: torch.Tensor, packed: torch.Tensor | None) -
     if packed is not None and type(layer) is nn.Linear:
         return add_lora(layer, x, _LINEAR(x, packed, layer.bias, "none", [], ""))
     return layer(x.float() if x.dtype == torch.bfloat16 else x)
+
+
+def _act_after(y: torch.Tensor, act, postop: tuple[str, str] | None) -> torch.Tensor:
+    """act(y) (act None: y) after a GEMM that did not fuse it: in y's own memory where the
+    post-op names an in-place form (act_in_place)."""
+    if act is None:
+        return y
+    return act(y) if postop is None else act_in_place(y, act, postop)
 
 
 def act_in_place(y: torch.Tensor, act, postop: tuple[str, str]) -> torch.Tensor:
